@@ -1,0 +1,13 @@
+"""nanovllm: a compact, fast, tested LLM inference engine (nano-vLLM design)."""
+from nanovllm.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams"]
+
+
+def __getattr__(name):
+    # LLM pulls in torch; import it lazily so the torch-free control plane stays torch-free.
+    if name == "LLM":
+        from nanovllm.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

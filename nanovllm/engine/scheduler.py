@@ -1,0 +1,159 @@
+"""Decides which sequences run each step. No torch here.
+
+Policy (nano-vLLM's, plus chunked prefill): a step is either all prefill or all decode.
+Prefill has priority: sequences whose prompt is only partly computed continue first, then
+waiting requests are admitted in arrival order while blocks, `max_num_seqs` and the
+`max_num_batched_tokens` budget allow; a prompt longer than the remaining budget is cut
+into chunks over several steps. When no prefill work fits, every running sequence decodes
+one token; if a block cannot be found, the most recently admitted sequence is preempted
+(its blocks freed; it is recomputed later from the front of the waiting queue).
+"""
+from collections import deque
+
+from nanovllm.engine.block_manager import BlockManager
+from nanovllm.engine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    """Waiting/running queues, step batches, preemption and finishing."""
+
+    def __init__(self, config):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        eos = config.eos
+        # Models may name several end tokens (Qwen3: <|im_end|> and <|endoftext|>).
+        self.eos_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
+        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size,
+                                          config.enable_prefix_caching)
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a request, rejecting one that could never complete."""
+        n = seq.num_tokens
+        if n == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if n + 1 > self.max_model_len:
+            raise ValueError(
+                f"the prompt has {n} tokens but max_model_len={self.max_model_len} leaves room "
+                f"for at most {self.max_model_len - 1}; shorten it or raise max_model_len")
+        longest = min(n + seq.sampling_params.max_tokens, self.max_model_len)
+        need = -(-longest // self.block_manager.block_size)
+        if need > self.block_manager.num_blocks:
+            raise ValueError(
+                f"the request needs up to {longest} tokens of KV cache ({need} blocks) but the "
+                f"cache has only {self.block_manager.num_blocks} blocks; lower max_tokens or "
+                f"give the cache more memory (num_kvcache_blocks / gpu_memory_utilization)")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    # -- scheduling -------------------------------------------------------------------------
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        """Pick this step's sequences; returns (seqs, is_prefill)."""
+        seqs = self._schedule_prefill()
+        if seqs:
+            return seqs, True
+        seqs = self._schedule_decode()
+        if seqs:
+            return seqs, False
+        # Decode preempted everything it held: the freed blocks let a prefill start now.
+        seqs = self._schedule_prefill()
+        if not seqs:
+            raise RuntimeError("scheduler made no progress (internal error)")
+        return seqs, True
+
+    def _schedule_prefill(self) -> list[Sequence]:
+        budget = self.max_num_batched_tokens
+        scheduled = []
+        # Finish prompts that earlier steps only chunked.
+        for seq in self.running:
+            remaining = seq.num_tokens - seq.num_cached_tokens
+            if remaining > 1 and budget > 0:
+                seq.num_scheduled_tokens = min(remaining, budget)
+                budget -= seq.num_scheduled_tokens
+                scheduled.append(seq)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break
+            self.block_manager.allocate(seq)
+            seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, budget)
+            budget -= seq.num_scheduled_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.waiting.popleft()
+            self.running.append(seq)
+            scheduled.append(seq)
+        return scheduled
+
+    def _schedule_decode(self) -> list[Sequence]:
+        scheduled = []
+        limit = min(self.max_num_seqs, self.max_num_batched_tokens)
+        while self.running and len(scheduled) < limit:
+            seq = self.running.popleft()
+            while not self.block_manager.can_append(seq):
+                if self.running:
+                    self.preempt(self.running.pop())
+                else:
+                    self.preempt(seq)
+                    break
+            else:
+                self.block_manager.may_append(seq)
+                seq.num_scheduled_tokens = 1
+                scheduled.append(seq)
+        self.running.extendleft(reversed(scheduled))
+        return scheduled
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks and put it first in line to be recomputed."""
+        seq.status = SequenceStatus.WAITING
+        seq.num_scheduled_tokens = 0
+        self.block_manager.deallocate(seq)
+        self.waiting.appendleft(seq)
+
+    # -- after the model ran ----------------------------------------------------------------
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
+        """Record the step's results; returns the sequences that finished."""
+        finished = []
+        for seq, token_id in zip(seqs, token_ids):
+            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            self.block_manager.commit(seq)
+            if seq.num_cached_tokens < seq.num_tokens:
+                continue  # a prefill chunk: its sample is not a real next token
+            seq.append_token(token_id)
+            reason = self._finish_reason(seq, token_id)
+            if reason is not None:
+                self._finish(seq, reason)
+                finished.append(seq)
+        if finished:
+            self.running = deque(s for s in self.running if not s.is_finished)
+        return finished
+
+    def _finish_reason(self, seq: Sequence, token_id: int) -> str | None:
+        sp = seq.sampling_params
+        if (not sp.ignore_eos and token_id in self.eos_ids) or token_id in sp.stop_token_ids:
+            return "stop"
+        if seq.num_completion_tokens >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.deallocate(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a running or waiting sequence early (e.g. a stop string matched)."""
+        if seq.is_finished:
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = reason
+            return
+        self._finish(seq, reason)
+        self.running = deque(s for s in self.running if s is not seq)

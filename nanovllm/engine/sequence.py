@@ -1,0 +1,118 @@
+"""Logical state of one request: its tokens, KV blocks and progress. No torch here."""
+from enum import Enum, auto
+from itertools import count
+
+from nanovllm.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    """One request: prompt + completion token ids, block table and how much is cached."""
+
+    counter = count()
+
+    def __init__(self, token_ids: list[int], sampling_params: SamplingParams | None = None,
+                 block_size: int = 256):
+        self.seq_id = next(Sequence.counter)
+        self.status = SequenceStatus.WAITING
+        self.token_ids = list(token_ids)
+        self.last_token = self.token_ids[-1] if self.token_ids else -1
+        self.num_tokens = len(self.token_ids)
+        self.num_prompt_tokens = self.num_tokens
+        self.block_size = block_size
+        # Tokens whose K/V already sit in the cache (prefix hits + prefilled chunks).
+        self.num_cached_tokens = 0
+        # Tokens the current step computes (set by the scheduler, read by the model runner).
+        self.num_scheduled_tokens = 0
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None
+        self.sampling_params = sampling_params or SamplingParams()
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __getitem__(self, key):
+        return self.token_ids[key]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.num_cached_tokens // self.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks needed to hold every token's K/V."""
+        return (self.num_tokens + self.block_size - 1) // self.block_size
+
+    @property
+    def last_block_num_tokens(self) -> int:
+        return self.num_tokens - (self.num_blocks - 1) * self.block_size
+
+    def block(self, i: int) -> list[int]:
+        """Token ids of logical block i."""
+        return self.token_ids[i * self.block_size: (i + 1) * self.block_size]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.last_token = token_id
+        self.num_tokens += 1
+
+    def __getstate__(self):
+        # Sent to tensor-parallel workers every step: ship only what the model runner reads.
+        # A decode step needs just the last token; a prefill needs the tokens it computes.
+        start, n = self.num_cached_tokens, self.num_scheduled_tokens
+        if n == 1 and start == self.num_tokens - 1:
+            tokens = None
+        else:
+            tokens = self.token_ids[start:start + n]
+        return (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.block_size,
+                start, n, self.block_table, self.last_token, tokens)
+
+    def __setstate__(self, state):
+        (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.block_size,
+         self.num_cached_tokens, self.num_scheduled_tokens, self.block_table,
+         self.last_token, tokens) = state
+        # Workers only see the scheduled slice; pad the front so absolute indexing still works.
+        self.token_ids = None if tokens is None else _Window(self.num_cached_tokens, tokens)
+        self.status = SequenceStatus.RUNNING
+        self.finish_reason = None
+        self.sampling_params = None
+
+    def scheduled_token_ids(self) -> list[int]:
+        """Token ids this step computes (a prefill chunk, or the last token in decode)."""
+        start, n = self.num_cached_tokens, self.num_scheduled_tokens
+        if self.token_ids is None:
+            return [self.last_token]
+        return list(self.token_ids[start:start + n])
+
+
+class _Window:
+    """A slice of a token list that keeps absolute indices (for unpickled worker copies)."""
+
+    def __init__(self, offset: int, tokens: list[int]):
+        self.offset, self.tokens = offset, tokens
+
+    def __getitem__(self, key: slice) -> list[int]:
+        return self.tokens[key.start - self.offset: key.stop - self.offset]

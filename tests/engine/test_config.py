@@ -1,0 +1,50 @@
+import pytest
+
+from nanovllm.config import Config, ModelConfig
+from tests.engine.helpers import QWEN3_TINY, write_model_dir
+
+
+def test_defaults_and_clamp(tmp_path):
+    cfg = Config(write_model_dir(tmp_path / "m"))
+    assert cfg.max_num_batched_tokens == 16384 and cfg.max_num_seqs == 512
+    assert cfg.kvcache_block_size == 256 and cfg.num_kvcache_blocks == -1
+    assert cfg.enable_prefix_caching and cfg.load_format == "auto" and cfg.device is None
+    # max_model_len (4096) is clamped to the model's max_position_embeddings (1024).
+    assert cfg.max_model_len == 1024
+
+
+def test_rope_theta_in_rope_parameters(tmp_path):
+    d = dict(QWEN3_TINY)
+    d.pop("rope_theta")
+    d["rope_parameters"] = {"rope_type": "default", "rope_theta": 123456.0}
+    assert ModelConfig.from_dict(d).rope_theta == 123456.0
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(kvcache_block_size=24), "kvcache_block_size"),
+    (dict(kvcache_block_size=8), "kvcache_block_size"),
+    (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(tensor_parallel_size=9), "tensor_parallel_size"),
+    (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(load_format="pt"), "load_format"),
+    (dict(num_kvcache_blocks=0), "num_kvcache_blocks"),
+])
+def test_bad_values(tmp_path, kw, field):
+    with pytest.raises(ValueError, match=field):
+        Config(write_model_dir(tmp_path / "m"), **kw)
+
+
+def test_unknown_kwarg_and_missing_dir(tmp_path):
+    with pytest.raises(ValueError, match="unknown argument"):
+        Config.from_kwargs(write_model_dir(tmp_path / "m"), max_num_seq=3)
+    with pytest.raises(ValueError, match="not a directory"):
+        Config(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="config.json"):
+        Config(str(tmp_path / "empty"))
+
+
+def test_unsupported_architecture(tmp_path):
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        Config(write_model_dir(tmp_path / "m", architectures=["LlamaForCausalLM"]))

@@ -1,0 +1,189 @@
+import random
+
+import pytest
+
+from nanovllm import SamplingParams
+from nanovllm.engine.scheduler import Scheduler
+from nanovllm.engine.sequence import Sequence, SequenceStatus
+from tests.engine.helpers import sched_config
+
+
+def fake_model(seq: Sequence) -> int:
+    """Next token as a pure function of the tokens so far (like greedy decoding)."""
+    return (sum(seq.token_ids) * 31 + len(seq)) % 97
+
+
+def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000):
+    """Run the scheduler to completion, checking every step's invariants."""
+    for s in seqs:
+        sched.add(s)
+    computed = {s.seq_id: [] for s in seqs}  # positions computed since the last (re)start
+    original_preempt = sched.preempt
+
+    def preempt(seq):
+        computed[seq.seq_id] = []
+        original_preempt(seq)
+
+    sched.preempt = preempt
+    waits = {s.seq_id: 0 for s in seqs}
+    for _ in range(max_steps):
+        if sched.is_finished():
+            break
+        batch, is_prefill = sched.schedule()
+        assert batch and len(batch) <= cfg.max_num_seqs
+        assert len({s.seq_id for s in batch}) == len(batch)
+        assert sum(s.num_scheduled_tokens for s in batch) <= cfg.max_num_batched_tokens
+        assert len(sched.running) <= cfg.max_num_seqs
+        tokens = []
+        for s in batch:
+            assert s.status == SequenceStatus.RUNNING
+            assert len(s.block_table) == s.num_blocks, "every token needs a slot"
+            start, n = s.num_cached_tokens, s.num_scheduled_tokens
+            assert n >= 1 and start + n <= s.num_tokens
+            if not is_prefill:
+                assert n == 1 and start == s.num_tokens - 1
+            if computed[s.seq_id]:
+                assert start == computed[s.seq_id][-1] + 1, "skipped or repeated tokens"
+            computed[s.seq_id] += range(start, start + n)
+            if start + n == s.num_tokens:
+                # Chunks covered every position exactly once (prefix hits count as covered).
+                covered = computed[s.seq_id]
+                first = covered[0]
+                assert covered == list(range(first, s.num_tokens))
+                assert first % s.block_size == 0
+            tokens.append(fake_model(s))
+        for s in seqs:
+            waits[s.seq_id] = 0 if s in batch or s.is_finished else waits[s.seq_id] + 1
+            assert waits[s.seq_id] < 5000, "starved"
+        sched.postprocess(batch, tokens)
+        # Extra preemptions at random points (as memory pressure would cause).
+        if rng is not None and rng.random() < 0.02 and sched.running:
+            sched.preempt(sched.running.pop())
+    assert sched.is_finished(), "did not finish"
+    bm = sched.block_manager
+    assert bm.num_free_blocks == bm.num_blocks, "leaked blocks"
+    assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def expected_completion(prompt, max_tokens):
+    s = Sequence(prompt)
+    for _ in range(max_tokens):
+        s.append_token(fake_model(s))
+    return s.completion_token_ids
+
+
+def make_seqs(rng, n, cfg, max_prompt=100, shared_prefix=True):
+    prefix = [rng.randrange(97) for _ in range(40)]
+    out = []
+    for _ in range(n):
+        p = [rng.randrange(97) for _ in range(rng.randrange(1, max_prompt))]
+        if shared_prefix and rng.random() < 0.5:
+            p = prefix[: rng.randrange(1, 41)] + p
+        out.append(Sequence(p, SamplingParams(max_tokens=rng.randrange(1, 40), ignore_eos=True),
+                            block_size=cfg.kvcache_block_size))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_runs_keep_invariants_and_tokens(seed):
+    rng = random.Random(seed)
+    cfg = sched_config(
+        max_num_seqs=rng.choice([1, 3, 8]),
+        max_num_batched_tokens=rng.choice([7, 33, 64, 512]),
+        num_kvcache_blocks=rng.choice([12, 20, 64]),
+        kvcache_block_size=16,
+        enable_prefix_caching=rng.random() < 0.7,
+    )
+    sched = Scheduler(cfg)
+    seqs = make_seqs(rng, 25, cfg)
+    simulate(sched, seqs, cfg, rng)
+    for s in seqs:
+        assert s.finish_reason == "length"
+        # Preempted-and-recomputed sequences resume with exactly the same tokens.
+        assert s.completion_token_ids == expected_completion(s.prompt_token_ids,
+                                                             s.sampling_params.max_tokens)
+
+
+def test_chunked_prefill_of_a_long_prompt_and_a_second_one():
+    cfg = sched_config(max_num_batched_tokens=16, num_kvcache_blocks=64, max_model_len=512)
+    sched = Scheduler(cfg)
+    a = Sequence(list(range(50)), SamplingParams(max_tokens=2), block_size=16)
+    b = Sequence(list(range(100, 140)), SamplingParams(max_tokens=2), block_size=16)
+    sched.add(a)
+    sched.add(b)
+    chunks = []
+    while a.num_cached_tokens < 50 or b.num_cached_tokens < 40:
+        batch, is_prefill = sched.schedule()
+        assert is_prefill
+        chunks.append([(s.seq_id, s.num_cached_tokens, s.num_scheduled_tokens) for s in batch])
+        sched.postprocess(batch, [0] * len(batch))
+    # max_model_len (512) exceeds the budget (16): both prompts arrive in chunks.
+    assert chunks[0] == [(a.seq_id, 0, 16)]
+    assert sum(n for step in chunks for sid, _, n in step if sid == b.seq_id) == 40
+    assert len(a.completion_token_ids) == 1 and len(b.completion_token_ids) == 1
+
+
+def test_decode_preempts_newest_and_it_resumes_first():
+    cfg = sched_config(max_num_batched_tokens=64, num_kvcache_blocks=4, max_num_seqs=4)
+    sched = Scheduler(cfg)
+    a = Sequence(list(range(16)), SamplingParams(max_tokens=30, ignore_eos=True), block_size=16)
+    b = Sequence(list(range(20, 36)), SamplingParams(max_tokens=30, ignore_eos=True), block_size=16)
+    sched.add(a)
+    sched.add(b)
+    batch, _ = sched.schedule()
+    sched.postprocess(batch, [1, 1])  # both hold 1 block, 17 tokens -> need a 2nd
+    batch, is_prefill = sched.schedule()
+    assert not is_prefill and len(batch) == 2
+    sched.postprocess(batch, [1, 1])
+    # Fill the remaining blocks and watch b (newest) get preempted first.
+    while b.status == SequenceStatus.RUNNING:
+        batch, is_prefill = sched.schedule()
+        sched.postprocess(batch, [1] * len(batch))
+    assert b.status == SequenceStatus.WAITING and sched.waiting[0] is b
+    assert a.status == SequenceStatus.RUNNING
+
+
+def test_finish_reasons():
+    cfg = sched_config(eos=5, max_model_len=20, num_kvcache_blocks=8)
+    sched = Scheduler(cfg)
+    eos = Sequence([1, 2], SamplingParams(max_tokens=10), block_size=16)
+    stop = Sequence([1, 2], SamplingParams(max_tokens=10, stop_token_ids=[9]), block_size=16)
+    ign = Sequence([1, 2], SamplingParams(max_tokens=3, ignore_eos=True), block_size=16)
+    longseq = Sequence(list(range(18)), SamplingParams(max_tokens=100, ignore_eos=True),
+                       block_size=16)
+    for s in (eos, stop, ign, longseq):
+        sched.add(s)
+    batch, _ = sched.schedule()
+    sched.postprocess(batch, [5, 9, 5, 5])
+    assert (eos.finish_reason, stop.finish_reason) == ("stop", "stop")
+    assert ign.finish_reason is None and not ign.is_finished
+    while not sched.is_finished():
+        batch, _ = sched.schedule()
+        sched.postprocess(batch, [5] * len(batch))
+    assert ign.finish_reason == "length" and len(ign.completion_token_ids) == 3
+    assert longseq.finish_reason == "length" and len(longseq) == 20  # hit max_model_len
+    assert sched.block_manager.num_free_blocks == 8
+
+
+def test_requests_that_cannot_fit_are_rejected():
+    cfg = sched_config(max_model_len=64, num_kvcache_blocks=2)
+    sched = Scheduler(cfg)
+    with pytest.raises(ValueError, match="max_model_len"):
+        sched.add(Sequence(list(range(64)), block_size=16))
+    with pytest.raises(ValueError, match="empty"):
+        sched.add(Sequence([], block_size=16))
+    with pytest.raises(ValueError, match="blocks"):
+        sched.add(Sequence(list(range(20)), SamplingParams(max_tokens=40), block_size=16))
+    assert sched.is_finished()
+
+
+def test_prefix_hit_in_scheduler_skips_cached_tokens():
+    cfg = sched_config(num_kvcache_blocks=16, max_num_batched_tokens=256)
+    sched = Scheduler(cfg)
+    p = list(range(40))
+    a = Sequence(p, SamplingParams(max_tokens=1), block_size=16)
+    simulate(sched, [a], cfg)
+    b = Sequence(p + [1], SamplingParams(max_tokens=1), block_size=16)
+    sched.add(b)
+    batch, _ = sched.schedule()
+    assert batch == [b] and b.num_cached_tokens == 32 and b.num_scheduled_tokens == 9
