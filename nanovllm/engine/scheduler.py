@@ -34,6 +34,12 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a request, rejecting one that could never complete."""
+        self.check(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def check(self, seq: Sequence) -> None:
+        """Raise ValueError if seq could never complete with this cache and max_model_len."""
         n = seq.num_tokens
         if n == 0:
             raise ValueError("the prompt is empty: give at least one token")
@@ -48,8 +54,6 @@ class Scheduler:
                 f"the request needs up to {longest} tokens of KV cache ({need} blocks) but the "
                 f"cache has only {self.block_manager.num_blocks} blocks; lower max_tokens or "
                 f"give the cache more memory (num_kvcache_blocks / gpu_memory_utilization)")
-        seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
 
     # -- scheduling -------------------------------------------------------------------------
     def schedule(self) -> tuple[list[Sequence], bool]:

@@ -1,0 +1,107 @@
+"""The attention seam: three interchangeable implementations and the chooser.
+
+Every backend offers store_kv / prefill / decode over the paged cache layout
+[num_blocks, block_size, num_kv_heads, head_dim]; callers never branch on which one runs.
+"""
+import importlib.util
+
+import torch
+
+from nanovllm.kernels import torch_ref
+from nanovllm.utils.context import Context
+
+
+class TorchBackend:
+    """Plain-torch reference: the CPU path and the oracle the others are tested against."""
+
+    name = "torch"
+
+    def store_kv(self, k, v, k_cache, v_cache, ctx: Context) -> None:
+        torch_ref.store_kvcache_torch(k, v, k_cache, v_cache, ctx.slot_mapping)
+
+    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        return torch_ref.prefill_attention_torch(q, k_cache, v_cache, ctx.cu_seqlens_q,
+                                                 ctx.cu_seqlens_k, ctx.block_tables, scale)
+
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        return torch_ref.decode_attention_torch(q, k_cache, v_cache, ctx.context_lens,
+                                                ctx.block_tables, scale)
+
+
+class TritonBackend:
+    """Our Triton paged kernels: the GPU default when flash-attn is absent."""
+
+    name = "triton"
+
+    def __init__(self):
+        from nanovllm.kernels import triton_decode, triton_kv, triton_prefill
+
+        self._store = triton_kv.store_kvcache
+        self._prefill = triton_prefill.prefill_attention
+        self._decode = triton_decode.decode_attention
+
+    def store_kv(self, k, v, k_cache, v_cache, ctx: Context) -> None:
+        self._store(k, v, k_cache, v_cache, ctx.slot_mapping)
+
+    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        return self._prefill(q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.cu_seqlens_k,
+                             ctx.block_tables, scale, ctx.max_seqlen_q)
+
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale)
+
+
+class FlashBackend(TritonBackend):
+    """flash-attn's varlen and kv-cache kernels, called exactly as nano-vLLM calls them."""
+
+    name = "flash"
+
+    def __init__(self, flash_attn=None):
+        super().__init__()  # the KV-store stays our Triton kernel, as in nano-vLLM
+        if flash_attn is None:
+            import flash_attn
+        self.fa = flash_attn
+
+    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        prefix_hit = ctx.block_tables is not None and ctx.max_seqlen_k > ctx.max_seqlen_q
+        if prefix_hit:  # context lives in the cache: read K/V through the block table
+            k, v, block_table = k_cache, v_cache, ctx.block_tables
+        else:
+            block_table = None
+        return self.fa.flash_attn_varlen_func(
+            q, k, v, max_seqlen_q=ctx.max_seqlen_q, cu_seqlens_q=ctx.cu_seqlens_q,
+            max_seqlen_k=ctx.max_seqlen_k, cu_seqlens_k=ctx.cu_seqlens_k,
+            softmax_scale=scale, causal=True, block_table=block_table)
+
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        o = self.fa.flash_attn_with_kvcache(
+            q.unsqueeze(1), k_cache, v_cache, cache_seqlens=ctx.context_lens,
+            block_table=ctx.block_tables, softmax_scale=scale, causal=True)
+        return o.squeeze(1)
+
+
+def flash_attn_available() -> bool:
+    """Whether the flash_attn package can be imported."""
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def choose_backend(name: str, device: torch.device, block_size: int):
+    """Pick the attention backend: flash > triton on CUDA, torch on CPU ("auto")."""
+    if name == "auto":
+        if device.type != "cuda":
+            name = "torch"
+        elif flash_attn_available() and block_size % 256 == 0:
+            name = "flash"
+        else:
+            name = "triton"
+    if name == "flash":
+        if not flash_attn_available():
+            raise ValueError("attention_backend='flash' needs the flash-attn package "
+                             "(pip install nanovllm[flash]); use 'triton' or 'auto'")
+        if block_size % 256:
+            raise ValueError(f"attention_backend='flash' needs kvcache_block_size a multiple of "
+                             f"256, got {block_size}")
+        return FlashBackend()
+    if name == "triton":
+        return TritonBackend()
+    return TorchBackend()

@@ -1,0 +1,54 @@
+"""Vocabulary-parallel token embedding and LM head."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from nanovllm.utils.context import get_context
+from nanovllm.utils.dist import tp_rank, tp_size
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds a slice of the vocabulary; lookups outside it contribute zeros."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.num_embeddings = num_embeddings
+        # Pad so every rank gets the same slice size (vocab sizes need not divide evenly).
+        self.per_rank = -(-num_embeddings // self.tp_size)
+        self.vocab_start = self.per_rank * self.tp_rank
+        self.weight = nn.Parameter(torch.empty(self.per_rank, embedding_dim), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        shard = loaded[self.vocab_start: self.vocab_start + self.per_rank]
+        param.data.zero_()
+        param.data[: shard.size(0)].copy_(shard)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(x, self.weight)
+        local = x - self.vocab_start
+        mask = (local >= 0) & (local < self.per_rank)
+        y = F.embedding(local * mask, self.weight) * mask.unsqueeze(-1).to(self.weight.dtype)
+        dist.all_reduce(y)
+        return y
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits for each sequence's last token; shards are gathered on rank 0 only."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__(num_embeddings, embedding_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        ctx = get_context()
+        if ctx.is_prefill:
+            x = x[ctx.cu_seqlens_q[1:] - 1]  # only the last position of each sequence samples
+        logits = F.linear(x, self.weight)
+        if self.tp_size > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+            dist.gather(logits, parts, 0)
+            logits = torch.cat(parts, -1) if self.tp_rank == 0 else None
+        return None if logits is None else logits[..., : self.num_embeddings]

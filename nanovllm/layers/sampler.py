@@ -1,0 +1,59 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling settings of one batch, on the logits' device."""
+
+    temperatures: torch.Tensor          # [B] float; 0 = greedy
+    top_ks: torch.Tensor | None = None   # [B] long; vocab size = off
+    top_ps: torch.Tensor | None = None   # [B] float; 1 = off
+    min_ps: torch.Tensor | None = None   # [B] float; 0 = off
+    seeds: list[tuple[int, int, int]] | None = None  # (row, seed, step) for seeded rows
+    all_greedy: bool = False
+
+
+class Sampler(nn.Module):
+    """Turns last-position logits into token ids without any per-token Python loop."""
+
+    def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        logits = logits.float()
+        greedy = logits.argmax(-1)
+        if st.all_greedy:
+            return greedy
+        temps = st.temperatures.unsqueeze(1)
+        logits = logits / torch.where(temps > 0, temps, torch.ones_like(temps))
+        if st.top_ks is not None or st.top_ps is not None:
+            logits = self._top_k_top_p(logits, st.top_ks, st.top_ps)
+        probs = torch.softmax(logits, -1)
+        if st.min_ps is not None:
+            keep = probs >= st.min_ps.unsqueeze(1) * probs.max(-1, keepdim=True).values
+            probs = probs * keep
+        # Exponential race (Gumbel-max): argmax(p / E) with E ~ Exp(1) samples from p
+        # without a cumulative sum over the vocabulary.
+        noise = torch.empty_like(probs).exponential_()
+        for row, seed, step in st.seeds or ():
+            g = torch.Generator(device=probs.device).manual_seed(hash((seed, step)) & (2**63 - 1))
+            noise[row] = torch.empty(probs.size(1), device=probs.device).exponential_(generator=g)
+        sampled = (probs / noise).argmax(-1)
+        return torch.where(st.temperatures > 0, sampled, greedy)
+
+    @staticmethod
+    def _top_k_top_p(logits, top_ks, top_ps):
+        sorted_logits, order = logits.sort(-1, descending=True)
+        vocab = logits.size(-1)
+        rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
+        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if top_ks is not None:
+            drop |= rank >= top_ks.unsqueeze(1)
+        if top_ps is not None:
+            probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), -1)
+            # Drop a token when the mass before it already reaches top_p (the top one stays).
+            before = probs.cumsum(-1) - probs
+            drop |= before >= top_ps.unsqueeze(1)
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

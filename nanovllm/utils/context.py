@@ -1,0 +1,38 @@
+"""Attention metadata for the current forward, set by ModelRunner and read by Attention."""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Context:
+    """Batch layout of one step (tensors on the model's device)."""
+
+    is_prefill: bool = False
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    slot_mapping: torch.Tensor | None = None
+    context_lens: torch.Tensor | None = None
+    block_tables: torch.Tensor | None = None
+
+
+_CONTEXT = Context()
+
+
+def get_context() -> Context:
+    """The context of the forward in progress."""
+    return _CONTEXT
+
+
+def set_context(**kwargs) -> None:
+    """Publish the next forward's attention metadata."""
+    global _CONTEXT
+    _CONTEXT = Context(**kwargs)
+
+
+def reset_context() -> None:
+    """Drop the metadata (and its tensors) after a forward."""
+    global _CONTEXT
+    _CONTEXT = Context()

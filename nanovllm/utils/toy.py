@@ -1,0 +1,85 @@
+"""Small Qwen3 checkpoints and a byte-level BPE tokenizer built offline.
+
+No model can be downloaded where nanovllm is developed and tested, so tests, the example's
+fallback and the benchmark build what they need: a tokenizer trained in a second on a tiny
+built-in corpus (with Qwen's chat special tokens and a ChatML template) and random weights.
+"""
+import json
+import os
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello, world! nanovllm is a compact inference engine for large language models.",
+    "Paged attention stores keys and values in fixed-size blocks of a shared cache.",
+    "Introduce yourself. List all prime numbers within 100. What is the capital of France?",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "0123456789 + - * / = ( ) [ ] { } < > ! ? . , ; : ' \" # @ $ % ^ & _ | ~ `",
+]
+
+QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True)
+
+
+def save_tokenizer(path: str, vocab_size: int = 400) -> None:
+    """Train a small byte-level BPE tokenizer and save it as a HF fast tokenizer."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(_CORPUS * 4, vocab_size=vocab_size, min_frequency=2,
+                            special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", bos_token=None)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(path)
+
+
+def qwen3_config_dict(**overrides) -> dict:
+    """A Qwen3 config.json dict (tiny by default)."""
+    d = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64,
+             intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
+             rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+             attention_bias=False, torch_dtype="float32", eos_token_id=2, bos_token_id=None)
+    d.update(overrides)
+    return d
+
+
+def save_config_only(path: str, **overrides) -> str:
+    """config.json + tokenizer, for load_format='dummy' (no weights written)."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(qwen3_config_dict(**overrides), f, indent=1)
+    save_tokenizer(path)
+    return path
+
+
+def save_random_qwen3(path: str, seed: int = 0, **overrides) -> str:
+    """A random-weight Qwen3 checkpoint written by transformers itself (+ tokenizer)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    d = qwen3_config_dict(**overrides)
+    d.pop("architectures")
+    d.pop("model_type")
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(Qwen3Config(**d))
+    # HF's init is tiny and makes greedy text repeat one token; a wider one gives varied
+    # tokens, which makes token-for-token comparisons meaningful.
+    std = 2.0 / d["hidden_size"] ** 0.5
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0, std)
+            else:
+                p.uniform_(0.8, 1.2)
+    model.save_pretrained(path)
+    save_tokenizer(path)
+    return path
