@@ -44,6 +44,7 @@ class BlockManager:
         # Insertion-ordered free set: allocate from the front (least recently freed), so
         # freed blocks keep their cached content as long as possible; O(1) removal on a hit.
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_hit_tokens = 0  # prompt tokens served from the prefix cache (a statistic)
 
     @property
     def num_blocks(self) -> int:
@@ -126,6 +127,7 @@ class BlockManager:
             block.ref_count += 1
         seq.block_table = hits + [self._take_free_block() for _ in range(seq.num_blocks - len(hits))]
         seq.num_cached_tokens = len(hits) * self.block_size
+        self.num_hit_tokens += seq.num_cached_tokens
 
     def deallocate(self, seq: Sequence) -> None:
         """Drop seq's references; blocks whose count hits zero go back to the free list."""

@@ -28,6 +28,7 @@ class Scheduler:
                                           config.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0  # a statistic, for logs and tests
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -115,6 +116,7 @@ class Scheduler:
         """Free seq's blocks and put it first in line to be recomputed."""
         seq.status = SequenceStatus.WAITING
         seq.num_scheduled_tokens = 0
+        self.num_preemptions += 1
         self.block_manager.deallocate(seq)
         self.waiting.appendleft(seq)
 
