@@ -1,0 +1,1 @@
+"""Attention / KV-cache kernels: plain-torch reference and Triton implementations."""

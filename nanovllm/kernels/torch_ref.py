@@ -1,0 +1,65 @@
+"""Plain-torch attention over a paged KV cache: the test oracle and the CPU code path.
+
+Cache layout: [num_blocks, block_size, num_kv_heads, head_dim]; slot = block_id * block_size + offset.
+Everything is computed in fp32 and cast back to q's dtype.
+"""
+import torch
+
+
+def store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """Write new tokens' K/V [T, Hkv, D] into the paged cache at slot_mapping (-1 = skip)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    # View caches as [num_slots, Hkv, D]; valid because the two leading dims are contiguous.
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+
+
+def _gather_seq(cache, block_row, seqlen):
+    """Dense [seqlen, Hkv, D] keys/values of one sequence, read through its block table row."""
+    block_size = cache.shape[1]
+    nblocks = (seqlen + block_size - 1) // block_size
+    blocks = block_row[:nblocks].long()
+    return cache[blocks].reshape(-1, *cache.shape[2:])[:seqlen]
+
+
+def _attend(q, k, v, scale, q_pos):
+    """q [M, H, D], k/v [N, Hkv, D]; query m sees keys 0..q_pos[m]. Returns fp32 [M, H, D]."""
+    group = q.shape[1] // k.shape[1]
+    qf = q.float().transpose(0, 1)                                    # [H, M, D]
+    kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)    # [H, N, D]
+    vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    s = torch.matmul(qf, kf.transpose(1, 2)) * scale                  # [H, M, N]
+    key_pos = torch.arange(k.shape[0], device=q.device)
+    s = s.masked_fill(key_pos[None, :] > q_pos[:, None], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.matmul(p, vf).transpose(0, 1)                        # [M, H, D]
+
+
+def prefill_attention_torch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale):
+    """Causal varlen attention of new queries over each sequence's cached keys (prefix/chunk aware)."""
+    o = torch.empty_like(q)
+    cu_q = cu_seqlens_q.tolist()
+    cu_k = cu_seqlens_k.tolist()
+    for i in range(len(cu_q) - 1):
+        q0, q1 = cu_q[i], cu_q[i + 1]
+        seqlen_q, seqlen_k = q1 - q0, cu_k[i + 1] - cu_k[i]
+        if seqlen_q == 0:
+            continue
+        k = _gather_seq(k_cache, block_tables[i], seqlen_k)
+        v = _gather_seq(v_cache, block_tables[i], seqlen_k)
+        # New queries are the last seqlen_q tokens of the sequence.
+        q_pos = torch.arange(seqlen_k - seqlen_q, seqlen_k, device=q.device)
+        o[q0:q1] = _attend(q[q0:q1], k, v, scale, q_pos).to(q.dtype)
+    return o
+
+
+def decode_attention_torch(q, k_cache, v_cache, context_lens, block_tables, scale):
+    """One query per sequence (q [B, H, D]) attending to its first context_lens[i] cached tokens."""
+    o = torch.empty_like(q)
+    for i, ctx in enumerate(context_lens.tolist()):
+        k = _gather_seq(k_cache, block_tables[i], ctx)
+        v = _gather_seq(v_cache, block_tables[i], ctx)
+        q_pos = torch.tensor([ctx - 1], device=q.device)
+        o[i] = _attend(q[i:i + 1], k, v, scale, q_pos)[0].to(q.dtype)
+    return o
