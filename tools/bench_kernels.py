@@ -1,0 +1,175 @@
+"""GPU micro-benchmark of the nanovllm attention kernels (Qwen3-0.6B shapes: 16 q / 8 kv heads, d=128).
+
+Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep]
+Times: 'ms' = triton.testing.do_bench median (L2 flushed, Python launch overhead included);
+'graph' = do_bench_cudagraph median over calls rotating through enough distinct KV caches to
+exceed the 50 MB L2 (how the engine runs decode: inside CUDA graphs, cold cache).
+"""
+import itertools
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench, do_bench_cudagraph
+
+from nanovllm.kernels import triton_decode, triton_prefill
+from nanovllm.kernels.torch_ref import decode_attention_torch, prefill_attention_torch
+from nanovllm.kernels.triton_decode import choose_num_splits, decode_attention
+from nanovllm.kernels.triton_kv import store_kvcache
+from nanovllm.kernels.triton_prefill import prefill_attention
+
+H, HKV, D, BS = 16, 8, 128, 256
+DT = torch.bfloat16
+
+
+def make_decode(batch, ctx):
+    nblk = triton.cdiv(ctx, BS)
+    k_cache = torch.randn(batch * nblk, BS, HKV, D, dtype=DT, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    bt = torch.randperm(batch * nblk, device="cuda").int().view(batch, nblk)  # scattered pages
+    q = torch.randn(batch, H, D, dtype=DT, device="cuda")
+    ctx_t = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    return q, k_cache, v_cache, ctx_t, bt, D ** -0.5
+
+
+def kv_bytes(batch, ctx):
+    return batch * ctx * HKV * D * 2 * 2 + 2 * batch * H * D * 2
+
+
+def rotating_cases(batch, ctx):
+    """Enough independent inputs that one pass over them (>= 256 MB) cannot live in L2."""
+    return [make_decode(batch, ctx) for _ in range(min(64, triton.cdiv(2 ** 28, kv_bytes(batch, ctx))))]
+
+
+def graph_ms(cases, **kw):
+    """CUDA-graph timing of decode_attention, each captured call on the next case."""
+    it = itertools.cycle(cases)
+    return do_bench_cudagraph(lambda: decode_attention(*next(it), **kw), return_mode="median")
+
+
+def bench_decode():
+    copy = torch.empty(2 ** 29, dtype=torch.uint8, device="cuda")
+    ms = do_bench(lambda: copy.clone(), return_mode="median")
+    print(f"copy bandwidth (read+write 512MiB): {2 * copy.numel() / ms / 1e6:.0f} GB/s")
+    del copy
+    print("\n== decode (block 256, bf16, 16/8/128) ==")
+    print(f"{'batch':>5} {'ctx':>5} {'splits':>6} {'ms':>8} {'GB/s':>7} {'graph ms':>9} {'graph GB/s':>10} {'torch ms':>9}")
+    for batch in (1, 32, 256):
+        for ctx in (512, 1024, 2048, 4096):
+            cases = rotating_cases(batch, ctx)
+            args = cases[0]
+            ms = do_bench(lambda: decode_attention(*args), return_mode="median")
+            gms = graph_ms(cases)
+            tms = float("nan")
+            if batch <= 32 and ctx == 1024:
+                tms = do_bench(lambda: decode_attention_torch(*args), rep=50, return_mode="median")
+            gb = kv_bytes(batch, ctx)
+            print(f"{batch:>5} {ctx:>5} {choose_num_splits(batch, HKV):>6} {ms:8.4f} {gb / ms / 1e6:7.0f} "
+                  f"{gms:9.4f} {gb / gms / 1e6:10.0f} {tms:9.3f}")
+            del args, cases
+
+
+def sweep_decode():
+    """Split counts and tile configs on a few representative shapes."""
+    print("\n== decode split sweep (graph GB/s) ==")
+    for batch, ctx in ((1, 1024), (1, 4096), (8, 2048), (32, 1024), (64, 1024), (128, 1024), (256, 512)):
+        cases = rotating_cases(batch, ctx)
+        row = []
+        for s in (1, 2, 4, 8, 16, 32, 64):
+            row.append(f"{s}:{kv_bytes(batch, ctx) / graph_ms(cases, num_splits=s) / 1e6:.0f}")
+        print(f"b={batch:<3} ctx={ctx:<5} default={choose_num_splits(batch, HKV):<3} " + " ".join(row))
+        del cases
+    print("\n== decode config sweep (graph GB/s, default splits) ==")
+    base = dict(triton_decode.CONFIG)
+    shapes = ((1, 4096), (32, 1024), (128, 1024), (256, 2048))
+    all_cases = [rotating_cases(b, c) for b, c in shapes]
+    for bn, warps, stages in ((64, 4, 3), (128, 4, 2), (32, 4, 3), (64, 4, 2), (128, 4, 3), (128, 8, 3), (64, 8, 3)):
+        triton_decode.CONFIG.update(BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        row = []
+        for (b, c), cases in zip(shapes, all_cases):
+            try:
+                row.append(f"b{b}/c{c}:{kv_bytes(b, c) / graph_ms(cases) / 1e6:.0f}")
+            except Exception as e:  # e.g. out of shared memory
+                row.append(f"b{b}/c{c}:ERR({type(e).__name__})")
+        print(f"BN={bn:<3} warps={warps} stages={stages}  " + " ".join(row))
+    triton_decode.CONFIG.clear()
+    triton_decode.CONFIG.update(base)
+    del all_cases
+    print("\n== prefill config sweep (TFLOP/s) ==")
+    base = dict(triton_prefill.CONFIG)
+    triton_prefill.SHORT_Q = -1  # sweep one config for every length
+    for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3),
+                                  (128, 128, 8, 3), (64, 128, 4, 2), (128, 64, 8, 4)):
+        triton_prefill.CONFIG.update(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        row = []
+        for name, seqs, bs in PREFILL_CASES[:3]:
+            try:
+                row.append(f"{name}:{prefill_case(seqs, bs)[1]:.0f}")
+            except Exception as e:
+                row.append(f"{name}:ERR({type(e).__name__})")
+        print(f"BM={bm:<3} BN={bn:<3} warps={warps} stages={stages}  " + "  ".join(row))
+    triton_prefill.CONFIG.clear()
+    triton_prefill.CONFIG.update(base)
+    triton_prefill.SHORT_Q = 512
+
+
+PREFILL_CASES = (("4x2048 fresh", [(2048, 2048)] * 4, 256),
+                 ("16x512 fresh", [(512, 512)] * 16, 256),
+                 ("8x512 chunk@4096", [(512, 4096)] * 8, 256),
+                 ("4x2048 fresh bs16", [(2048, 2048)] * 4, 16))
+
+
+def prefill_inputs(seqs, bs):
+    nblk = [triton.cdiv(sk, bs) for _, sk in seqs]
+    k_cache = torch.randn(sum(nblk), bs, HKV, D, dtype=DT, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    bt = torch.randperm(sum(nblk), device="cuda").int().view(len(seqs), -1)
+    q = torch.randn(sum(sq for sq, _ in seqs), H, D, dtype=DT, device="cuda")
+    cu_q = torch.tensor([0] + [sq for sq, _ in seqs]).cumsum(0).int().cuda()
+    cu_k = torch.tensor([0] + [sk for _, sk in seqs]).cumsum(0).int().cuda()
+    return q, k_cache, v_cache, cu_q, cu_k, bt, D ** -0.5
+
+
+def prefill_case(seqs, bs):
+    """(ms, TFLOP/s, args) of the Triton prefill kernel; causal FLOPs = 4*D per visible (q, k) pair."""
+    args = prefill_inputs(seqs, bs)
+    ms = do_bench(lambda: prefill_attention(*args, max(sq for sq, _ in seqs)), return_mode="median")
+    pairs = sum(sq * (sk - sq) + sq * (sq + 1) / 2 for sq, sk in seqs)
+    return ms, 4 * D * H * pairs / ms / 1e9, args
+
+
+def bench_prefill():
+    print("\n== prefill (16/8/128, bf16) ==")
+    print(f"{'case':>20} {'ms':>8} {'TFLOP/s':>8} {'torch ms':>9} {'sdpa ms':>8}")
+    for name, seqs, bs in PREFILL_CASES:
+        ms, tflops, args = prefill_case(seqs, bs)
+        tms = do_bench(lambda: prefill_attention_torch(*args), rep=50, return_mode="median")
+        sdpa = float("nan")
+        if all(sq == sk for sq, sk in seqs):  # dense flash SDPA on contiguous K/V as a yardstick
+            b, s = len(seqs), seqs[0][0]
+            qd = torch.randn(b, H, s, D, dtype=DT, device="cuda")
+            kd = torch.randn(b, H, s, D, dtype=DT, device="cuda")
+            sdpa = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, kd, is_causal=True),
+                            return_mode="median")
+        print(f"{name:>20} {ms:8.4f} {tflops:8.1f} {tms:9.3f} {sdpa:8.4f}")
+
+
+def bench_store():
+    print("\n== store_kvcache (8/128 bf16) ==")
+    for t in (256, 8192):
+        k = torch.randn(t, HKV, D, dtype=DT, device="cuda")
+        v = torch.randn_like(k)
+        kc = torch.empty(t // 16 + 16, BS, HKV, D, dtype=DT, device="cuda")
+        vc = torch.empty_like(kc)
+        slots = torch.randperm(kc.shape[0] * BS, device="cuda")[:t].int()
+        ms = do_bench(lambda: store_kvcache(k, v, kc, vc, slots), return_mode="median")
+        print(f"tokens={t:<5} {ms * 1e3:8.1f} us  {4 * k.numel() * 2 / ms / 1e6:6.0f} GB/s")
+
+
+if __name__ == "__main__":
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    bench_decode()
+    bench_store()
+    bench_prefill()
+    if "--sweep" in sys.argv:
+        sweep_decode()
