@@ -293,17 +293,23 @@ class ModelRunner:
             torch.cuda.synchronize()
         reset_context()
         self.graph_max_bs = max_bs
-        self.graph_meta, self.graph_table = meta, table
+        self.graph_meta = meta
+        self.graph_host_t = torch.zeros(self.graph_buf.numel(), dtype=torch.int32).pin_memory()
+        self.graph_host = self.graph_host_t.numpy()
 
     def _stage_graph_inputs(self, seqs: list[Sequence]):
         n = len(seqs)
         bs = next(b for b in self.graph_bs if b >= n)
-        meta = self._decode_host(seqs, self.graph_max_bs)
-        table = np.zeros((self.graph_max_bs, self.max_blocks_per_seq), dtype=np.int32)
+        rows, width = self.graph_max_bs, self.max_blocks_per_seq
+        host = self.graph_host  # persistent pinned mirror of graph_buf
+        host[: 4 * rows] = self._decode_host(seqs, rows).ravel()
+        table = host[4 * rows:].reshape(rows, width)
+        table[:n] = 0
         for i, s in enumerate(seqs):
             table[i, : len(s.block_table)] = s.block_table
-        host = torch.from_numpy(np.concatenate([meta.ravel(), table.ravel()]))
-        self.graph_buf.copy_(host.pin_memory(), non_blocking=True)
+        # Safe to reuse the pinned buffer: the previous step's copy finished before its
+        # sampled ids came back to the host.
+        self.graph_buf.copy_(self.graph_host_t, non_blocking=True)
         set_context(is_prefill=False, context_lens=self.graph_meta[3, :bs])
         self._graph_step = bs
         return self.graph_meta[0, :n], self.graph_meta[1, :n]
