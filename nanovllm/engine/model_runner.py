@@ -23,9 +23,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_device(config: Config) -> torch.device:
     """config.device, or CUDA when available, else CPU."""
-    if config.device is not None:
-        return torch.device(config.device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def resolve_dtype(config: Config, device: torch.device) -> torch.dtype:
