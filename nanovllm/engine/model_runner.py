@@ -248,6 +248,7 @@ class ModelRunner:
             return self.model.compute_logits(self.model(input_ids, positions))
         return self.model.compute_logits(self._replay(input_ids.size(0)))
 
+    @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int] | None:
         """One engine step on this rank; rank 0 returns the sampled token ids."""
         if is_prefill:
