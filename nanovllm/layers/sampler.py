@@ -20,11 +20,22 @@ class SamplingTensors:
 class Sampler(nn.Module):
     """Turns last-position logits into token ids without any per-token Python loop."""
 
+    def __init__(self):
+        super().__init__()
+        self.steps = 0  # varies the fused kernel's random stream from step to step
+
     def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        if st.all_greedy:
+            return logits.argmax(-1)
+        plain = st.top_ks is None and st.top_ps is None and st.min_ps is None and not st.seeds
+        if plain and logits.is_cuda:
+            from nanovllm.kernels.triton_sample import sample_temperature
+
+            self.steps += 1
+            seed = (torch.initial_seed() + self.steps * 0x9E3779B1) & 0x7FFFFFFF
+            return sample_temperature(logits, st.temperatures, seed)
         logits = logits.float()
         greedy = logits.argmax(-1)
-        if st.all_greedy:
-            return greedy
         temps = st.temperatures.unsqueeze(1)
         logits = logits / torch.where(temps > 0, temps, torch.ones_like(temps))
         if st.top_ks is not None or st.top_ps is not None:
