@@ -11,6 +11,7 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import MODELS
+from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import get_context, reset_context, set_context
 from nanovllm.utils.loader import init_dummy_weights, load_model
 
@@ -76,6 +77,7 @@ class ModelRunner:
 
         self.warmup()
         self.allocate_kv_cache()
+        self.warmup_kernels()
         self.use_graphs = self.device.type == "cuda" and not config.enforce_eager
         if self.use_graphs:
             self.capture_cudagraph()
@@ -104,6 +106,30 @@ class ModelRunner:
             self.sampler(logits, SamplingTensors(torch.ones(rows, device=self.device)))
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+    def warmup_kernels(self) -> None:
+        """Run real prefills (short and long) and sampling so every kernel variant is compiled
+        before the first request, not in the middle of someone's generate."""
+        if self.device.type != "cuda":
+            return
+        lengths = {min(16, self.config.max_model_len - 1),
+                   min(600, self.config.max_model_len - 1, self.config.max_num_batched_tokens)}
+        sp = SamplingParams(temperature=0.6, max_tokens=1)
+        for n in lengths:
+            need = -(-n // self.block_size)
+            if need > self.config.num_kvcache_blocks:
+                continue
+            seq = Sequence([0] * n, sp, self.block_size)
+            # Blocks 0.. are scratch here: any block is written before it is read later.
+            seq.block_table = list(range(need))
+            seq.num_scheduled_tokens = n
+            self.run([seq], True)
+        if self.rank == 0:
+            vocab = self.config.hf_config.vocab_size
+            for rows in (1, 64):
+                logits = torch.randn(rows, vocab, device=self.device, dtype=self.dtype)
+                self.sampler(logits, SamplingTensors(torch.full((rows,), 0.6, device=self.device)))
+        torch.cuda.synchronize()
 
     def _kv_shape(self, num_blocks: int) -> tuple[int, ...]:
         hf = self.config.hf_config
@@ -152,16 +178,24 @@ class ModelRunner:
         return int(t.item())
 
     # -- batch -> tensors -------------------------------------------------------------------
-    def _upload(self, host: np.ndarray) -> torch.Tensor:
-        """One host-to-device copy of a packed int32 buffer."""
+    def _upload(self, *parts: np.ndarray) -> list[torch.Tensor]:
+        """Pack int32 arrays into one host-to-device copy; returns device views of each."""
+        # Every part starts 16-byte aligned: Triton specialises kernels on pointer alignment,
+        # so unaligned slices would trigger recompiles mid-run.
+        sizes = [-(-p.size // 4) * 4 for p in parts]
+        host = np.zeros(sum(sizes), dtype=np.int32)
+        offsets = np.cumsum([0] + sizes)
+        for p, o in zip(parts, offsets):
+            host[o: o + p.size] = p.ravel()
         t = torch.from_numpy(host)
         if self.pinned:
             t = t.pin_memory()
-        return t.to(self.device, non_blocking=True)
+        dev = t.to(self.device, non_blocking=True)
+        return [dev[o: o + p.size].view(p.shape) for p, o in zip(parts, offsets)]
 
     def _block_table_array(self, seqs: list[Sequence], rows: int | None = None) -> np.ndarray:
-        width = max(len(s.block_table) for s in seqs)
-        table = np.zeros((rows or len(seqs), width), dtype=np.int32)
+        # Fixed width (max_model_len's blocks): one kernel specialisation for every batch.
+        table = np.zeros((rows or len(seqs), self.max_blocks_per_seq), dtype=np.int32)
         for i, s in enumerate(seqs):
             table[i, : len(s.block_table)] = s.block_table
         return table
@@ -180,14 +214,9 @@ class ModelRunner:
                 first, last = max(start, b * bs), min(start + n, (b + 1) * bs)
                 base = s.block_table[b] * bs - b * bs
                 slots += range(base + first, base + last)
-        table = self._block_table_array(seqs)
-        flat = np.concatenate([np.asarray(ids + pos + slots + cu_q + cu_k, dtype=np.int32),
-                               table.ravel()])
-        dev = self._upload(flat)
-        t, b = len(ids), len(seqs) + 1
-        input_ids, positions, slot_mapping = dev[:t], dev[t:2 * t], dev[2 * t:3 * t]
-        cu_seqlens_q, cu_seqlens_k = dev[3 * t:3 * t + b], dev[3 * t + b:3 * t + 2 * b]
-        block_tables = dev[3 * t + 2 * b:].view(table.shape)
+        input_ids, positions, slot_mapping, cu_seqlens_q, cu_seqlens_k, block_tables = self._upload(
+            *(np.asarray(x, dtype=np.int32) for x in (ids, pos, slots, cu_q, cu_k)),
+            self._block_table_array(seqs))
         max_q = max(s.num_scheduled_tokens for s in seqs)
         max_k = max(s.num_cached_tokens + s.num_scheduled_tokens for s in seqs)
         set_context(is_prefill=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -210,13 +239,12 @@ class ModelRunner:
 
     def prepare_decode(self, seqs: list[Sequence]):
         """Token ids, positions and attention context for a decode step (eager path)."""
-        meta = self._decode_host(seqs, len(seqs))
-        table = self._block_table_array(seqs)
-        dev = self._upload(np.concatenate([meta.ravel(), table.ravel()]))
         n = len(seqs)
-        input_ids, positions, slot_mapping, context_lens = dev[: 4 * n].view(4, n)
+        meta = self._decode_host(seqs, -(-n // 4) * 4)  # rows padded to keep them aligned
+        meta_dev, block_tables = self._upload(meta, self._block_table_array(seqs))
+        input_ids, positions, slot_mapping, context_lens = meta_dev[:, :n]
         set_context(is_prefill=False, slot_mapping=slot_mapping, context_lens=context_lens,
-                    block_tables=dev[4 * n:].view(table.shape))
+                    block_tables=block_tables)
         return input_ids, positions
 
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingTensors:

@@ -1,0 +1,69 @@
+"""Where does bench.py's time go? Per-phase step timing plus a kernel profile of decode steps.
+
+    python tools/profile_bench.py [--num-seqs 256]
+"""
+import argparse
+import time
+from collections import defaultdict
+from random import randint, seed
+
+import torch
+
+from bench import dummy_model_dir
+from nanovllm import LLM, SamplingParams
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--profile-steps", type=int, default=6)
+    args = ap.parse_args()
+    llm = LLM(dummy_model_dir(), load_format="dummy")
+    seed(0)
+    prompts = [[randint(0, 10000) for _ in range(randint(100, 1024))] for _ in range(args.num_seqs)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 1024))
+              for _ in range(args.num_seqs)]
+    llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)
+    for p, sp in zip(prompts, params):
+        llm.add_request(p, sp)
+
+    sched, runner = llm.scheduler, llm.model_runner
+    totals = defaultdict(float)
+    counts = defaultdict(int)
+    prof_done = False
+    t_all = time.perf_counter()
+    while not llm.is_finished():
+        t0 = time.perf_counter()
+        seqs, is_prefill = sched.schedule()
+        t1 = time.perf_counter()
+        kind = "prefill" if is_prefill else "decode"
+        if not is_prefill and not prof_done and len(seqs) == args.num_seqs and \
+                sched.running[0].num_completion_tokens > 200:
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.profile_steps):
+                    ids = runner.call("run", seqs, is_prefill)
+                    sched.postprocess(seqs, ids)
+                    seqs, is_prefill = sched.schedule()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+            prof_done = True
+        ids = runner.call("run", seqs, is_prefill)
+        t2 = time.perf_counter()
+        sched.postprocess(seqs, ids)
+        t3 = time.perf_counter()
+        totals[kind + "_schedule"] += t1 - t0
+        totals[kind + "_run"] += t2 - t1
+        totals[kind + "_post"] += t3 - t2
+        counts[kind] += 1
+    wall = time.perf_counter() - t_all
+    print(f"wall {wall:.2f}s steps {dict(counts)}")
+    for k, v in sorted(totals.items()):
+        print(f"{k:20s} {v:8.3f}s")
+    # Time a decode step's pieces at a fixed batch: host prep vs GPU replay.
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
