@@ -1,6 +1,39 @@
-"""How rank 0 reaches its model runner(s): directly for one rank; tensor parallelism later."""
+"""How rank 0 reaches its model runner(s): directly for one rank, or tensor parallelism.
+
+With N > 1 ranks this process is rank 0 and ranks 1..N-1 are spawned worker processes, each
+with its own ModelRunner; the layers exchange activations through torch.distributed (NCCL
+on GPU, gloo on CPU). Every engine call is pickled once into a shared-memory segment and
+the workers are woken by an Event each; they run the same method and set a "done" Event.
+A watchdog thread notices a dead worker at once, so rank 0 raises instead of hanging.
+"""
+import atexit
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import threading
+from datetime import timedelta
+from multiprocessing import connection, get_context
+from multiprocessing.shared_memory import SharedMemory
+
+import torch
+import torch.distributed as dist
+
 from nanovllm.config import Config
-from nanovllm.engine.model_runner import ModelRunner
+from nanovllm.engine.model_runner import ModelRunner, resolve_device
+
+logger = logging.getLogger(__name__)
+
+# First size of the call segment; a bigger message grows it (see ShmChannel.send).
+SHM_BYTES = 1 << 20
+# Backstop for a collective whose peer hangs without dying (a dead peer is caught at once).
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+# How long shutdown() waits for workers to exit by themselves before terminating them.
+JOIN_TIMEOUT_S = 10.0
+# How often an idle worker checks that rank 0 is still alive.
+PARENT_POLL_S = 1.0
 
 
 class LocalRunner:
@@ -17,8 +50,319 @@ class LocalRunner:
         """Nothing to stop for a single in-process runner."""
 
 
+class ShmChannel:
+    """One writer (rank 0) broadcasts pickles to readers through a shared-memory segment.
+
+    Layout: header (kind, nbytes), then nbytes of body. kind MESSAGE: the body is the
+    pickle. kind MOVED: the body is the name of a new, bigger segment that holds the
+    message; readers switch to it for good. The caller makes sure readers are done with
+    one message before the next is written (the done Events), so no locking is needed.
+    """
+
+    HEADER = struct.Struct("<IQ")
+    MESSAGE, MOVED = 0, 1
+
+    def __init__(self, shm: SharedMemory, owner: bool):
+        self.shm, self.owner = shm, owner
+
+    @classmethod
+    def create(cls, size: int = SHM_BYTES) -> "ShmChannel":
+        """A new segment owned (and finally unlinked) by this process."""
+        return cls(SharedMemory(create=True, size=max(size, cls.HEADER.size)), owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> "ShmChannel":
+        """A reader's view of the writer's segment."""
+        return cls(SharedMemory(name=name), owner=False)
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    def send(self, obj) -> None:
+        """Write obj for the readers, growing the segment if it does not fit."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        need = self.HEADER.size + len(data)
+        if need <= self.shm.size:
+            self._write(self.shm, self.MESSAGE, data)
+            return
+        size = self.shm.size
+        while size < need:
+            size *= 2
+        new = SharedMemory(create=True, size=size)
+        self._write(new, self.MESSAGE, data)
+        self._write(self.shm, self.MOVED, new.name.encode())
+        # Readers keep the old segment mapped until they have read the redirect, so the
+        # name can go now (POSIX shared memory lives until its last mapping is gone).
+        old, self.shm = self.shm, new
+        old.close()
+        old.unlink()
+        logger.debug("call segment grown to %d bytes for a %d-byte message", size, len(data))
+
+    def recv(self):
+        """Read the current message (following a move to a bigger segment)."""
+        kind, n = self.HEADER.unpack_from(self.shm.buf, 0)
+        if kind == self.MOVED:
+            name = bytes(self.shm.buf[self.HEADER.size: self.HEADER.size + n]).decode()
+            self.shm.close()
+            self.shm = SharedMemory(name=name)
+            kind, n = self.HEADER.unpack_from(self.shm.buf, 0)
+        view = self.shm.buf[self.HEADER.size: self.HEADER.size + n]
+        try:
+            return pickle.loads(view)
+        finally:
+            view.release()  # an exported view would make close() fail
+
+    def close(self) -> None:
+        """Unmap; the owner also removes the segment. Idempotent."""
+        if self.shm is None:
+            return
+        shm, self.shm = self.shm, None
+        shm.close()
+        if self.owner:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _write(self, shm: SharedMemory, kind: int, body: bytes) -> None:
+        shm.buf[self.HEADER.size: self.HEADER.size + len(body)] = body
+        self.HEADER.pack_into(shm.buf, 0, kind, len(body))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_group(backend: str, port: int, world_size: int, rank: int,
+                device: torch.device) -> None:
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
+                            world_size=world_size, rank=rank, timeout=COLLECTIVE_TIMEOUT,
+                            **kwargs)
+
+
+def _close_group(backend: str) -> None:
+    """Leave the process group without waiting on peers, which may be gone."""
+    if not dist.is_initialized():
+        return
+    if backend == "nccl":
+        # destroy_process_group finalizes NCCL communicators, which waits for every rank:
+        # it hangs when a peer is dead or not destroying at the same moment. Abort is local,
+        # and loses nothing here: every call has finished (or the group is broken anyway).
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.destroy_process_group()
+
+
+def _worker_main(config: Config, rank: int, backend: str, device: str, port: int,
+                 shm_name: str, request, done, parent_pid: int) -> None:
+    """Body of a worker process: build a ModelRunner, then run every call rank 0 sends."""
+    # Ctrl-C goes to the whole process group; rank 0 alone decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    done.set()  # "started": rank 0 now knows the spawn itself worked
+    channel = ShmChannel.attach(shm_name)
+    try:
+        device = torch.device(device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:
+            # Ranks share the CPU cores; more threads than cores only adds contention.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+        _init_group(backend, port, config.tensor_parallel_size, rank, device)
+        runner = ModelRunner(config, rank=rank, device=device)
+        done.set()  # "ready"
+        while True:
+            while not request.wait(PARENT_POLL_S):
+                if os.getppid() != parent_pid:  # rank 0 died without shutting us down
+                    return
+            request.clear()
+            method, args = channel.recv()
+            if method == "exit":
+                return
+            getattr(runner, method)(*args)
+            done.set()
+    except BaseException:
+        # Rank 0 sees the non-zero exit code through its watchdog and raises there.
+        logger.exception("tensor-parallel worker rank %d failed", rank)
+        os._exit(1)
+    finally:
+        channel.close()
+        _close_group(backend)
+
+
+def _check_divisible(config: Config) -> None:
+    hf, n = config.hf_config, config.tensor_parallel_size
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if getattr(hf, name) % n:
+            raise ValueError(f"{name}={getattr(hf, name)} is not divisible by "
+                             f"tensor_parallel_size={n}")
+
+
+class TensorParallelRunner:
+    """Rank 0's ModelRunner in this process plus N-1 spawned worker ranks."""
+
+    def __init__(self, config: Config):
+        _check_divisible(config)
+        n = config.tensor_parallel_size
+        if dist.is_initialized():
+            raise RuntimeError("torch.distributed is already initialised in this process; "
+                               "tensor_parallel_size > 1 needs to create its own group")
+        device = resolve_device(config)
+        if device.type == "cuda":
+            first = device.index or 0
+            if torch.cuda.device_count() < first + n:
+                raise ValueError(f"tensor_parallel_size={n} needs GPUs cuda:{first}.."
+                                 f"cuda:{first + n - 1} (one per rank); "
+                                 f"{torch.cuda.device_count()} visible")
+            devices = [torch.device("cuda", first + r) for r in range(n)]
+            backend = "nccl"
+        else:
+            devices = [torch.device("cpu")] * n
+            backend = "gloo"
+        self.backend = backend
+        self.runner = None
+        self.procs, self.requests, self.dones = [], [], []
+        self._closed = False
+        self._broken = False  # a call that did not finish on every rank leaves them out of step
+        self._failure: str | None = None
+        self._stopping = threading.Event()
+        self.channel = ShmChannel.create(SHM_BYTES)
+        atexit.register(self.shutdown)
+        try:
+            self._start(config, devices)
+        except BaseException:
+            self._broken = True
+            self.shutdown()
+            raise
+
+    def _start(self, config: Config, devices: list[torch.device]) -> None:
+        ctx = get_context("spawn")
+        port = _free_port()
+        for rank in range(1, len(devices)):
+            request, done = ctx.Event(), ctx.Event()
+            # Not daemonic (a worker may need child processes, e.g. torch.compile's); rank 0
+            # stops them in shutdown() (also at exit) and they exit by themselves if it dies.
+            p = ctx.Process(target=_worker_main, name=f"nanovllm-tp{rank}",
+                            args=(config, rank, self.backend, str(devices[rank]), port,
+                                  self.channel.name, request, done, os.getpid()))
+            p.start()
+            self.procs.append(p)
+            self.requests.append(request)
+            self.dones.append(done)
+        self._watchdog = threading.Thread(target=self._watch, name="nanovllm-tp-watchdog",
+                                          daemon=True)
+        self._watchdog.start()
+        # A worker that dies while spawning (e.g. a script without an
+        # `if __name__ == "__main__":` guard) would leave the rendezvous below waiting.
+        self._wait_workers("starting")
+        _init_group(self.backend, port, len(devices), 0, devices[0])
+        self.runner = ModelRunner(config, rank=0, device=devices[0])
+        self._wait_workers("loading the model")
+
+    # -- failure detection ----------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Thread: as soon as a worker exits unasked, record why and unblock rank 0."""
+        sentinels = [p.sentinel for p in self.procs]
+        while not self._stopping.is_set():
+            if connection.wait(sentinels, timeout=0.2) and not self._stopping.is_set():
+                self._failure = self._dead_worker()
+                # A gloo collective fails by itself when a peer's sockets close; NCCL kernels
+                # would wait forever, so abort the communicators.
+                if self.backend == "nccl":
+                    try:
+                        _close_group(self.backend)
+                    except Exception:
+                        logger.exception("aborting the NCCL process group failed")
+                return
+
+    def _dead_worker(self, wait_s: float = 0.0) -> str | None:
+        """A description of the first worker that has exited, waiting up to wait_s for one."""
+        if self.procs and wait_s > 0:
+            connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
+        for rank, p in enumerate(self.procs, 1):
+            code = p.exitcode
+            if code is not None:
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                return (f"tensor-parallel worker rank {rank} (pid {p.pid}) died ({how}); "
+                        "shut this LLM down and create a new one")
+        return None
+
+    def _wait_workers(self, what: str) -> None:
+        """Wait for every worker's done Event, raising as soon as one has died."""
+        for done in self.dones:
+            while not done.wait(0.05):
+                failure = self._failure or self._dead_worker()
+                if failure:
+                    raise RuntimeError(f"{failure} (while {what})")
+            done.clear()
+
+    # -- calls ------------------------------------------------------------------------------------
+    def call(self, method: str, *args):
+        """Run a ModelRunner method on every rank; returns rank 0's result."""
+        if self._closed:
+            raise RuntimeError("the tensor-parallel runner has been shut down")
+        failure = self._failure or self._dead_worker()
+        if failure:
+            raise RuntimeError(failure)
+        if self._broken:
+            raise RuntimeError("an earlier call failed part-way, leaving the tensor-parallel "
+                               "ranks out of step; shut this LLM down and create a new one")
+        self.channel.send((method, args))
+        self._broken = True
+        try:
+            for request in self.requests:
+                request.set()
+            result = getattr(self.runner, method)(*args)
+            self._wait_workers(f"running {method}")
+        except Exception as e:
+            # A collective that failed because a peer died reports it obscurely: say who.
+            failure = self._failure or self._dead_worker(wait_s=2.0)
+            if failure and failure not in str(e):
+                raise RuntimeError(failure) from e
+            raise
+        self._broken = False
+        return result
+
+    def shutdown(self) -> None:
+        """Stop the workers, destroy the process group, remove the segment (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        self._stopping.set()
+        clean = not self._broken and self._failure is None and self._dead_worker() is None
+        if clean:
+            try:
+                self.channel.send(("exit", ()))
+                for request in self.requests:
+                    request.set()
+            except Exception:
+                logger.exception("could not ask the tensor-parallel workers to exit")
+                clean = False
+        for p in self.procs:
+            p.join(JOIN_TIMEOUT_S if clean else 0.5)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.join()
+        try:
+            _close_group(self.backend)
+        except Exception:
+            logger.exception("leaving the process group failed")
+        self.channel.close()
+        self.runner = None  # frees rank 0's weights and KV cache
+
+
 def create_runner(config: Config):
     """The runner front for config.tensor_parallel_size ranks."""
     if config.tensor_parallel_size == 1:
         return LocalRunner(config)
-    raise ValueError("tensor_parallel_size > 1 is not available yet")
+    return TensorParallelRunner(config)

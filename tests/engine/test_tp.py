@@ -1,0 +1,221 @@
+"""Tensor parallelism: spawned worker ranks, the shared-memory call channel, failures, clean-up."""
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine import tp
+from nanovllm.engine.tp import ShmChannel
+
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+# 8 heads / 2 kv heads: TP=2 splits every projection.
+MODEL = "tied_gqa4_d16_l4"
+# Prompt block tables need up to 9 blocks of 16: twelve blocks force decode to preempt.
+ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=12, device="cpu", max_model_len=512)
+
+
+def make_prompts(seed=0, n=10):
+    """Half share a 37-token prefix (two full blocks), so the prefix cache hits."""
+    rng = random.Random(seed)
+    shared = list(range(100, 137))
+    out = []
+    for i in range(n):
+        p = [rng.randrange(3, 400) for _ in range(rng.randrange(1, 70))]
+        out.append(shared + p if i % 2 == 0 else p)
+    return out
+
+
+def tokens(llm, prompts, sp=GREEDY):
+    return [o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False)]
+
+
+def assert_cleaned_up(llm):
+    """After shutdown: no worker process, no shared-memory segment, no process group."""
+    runner = llm.model_runner
+    name = runner.channel.name if runner.channel.shm is not None else None
+    procs = list(runner.procs)
+    llm.shutdown()
+    llm.shutdown()  # idempotent
+    assert all(not p.is_alive() for p in procs)
+    assert multiprocessing.active_children() == []
+    assert not torch.distributed.is_initialized()
+    if name is not None:
+        assert not os.path.exists(f"/dev/shm/{name}")
+    with pytest.raises(RuntimeError, match="shut down"):
+        runner.call("run", [], True)
+
+
+@pytest.fixture(scope="module")
+def reference(toy_models):
+    """TP=1 greedy tokens: twice the same batch (the second run hits the prefix cache)."""
+    llm = LLM(toy_models[MODEL], **ENGINE)
+    prompts = make_prompts()
+    out = tokens(llm, prompts), tokens(llm, prompts)
+    assert llm.scheduler.num_preemptions > 0
+    return prompts, out
+
+
+def test_tp2_matches_tp1_with_preemption_and_prefix_cache(toy_models, reference):
+    prompts, expected = reference
+    llm = LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE)
+    assert (tokens(llm, prompts), tokens(llm, prompts)) == expected
+    assert llm.scheduler.num_preemptions > 0
+    assert llm.scheduler.block_manager.num_hit_tokens > 0
+    bm = llm.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    assert_cleaned_up(llm)
+
+
+def test_messages_bigger_than_the_segment_grow_it(toy_models, reference, monkeypatch):
+    # A 128-byte first segment: prefill batches' pickles outgrow it (several times).
+    monkeypatch.setattr(tp, "SHM_BYTES", 128)
+    prompts, expected = reference
+    with LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE) as llm:
+        first = llm.model_runner.channel.name
+        assert tokens(llm, prompts) == expected[0]
+        assert llm.model_runner.channel.shm.size > 128
+        assert not os.path.exists(f"/dev/shm/{first}")  # the outgrown segment is gone
+        assert_cleaned_up(llm)
+
+
+def test_channel_grows_and_cleans_up():
+    writer = ShmChannel.create(1 << 20)
+    reader = ShmChannel.attach(writer.name)
+    first = writer.name
+    try:
+        writer.send(("run", [1, 2, 3]))
+        assert reader.recv() == ("run", [1, 2, 3])
+        big = os.urandom(3 << 20)  # 3 MiB: more than the 1 MiB segment
+        writer.send(("run", big))
+        assert reader.recv() == ("run", big)
+        assert writer.shm.size >= 3 << 20 and reader.name == writer.name != first
+        assert not os.path.exists(f"/dev/shm/{first}")
+        writer.send("small again")
+        assert reader.recv() == "small again"
+        last = writer.name
+    finally:
+        reader.close()
+        writer.close()
+        writer.close()  # idempotent
+    assert not os.path.exists(f"/dev/shm/{last}")
+
+
+@pytest.mark.slow
+def test_tp4_matches_tp1(toy_models):
+    path = toy_models["tied_mha_d16"]  # 4 heads, 4 kv heads
+    prompts = make_prompts(1, n=8)
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    expected = tokens(LLM(path, **ENGINE), prompts, sp)
+    llm = LLM(path, tensor_parallel_size=4, **ENGINE)
+    assert tokens(llm, prompts, sp) == expected
+    assert_cleaned_up(llm)
+
+
+def test_killed_worker_raises_promptly_and_shutdown_cleans_up(toy_models):
+    llm = LLM(toy_models[MODEL], tensor_parallel_size=2, kvcache_block_size=16,
+              num_kvcache_blocks=256, device="cpu", max_model_len=4096)
+    worker = llm.model_runner.procs[0]
+    killed = []
+
+    def kill():
+        killed.append(time.monotonic())
+        os.kill(worker.pid, signal.SIGKILL)
+
+    # Long enough (minutes) that the kill lands mid-generation, inside some collective.
+    long = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
+    timer = threading.Timer(1.0, kill)
+    timer.start()
+    with pytest.raises(RuntimeError, match="rank 1.*SIGKILL"):
+        llm.generate([[5, 6, 7]] * 8, long, use_tqdm=False)
+    timer.join()
+    assert time.monotonic() - killed[0] < 30
+    assert llm.scheduler.is_finished()
+    # The runner stays refused, immediately, instead of touching the broken group.
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="died"):
+        llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert time.monotonic() - t < 5
+    assert_cleaned_up(llm)
+
+
+_ORPHAN_SCRIPT = """
+import os, signal, sys
+from nanovllm import LLM
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=16,
+              device="cpu")
+    print(llm.model_runner.procs[0].pid, llm.model_runner.channel.name, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no shutdown()
+"""
+
+
+def test_workers_exit_when_rank0_dies(toy_models, tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), toy_models[MODEL]], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    pid, name = out.stdout.split()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (_alive(int(pid)) or os.path.exists(f"/dev/shm/{name}")):
+        time.sleep(0.2)
+    assert not _alive(int(pid)), "worker outlived rank 0"
+    assert not os.path.exists(f"/dev/shm/{name}"), "segment outlived every process"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("name, size", [("tied_mha_d16", 3), ("untied_gqa4_d64", 4)])
+def test_heads_not_divisible_raise_before_spawning(toy_models, name, size):
+    with pytest.raises(ValueError, match="divisible by tensor_parallel_size"):
+        LLM(toy_models[name], tensor_parallel_size=size, device="cpu")
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.gpu
+def test_tp2_matches_tp1_on_gpus_with_nccl(toy_models):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    path = toy_models["untied_gqa4_d64"]
+    prompts = make_prompts(2, n=8)
+    # float32 so that the all-reduce's summation order cannot flip a near-tie.
+    kw = dict(kvcache_block_size=16, num_kvcache_blocks=64, dtype="float32", max_model_len=512,
+              max_num_seqs=16)
+    ref = LLM(path, **kw)
+    expected = tokens(ref, prompts)
+    ref.shutdown()
+    del ref
+    llm = LLM(path, tensor_parallel_size=2, **kw)
+    assert llm.model_runner.backend == "nccl"
+    assert tokens(llm, prompts) == expected
+    assert_cleaned_up(llm)
+
+
+@pytest.mark.gpu
+def test_killed_worker_raises_promptly_with_nccl(toy_models):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    llm = LLM(toy_models[MODEL], tensor_parallel_size=2, kvcache_block_size=16,
+              num_kvcache_blocks=256, max_num_seqs=16, max_model_len=4096)
+    worker = llm.model_runner.procs[0]
+    timer = threading.Timer(2.0, os.kill, (worker.pid, signal.SIGKILL))
+    timer.start()
+    long = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
+    with pytest.raises(RuntimeError, match="rank 1"):
+        llm.generate([[5, 6, 7]] * 8, long, use_tqdm=False)
+    timer.join()
+    assert_cleaned_up(llm)
