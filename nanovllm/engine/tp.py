@@ -34,6 +34,8 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 JOIN_TIMEOUT_S = 10.0
 # How often an idle worker checks that rank 0 is still alive.
 PARENT_POLL_S = 1.0
+# The longest shutdown waits for the process group's teardown.
+GROUP_CLOSE_TIMEOUT_S = 10.0
 
 
 class LocalRunner:
@@ -144,6 +146,17 @@ def _init_group(backend: str, port: int, world_size: int, rank: int,
                             **kwargs)
 
 
+def _close_group_bounded(backend: str, timeout_s: float = GROUP_CLOSE_TIMEOUT_S) -> None:
+    """_close_group in a daemon thread: a teardown stuck in the communication library must not
+    hang shutdown (what it would release goes with the process anyway)."""
+    t = threading.Thread(target=_close_group, args=(backend,), daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        logger.warning("leaving the %s process group did not finish in %.0f s; continuing",
+                       backend, timeout_s)
+
+
 def _close_group(backend: str) -> None:
     """Leave the process group without waiting on peers, which may be gone."""
     if not dist.is_initialized():
@@ -190,7 +203,11 @@ def _worker_main(config: Config, rank: int, backend: str, device: str, port: int
         os._exit(1)
     finally:
         channel.close()
-        _close_group(backend)
+        _close_group_bounded(backend)
+        # Skip interpreter teardown: CUDA-graph and communicator destructors can block on
+        # peers that are already gone. Everything this process owns goes with it.
+        logging.shutdown()
+        os._exit(0)
 
 
 def _check_divisible(config: Config) -> None:
@@ -273,7 +290,7 @@ class TensorParallelRunner:
                 # would wait forever, so abort the communicators.
                 if self.backend == "nccl":
                     try:
-                        _close_group(self.backend)
+                        _close_group_bounded(self.backend)
                     except Exception:
                         logger.exception("aborting the NCCL process group failed")
                 return
@@ -352,12 +369,13 @@ class TensorParallelRunner:
                 p.kill()
                 p.join()
         if getattr(self, "_watchdog", None) is not None:
-            self._watchdog.join()
+            self._watchdog.join(GROUP_CLOSE_TIMEOUT_S + 1)
+        # The segment goes first: nothing below may keep it from being removed.
+        self.channel.close()
         try:
-            _close_group(self.backend)
+            _close_group_bounded(self.backend)
         except Exception:
             logger.exception("leaving the process group failed")
-        self.channel.close()
         self.runner = None  # frees rank 0's weights and KV cache
 
 
