@@ -221,7 +221,8 @@ class ModelRunner:
         max_k = max(s.num_cached_tokens + s.num_scheduled_tokens for s in seqs)
         set_context(is_prefill=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     max_seqlen_q=max_q, max_seqlen_k=max_k, slot_mapping=slot_mapping,
-                    block_tables=block_tables)
+                    block_tables=block_tables,
+                    has_cached_context=any(s.num_cached_tokens for s in seqs))
         return input_ids, positions
 
     def _decode_host(self, seqs: list[Sequence], rows: int) -> np.ndarray:

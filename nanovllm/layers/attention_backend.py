@@ -63,8 +63,7 @@ class FlashBackend(TritonBackend):
         self.fa = flash_attn
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
-        prefix_hit = ctx.block_tables is not None and ctx.max_seqlen_k > ctx.max_seqlen_q
-        if prefix_hit:  # context lives in the cache: read K/V through the block table
+        if ctx.has_cached_context:  # earlier tokens live in the cache: read through the table
             k, v, block_table = k_cache, v_cache, ctx.block_tables
         else:
             block_table = None
