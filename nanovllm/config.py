@@ -95,6 +95,8 @@ class Config:
     hf_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self):
+        if isinstance(self.model, str):
+            self.model = os.path.expanduser(self.model)
         if not isinstance(self.model, str) or not os.path.isdir(self.model):
             raise ValueError(f"model={self.model!r} is not a directory: give the path of a "
                              "Hugging Face model directory (config.json + *.safetensors)")

@@ -148,7 +148,9 @@ class LLMEngine:
                     prefill_tps = num_tokens / dt
                 else:
                     decode_tps = -num_tokens / dt
-                bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s")
+                # refresh=False: redraw at tqdm's own pace, not on every step.
+                bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s",
+                                refresh=False)
                 bar.update(len(finished))
         except BaseException:
             self.abort_all()
