@@ -31,3 +31,11 @@ def test_seeds_change_samples_and_bf16_input():
     b = sample_temperature(logits, t, seed=2)
     assert (a != b).any() and a.max() < 5000 and a.min() >= 0
     assert torch.equal(a, sample_temperature(logits, t, seed=1))
+
+
+@pytest.mark.gpu
+def test_on_gpu():
+    """The same checks on a real GPU (selected by `-m gpu`), with the stricter tolerance."""
+    test_greedy_rows_are_argmax()
+    test_samples_follow_softmax(0.7)
+    test_seeds_change_samples_and_bf16_input()
