@@ -4,7 +4,7 @@ set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 150 python3 -m pytest -q -x -p no:logging -m gpu tests/engine/test_tp.py > "$OUT/tp_tests.log" 2>&1
+timeout 240 python3 -m pytest -v -x -p no:logging -m gpu tests/engine/test_tp.py > "$OUT/tp_tests.log" 2>&1
 grep -E "^(FAILED|ERROR|E  )" "$OUT/tp_tests.log" | head -20; tail -2 "$OUT/tp_tests.log"
 for tp in 2 1; do
   timeout 140 python3 bench.py --tp $tp --json "$OUT/bench_tp$tp.json" > "$OUT/bench_tp$tp.log" 2>&1
