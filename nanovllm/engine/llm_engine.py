@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 from nanovllm.config import Config
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.tp import create_runner
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -37,8 +38,6 @@ class LLMEngine:
             eos |= set(hf_eos) if isinstance(hf_eos, list) else {hf_eos}
             eos.discard(None)
             config.eos = sorted(eos) if eos else -1
-        from nanovllm.engine.tp import create_runner
-
         self.model_runner = create_runner(config)
         self.scheduler = Scheduler(config)
         self._closed = False

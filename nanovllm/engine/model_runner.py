@@ -12,7 +12,7 @@ from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import MODELS
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.utils.context import get_context, reset_context, set_context
+from nanovllm.utils.context import reset_context, set_context
 from nanovllm.utils.loader import init_dummy_weights, load_model
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,4 @@
 """Triton kernel writing new tokens' K/V into the paged cache."""
-import torch
 import triton
 import triton.language as tl
 
