@@ -140,7 +140,12 @@ def _free_port() -> int:
 
 def _init_group(backend: str, port: int, world_size: int, rank: int,
                 device: torch.device) -> None:
-    kwargs = {"device_id": device} if backend == "nccl" else {}
+    kwargs = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+        # A dead peer is handled here (the watchdog aborts the group); torch's own NCCL error
+        # handling would instead kill this process on the abort. A user's setting wins.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
                             world_size=world_size, rank=rank, timeout=COLLECTIVE_TIMEOUT,
                             **kwargs)

@@ -160,8 +160,12 @@ if __name__ == "__main__":
 def test_workers_exit_when_rank0_dies(toy_models, tmp_path):
     script = tmp_path / "orphan.py"
     script.write_text(_ORPHAN_SCRIPT)
+    # The script must import this checkout's nanovllm even where it is not pip-installed.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [os.path.dirname(os.path.dirname(os.path.dirname(tp.__file__))),
+                      os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, str(script), toy_models[MODEL]], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=120, env=env)
     assert out.returncode == -signal.SIGKILL, out.stderr
     pid, name = out.stdout.split()
     deadline = time.monotonic() + 20
