@@ -132,6 +132,10 @@ class ShmChannel:
         self.HEADER.pack_into(shm.buf, 0, kind, len(body))
 
 
+# Set when a failed group's teardown never returned: this process cannot start another group.
+_stuck_group = False
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -151,27 +155,31 @@ def _init_group(backend: str, port: int, world_size: int, rank: int,
                             **kwargs)
 
 
-def _close_group_bounded(backend: str, timeout_s: float = GROUP_CLOSE_TIMEOUT_S) -> None:
-    """_close_group in a daemon thread: a teardown stuck in the communication library must not
-    hang shutdown (what it would release goes with the process anyway)."""
-    t = threading.Thread(target=_close_group, args=(backend,), daemon=True)
+def _close_group_bounded(backend: str, abort: bool,
+                         timeout_s: float = GROUP_CLOSE_TIMEOUT_S) -> bool:
+    """_close_group in a daemon thread, so that a teardown stuck in the communication library
+    cannot hang shutdown (what it would release goes with the process anyway). True if done."""
+    t = threading.Thread(target=_close_group, args=(backend, abort), daemon=True)
     t.start()
     t.join(timeout_s)
     if t.is_alive():
         logger.warning("leaving the %s process group did not finish in %.0f s; continuing",
                        backend, timeout_s)
+        return False
+    return True
 
 
-def _close_group(backend: str) -> None:
-    """Leave the process group without waiting on peers, which may be gone."""
+def _close_group(backend: str, abort: bool) -> None:
+    """Leave the process group: together with every rank, or (abort) alone after a failure."""
     if not dist.is_initialized():
         return
-    if backend == "nccl":
-        # destroy_process_group finalizes NCCL communicators, which waits for every rank:
-        # it hangs when a peer is dead or not destroying at the same moment. Abort is local,
-        # and loses nothing here: every call has finished (or the group is broken anyway).
+    if abort and backend == "nccl":
+        # A peer is dead or out of step: abort the communicators so that a collective stuck
+        # on the GPU returns. (destroy would wait for the peer forever.)
         dist.distributed_c10d._abort_process_group()
     else:
+        # NCCL's teardown is collective: it finishes only while every rank is in it, which
+        # is why rank 0 calls this at the same moment as the workers (see shutdown()).
         dist.destroy_process_group()
 
 
@@ -195,24 +203,24 @@ def _worker_main(config: Config, rank: int, backend: str, device: str, port: int
         while True:
             while not request.wait(PARENT_POLL_S):
                 if os.getppid() != parent_pid:  # rank 0 died without shutting us down
-                    return
+                    os._exit(0)
             request.clear()
             method, args = channel.recv()
             if method == "exit":
-                return
+                break
             getattr(runner, method)(*args)
             done.set()
+        channel.close()
+        _close_group_bounded(backend, abort=False)  # rank 0 is leaving the group too
+        code = 0
     except BaseException:
         # Rank 0 sees the non-zero exit code through its watchdog and raises there.
         logger.exception("tensor-parallel worker rank %d failed", rank)
-        os._exit(1)
-    finally:
-        channel.close()
-        _close_group_bounded(backend)
-        # Skip interpreter teardown: CUDA-graph and communicator destructors can block on
-        # peers that are already gone. Everything this process owns goes with it.
-        logging.shutdown()
-        os._exit(0)
+        code = 1
+    # Skip interpreter teardown: CUDA-graph and communicator destructors can block on peers
+    # that are already gone. Everything this process owns (the mapping too) goes with it.
+    logging.shutdown()
+    os._exit(code)
 
 
 def _check_divisible(config: Config) -> None:
@@ -229,6 +237,9 @@ class TensorParallelRunner:
     def __init__(self, config: Config):
         _check_divisible(config)
         n = config.tensor_parallel_size
+        if _stuck_group:
+            raise RuntimeError("an earlier tensor-parallel LLM in this process lost a worker "
+                               "and its NCCL group could not be released; start a new process")
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process; "
                                "tensor_parallel_size > 1 needs to create its own group")
@@ -251,6 +262,8 @@ class TensorParallelRunner:
         self._broken = False  # a call that did not finish on every rank leaves them out of step
         self._failure: str | None = None
         self._stopping = threading.Event()
+        self._group_lock = threading.Lock()
+        self._group_left = False
         self.channel = ShmChannel.create(SHM_BYTES)
         atexit.register(self.shutdown)
         try:
@@ -294,10 +307,7 @@ class TensorParallelRunner:
                 # A gloo collective fails by itself when a peer's sockets close; NCCL kernels
                 # would wait forever, so abort the communicators.
                 if self.backend == "nccl":
-                    try:
-                        _close_group_bounded(self.backend)
-                    except Exception:
-                        logger.exception("aborting the NCCL process group failed")
+                    self._leave_group(abort=True)
                 return
 
     def _dead_worker(self, wait_s: float = 0.0) -> str | None:
@@ -349,7 +359,7 @@ class TensorParallelRunner:
         return result
 
     def shutdown(self) -> None:
-        """Stop the workers, destroy the process group, remove the segment (idempotent)."""
+        """Stop the workers, leave the process group, remove the segment (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -364,6 +374,8 @@ class TensorParallelRunner:
             except Exception:
                 logger.exception("could not ask the tensor-parallel workers to exit")
                 clean = False
+        # The workers leave the group as soon as they read "exit": leave it with them.
+        self._leave_group(abort=not clean)
         for p in self.procs:
             p.join(JOIN_TIMEOUT_S if clean else 0.5)
         for p in self.procs:
@@ -375,13 +387,21 @@ class TensorParallelRunner:
                 p.join()
         if getattr(self, "_watchdog", None) is not None:
             self._watchdog.join(GROUP_CLOSE_TIMEOUT_S + 1)
-        # The segment goes first: nothing below may keep it from being removed.
         self.channel.close()
-        try:
-            _close_group_bounded(self.backend)
-        except Exception:
-            logger.exception("leaving the process group failed")
         self.runner = None  # frees rank 0's weights and KV cache
+
+    def _leave_group(self, abort: bool) -> None:
+        """Leave the process group once (the watchdog or shutdown, whichever comes first)."""
+        with self._group_lock:
+            if self._group_left:
+                return
+            self._group_left = True
+        try:
+            if not _close_group_bounded(self.backend, abort):
+                global _stuck_group
+                _stuck_group = True
+        except Exception:
+            logger.exception("leaving the %s process group failed", self.backend)
 
 
 def create_runner(config: Config):

@@ -37,16 +37,19 @@ def tokens(llm, prompts, sp=GREEDY):
     return [o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False)]
 
 
-def assert_cleaned_up(llm):
+def assert_cleaned_up(llm, group_released=True):
     """After shutdown: no worker process, no shared-memory segment, no process group."""
     runner = llm.model_runner
     name = runner.channel.name if runner.channel.shm is not None else None
     procs = list(runner.procs)
+    t = time.monotonic()
     llm.shutdown()
     llm.shutdown()  # idempotent
+    assert time.monotonic() - t < 30
     assert all(not p.is_alive() for p in procs)
     assert multiprocessing.active_children() == []
-    assert not torch.distributed.is_initialized()
+    if group_released:
+        assert not torch.distributed.is_initialized()
     if name is not None:
         assert not os.path.exists(f"/dev/shm/{name}")
     with pytest.raises(RuntimeError, match="shut down"):
@@ -219,7 +222,15 @@ def test_killed_worker_raises_promptly_with_nccl(toy_models):
     timer = threading.Timer(2.0, os.kill, (worker.pid, signal.SIGKILL))
     timer.start()
     long = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
+    t = time.monotonic()
     with pytest.raises(RuntimeError, match="rank 1"):
         llm.generate([[5, 6, 7]] * 8, long, use_tqdm=False)
     timer.join()
-    assert_cleaned_up(llm)
+    assert time.monotonic() - t < 30
+    # Aborting an NCCL communicator whose peer is gone may never return (NVIDIA/nccl#1777);
+    # then the processes and the segment are still cleaned up, and this process refuses,
+    # clearly, to start another group.
+    assert_cleaned_up(llm, group_released=False)
+    if torch.distributed.is_initialized():
+        with pytest.raises(RuntimeError, match="start a new process"):
+            LLM(toy_models[MODEL], tensor_parallel_size=2, num_kvcache_blocks=16)
