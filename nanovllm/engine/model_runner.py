@@ -329,6 +329,17 @@ class ModelRunner:
         self.graph_host_t = torch.zeros(self.graph_buf.numel(), dtype=torch.int32).pin_memory()
         self.graph_host = self.graph_host_t.numpy()
 
+    def release_graphs(self) -> None:
+        """Destroy the decode graphs: NCCL cannot tear down a communicator that a live graph
+        has captured (pytorch/pytorch#115388), so this comes before leaving the group."""
+        if not self.use_graphs:
+            return
+        torch.cuda.synchronize(self.device)
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.use_graphs = False
+
     def _stage_graph_inputs(self, seqs: list[Sequence]):
         n = len(seqs)
         bs = next(b for b in self.graph_bs if b >= n)

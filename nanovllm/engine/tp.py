@@ -211,6 +211,7 @@ def _worker_main(config: Config, rank: int, backend: str, device: str, port: int
             getattr(runner, method)(*args)
             done.set()
         channel.close()
+        runner.release_graphs()
         _close_group_bounded(backend, abort=False)  # rank 0 is leaving the group too
         code = 0
     except BaseException:
@@ -238,8 +239,8 @@ class TensorParallelRunner:
         _check_divisible(config)
         n = config.tensor_parallel_size
         if _stuck_group:
-            raise RuntimeError("an earlier tensor-parallel LLM in this process lost a worker "
-                               "and its NCCL group could not be released; start a new process")
+            raise RuntimeError("an earlier tensor-parallel LLM in this process could not "
+                               "release its NCCL group; start a new process")
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process; "
                                "tensor_parallel_size > 1 needs to create its own group")
@@ -375,6 +376,11 @@ class TensorParallelRunner:
                 logger.exception("could not ask the tensor-parallel workers to exit")
                 clean = False
         # The workers leave the group as soon as they read "exit": leave it with them.
+        if clean and self.runner is not None:
+            try:
+                self.runner.release_graphs()
+            except Exception:
+                logger.exception("releasing the CUDA graphs failed")
         self._leave_group(abort=not clean)
         for p in self.procs:
             p.join(JOIN_TIMEOUT_S if clean else 0.5)
