@@ -3,7 +3,9 @@
 With N > 1 ranks this process is rank 0 and ranks 1..N-1 are spawned worker processes, each
 with its own ModelRunner; the layers exchange activations through torch.distributed (NCCL
 on GPU, gloo on CPU). Every engine call is pickled once into a shared-memory segment and
-the workers are woken by an Event each; they run the same method and set a "done" Event.
+each worker is woken through a semaphore; it runs the same method and releases a "done"
+semaphore. (Semaphores, not Events: Event.set() waits for every sleeper to wake, so it would
+block forever on a worker killed while it waited.)
 A watchdog thread notices a dead worker at once, so rank 0 raises instead of hanging.
 """
 import atexit
@@ -58,7 +60,7 @@ class ShmChannel:
     Layout: header (kind, nbytes), then nbytes of body. kind MESSAGE: the body is the
     pickle. kind MOVED: the body is the name of a new, bigger segment that holds the
     message; readers switch to it for good. The caller makes sure readers are done with
-    one message before the next is written (the done Events), so no locking is needed.
+    one message before the next is written (the done semaphores), so no locking is needed.
     """
 
     HEADER = struct.Struct("<IQ")
@@ -188,7 +190,7 @@ def _worker_main(config: Config, rank: int, backend: str, device: str, port: int
     """Body of a worker process: build a ModelRunner, then run every call rank 0 sends."""
     # Ctrl-C goes to the whole process group; rank 0 alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    done.set()  # "started": rank 0 now knows the spawn itself worked
+    done.release()  # "started": rank 0 now knows the spawn itself worked
     channel = ShmChannel.attach(shm_name)
     try:
         device = torch.device(device)
@@ -199,17 +201,16 @@ def _worker_main(config: Config, rank: int, backend: str, device: str, port: int
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
         _init_group(backend, port, config.tensor_parallel_size, rank, device)
         runner = ModelRunner(config, rank=rank, device=device)
-        done.set()  # "ready"
+        done.release()  # "ready"
         while True:
-            while not request.wait(PARENT_POLL_S):
+            while not request.acquire(timeout=PARENT_POLL_S):
                 if os.getppid() != parent_pid:  # rank 0 died without shutting us down
                     os._exit(0)
-            request.clear()
             method, args = channel.recv()
             if method == "exit":
                 break
             getattr(runner, method)(*args)
-            done.set()
+            done.release()
         channel.close()
         runner.release_graphs()
         _close_group_bounded(backend, abort=False)  # rank 0 is leaving the group too
@@ -278,7 +279,7 @@ class TensorParallelRunner:
         ctx = get_context("spawn")
         port = _free_port()
         for rank in range(1, len(devices)):
-            request, done = ctx.Event(), ctx.Event()
+            request, done = ctx.Semaphore(0), ctx.Semaphore(0)
             # Not daemonic (a worker may need child processes, e.g. torch.compile's); rank 0
             # stops them in shutdown() (also at exit) and they exit by themselves if it dies.
             p = ctx.Process(target=_worker_main, name=f"nanovllm-tp{rank}",
@@ -324,13 +325,12 @@ class TensorParallelRunner:
         return None
 
     def _wait_workers(self, what: str) -> None:
-        """Wait for every worker's done Event, raising as soon as one has died."""
+        """Wait for every worker's done signal, raising as soon as one has died."""
         for done in self.dones:
-            while not done.wait(0.05):
+            while not done.acquire(timeout=0.05):
                 failure = self._failure or self._dead_worker()
                 if failure:
                     raise RuntimeError(f"{failure} (while {what})")
-            done.clear()
 
     # -- calls ------------------------------------------------------------------------------------
     def call(self, method: str, *args):
@@ -347,7 +347,7 @@ class TensorParallelRunner:
         self._broken = True
         try:
             for request in self.requests:
-                request.set()
+                request.release()
             result = getattr(self.runner, method)(*args)
             self._wait_workers(f"running {method}")
         except Exception as e:
@@ -371,7 +371,7 @@ class TensorParallelRunner:
             try:
                 self.channel.send(("exit", ()))
                 for request in self.requests:
-                    request.set()
+                    request.release()
             except Exception:
                 logger.exception("could not ask the tensor-parallel workers to exit")
                 clean = False

@@ -149,6 +149,24 @@ def test_killed_worker_raises_promptly_and_shutdown_cleans_up(toy_models):
     assert_cleaned_up(llm)
 
 
+def test_waking_a_worker_killed_while_idle_does_not_block(toy_models):
+    # A multiprocessing.Event.set() waits for every sleeper to wake: a worker killed while it
+    # waited for a call would block rank 0 there forever (seen with NCCL on 2 GPUs).
+    llm = LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE)
+    runner = llm.model_runner
+    worker = runner.procs[0]
+    time.sleep(0.5)  # the worker is waiting for its next call
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(10)
+    wake = threading.Thread(target=runner.requests[0].release, daemon=True)
+    wake.start()
+    wake.join(5)
+    assert not wake.is_alive(), "waking a dead worker blocked"
+    with pytest.raises(RuntimeError, match="rank 1.*SIGKILL"):
+        llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert_cleaned_up(llm)
+
+
 _ORPHAN_SCRIPT = """
 import os, signal, sys
 from nanovllm import LLM
