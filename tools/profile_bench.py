@@ -13,10 +13,14 @@ from bench import dummy_model_dir
 from nanovllm import LLM, SamplingParams
 
 
+BUCKETS = (1, 4, 8, 16, 32, 64, 128, 192, 256, 512)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--profile-steps", type=int, default=6)
+    ap.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s for 'ideal'")
     args = ap.parse_args()
     llm = LLM(dummy_model_dir(), load_format="dummy")
     seed(0)
@@ -30,7 +34,8 @@ def main():
     sched, runner = llm.scheduler, llm.model_runner
     totals = defaultdict(float)
     counts = defaultdict(int)
-    prof_done = False
+    prof_done = small_done = False
+    buckets = {b: [0, 0.0, 0] for b in BUCKETS}
     t_all = time.perf_counter()
     while not llm.is_finished():
         t0 = time.perf_counter()
@@ -49,6 +54,18 @@ def main():
                 torch.cuda.synchronize()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
             prof_done = True
+        if not is_prefill and not small_done and len(seqs) <= 8:
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                ids = runner.call("run", seqs, is_prefill)
+                torch.cuda.synchronize()
+            print(f"one decode step at batch {len(seqs)}:")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+            small_done = True
+            sched.postprocess(seqs, ids)
+            continue
+        ctx = sum(len(s) for s in seqs)
         ids = runner.call("run", seqs, is_prefill)
         t2 = time.perf_counter()
         sched.postprocess(seqs, ids)
@@ -57,11 +74,28 @@ def main():
         totals[kind + "_run"] += t2 - t1
         totals[kind + "_post"] += t3 - t2
         counts[kind] += 1
+        if not is_prefill:
+            b = next(b for b in BUCKETS if len(seqs) <= b)
+            buckets[b][0] += 1
+            buckets[b][1] += t3 - t0
+            buckets[b][2] += ctx
     wall = time.perf_counter() - t_all
     print(f"wall {wall:.2f}s steps {dict(counts)}")
     for k, v in sorted(totals.items()):
         print(f"{k:20s} {v:8.3f}s")
-    # Time a decode step's pieces at a fixed batch: host prep vs GPU replay.
+    # Decode by batch size: where the time goes against what reading the KV cache and the
+    # weights at copy bandwidth would take.
+    hf = llm.config.hf_config
+    kv_bytes = 2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim * 2
+    weights = sum(p.numel() * p.element_size() for p in runner.runner.model.parameters()) \
+        if hasattr(runner, "runner") else 0
+    print(f"{'batch<=':>8} {'steps':>6} {'seconds':>8} {'ms/step':>8} {'ideal s':>8} {'KV TB/s':>8}")
+    for b in BUCKETS:
+        n, sec, ctx = buckets[b]
+        if n:
+            ideal = (ctx * kv_bytes + n * weights) / args.bandwidth
+            print(f"{b:>8} {n:>6} {sec:>8.3f} {1e3 * sec / n:>8.2f} {ideal:>8.3f} "
+                  f"{ctx * kv_bytes / sec / 1e12:>8.2f}")
     llm.shutdown()
 
 
