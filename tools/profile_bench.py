@@ -43,7 +43,7 @@ def main():
         t1 = time.perf_counter()
         kind = "prefill" if is_prefill else "decode"
         if not is_prefill and not prof_done and len(seqs) == args.num_seqs and \
-                sched.running[0].num_completion_tokens > 200:
+                sched.running[0].num_completion_tokens > 50:
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
