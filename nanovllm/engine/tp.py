@@ -241,7 +241,7 @@ class TensorParallelRunner:
         n = config.tensor_parallel_size
         if _stuck_group:
             raise RuntimeError("an earlier tensor-parallel LLM in this process could not "
-                               "release its NCCL group; start a new process")
+                               "release its process group; start a new process")
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process; "
                                "tensor_parallel_size > 1 needs to create its own group")
