@@ -44,13 +44,18 @@ class ModelConfig:
         if rope_type not in ("default", None):
             raise ValueError(f"rope type {rope_type!r} is not supported (only default RoPE)")
         heads = d["num_attention_heads"]
+        kv_heads = d.get("num_key_value_heads") or heads
+        if heads % kv_heads:
+            # Grouped-query attention shares each KV head among a whole number of query heads.
+            raise ValueError(f"config.json: num_attention_heads={heads} is not a multiple of "
+                             f"num_key_value_heads={kv_heads}")
         return cls(
             architecture=arch,
             hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"],
             num_hidden_layers=d["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            num_key_value_heads=kv_heads,
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
             vocab_size=d["vocab_size"],
             max_position_embeddings=d.get("max_position_embeddings", 40960),

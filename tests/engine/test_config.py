@@ -20,6 +20,12 @@ def test_rope_theta_in_rope_parameters(tmp_path):
     assert ModelConfig.from_dict(d).rope_theta == 123456.0
 
 
+def test_heads_not_a_multiple_of_kv_heads(tmp_path):
+    d = dict(QWEN3_TINY, num_attention_heads=6, num_key_value_heads=4)
+    with pytest.raises(ValueError, match="not a multiple of num_key_value_heads"):
+        ModelConfig.from_dict(d)
+
+
 @pytest.mark.parametrize("kw, field", [
     (dict(kvcache_block_size=24), "kvcache_block_size"),
     (dict(kvcache_block_size=8), "kvcache_block_size"),
