@@ -1,5 +1,8 @@
 """Per-request sampling settings, with vLLM's names and meanings."""
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 
 @dataclass
@@ -17,33 +20,50 @@ class SamplingParams:
     stop: list[str] | str | None = None
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop) if self.stop else []
-        self.stop_token_ids = list(self.stop_token_ids) if self.stop_token_ids else []
+        self.stop = self._as_list("stop", self.stop, str)
+        self.stop_token_ids = self._as_list("stop_token_ids", self.stop_token_ids, int)
         self._check()
+        # Plain Python numbers from here on (numpy scalars are accepted above).
+        self.temperature, self.top_p, self.min_p = (
+            float(self.temperature), float(self.top_p), float(self.min_p))
+        self.top_k, self.max_tokens = int(self.top_k), int(self.max_tokens)
+        self.seed = None if self.seed is None else int(self.seed)
+
+    @staticmethod
+    def _as_list(field: str, value, kind: type) -> list:
+        """None, one item or an iterable of items -> a list (numpy integers become ints)."""
+        if value is None:
+            return []
+        if isinstance(value, kind) or (kind is int and _is_int(value)):
+            value = [value]
+        elif isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+            noun = "string" if kind is str else "token id"
+            raise ValueError(f"SamplingParams.{field}={value!r} is invalid: must be a {noun} or "
+                             f"a list of them.")
+        items = list(value)
+        if kind is int:
+            return [int(t) if _is_int(t) else t for t in items]
+        return items
 
     def _check(self):
         def bad(field, value, allowed):
             raise ValueError(f"SamplingParams.{field}={value!r} is invalid: must be {allowed}.")
 
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            bad("temperature", self.temperature, "a number >= 0 (0 means greedy)")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
+            bad("temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", self.top_p, "in (0, 1]")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (
-            self.top_k < 1 and self.top_k != -1
-        ):
+        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1):
             bad("top_k", self.top_k, "-1 (off) or an integer >= 1")
-        if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
             bad("min_p", self.min_p, "in [0, 1]")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or (
-            self.max_tokens < 1
-        ):
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             bad("max_tokens", self.max_tokens, "an integer >= 1")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+        if not isinstance(self.ignore_eos, bool):
+            bad("ignore_eos", self.ignore_eos, "True or False")
+        if self.seed is not None and not _is_int(self.seed):
             bad("seed", self.seed, "None or an integer")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", self.stop, "a string or a list of non-empty strings")
@@ -52,3 +72,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when sampling reduces to argmax."""
         return self.temperature == 0
+
+
+def _is_int(x) -> bool:
+    """An integer (numpy's too), but not a bool."""
+    return isinstance(x, Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    """A real number (numpy's too) that is not NaN, and not a bool."""
+    return isinstance(x, Real) and not isinstance(x, bool) and not math.isnan(x)

@@ -31,3 +31,34 @@ def test_stop_string_becomes_list():
 def test_invalid_values_name_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(stop=5), "stop"),
+    (dict(stop=[5]), "stop"),
+    (dict(stop_token_ids=5.5), "stop_token_ids"),
+    (dict(stop_token_ids="7"), "stop_token_ids"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature="0.5"), "temperature"),
+    (dict(top_p=float("nan")), "top_p"),
+    (dict(min_p=float("nan")), "min_p"),
+    (dict(ignore_eos="no"), "ignore_eos"),
+    (dict(ignore_eos=1), "ignore_eos"),
+    (dict(max_tokens=True), "max_tokens"),
+])
+def test_wrong_types_and_nan_are_value_errors(kw, field):
+    # The README promises ValueError for every bad field, never a TypeError or silent accept.
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kw)
+
+
+def test_numpy_numbers_and_single_ids_are_accepted():
+    np = pytest.importorskip("numpy")
+    sp = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(4), max_tokens=np.int32(7),
+                        seed=np.int64(3), stop_token_ids=np.array([1, 2]))
+    assert (sp.temperature, sp.top_k, sp.max_tokens, sp.seed) == (0.5, 4, 7, 3)
+    assert sp.stop_token_ids == [1, 2] and all(type(t) is int for t in sp.stop_token_ids)
+    assert type(sp.max_tokens) is int and type(sp.temperature) is float
+    assert SamplingParams(stop_token_ids=9).stop_token_ids == [9]
+    assert SamplingParams(stop=("a", "b")).stop == ["a", "b"]
