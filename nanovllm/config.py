@@ -7,6 +7,44 @@ SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
+# config.json fields with no sensible default: without them the model's shape is unknown.
+REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "vocab_size")
+
+
+def _positive_int(d: dict, name: str, source: str) -> int | None:
+    """d[name] as an integer >= 1, or None when absent or null."""
+    v = d.get(name)
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        raise ValueError(f"{source}: {name}={v!r} must be an integer >= 1")
+    return v
+
+
+def _positive_float(d: dict, name: str, source: str) -> float | None:
+    """d[name] as a number > 0, or None when absent or null."""
+    v = d.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+        raise ValueError(f"{source}: {name}={v!r} must be a number > 0")
+    return float(v)
+
+
+def _flag(d: dict, name: str, source: str) -> bool:
+    """d[name] as a boolean, False when absent or null."""
+    v = d.get(name)
+    if v is not None and not isinstance(v, bool):
+        raise ValueError(f"{source}: {name}={v!r} must be true or false")
+    return bool(v)
+
+
+def _eos_token_id(d: dict, source: str) -> int | list[int] | None:
+    v = d.get("eos_token_id")
+    ids = v if isinstance(v, list) else [] if v is None else [v]
+    if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids):
+        raise ValueError(f"{source}: eos_token_id={v!r} must be a token id >= 0, a list of "
+                         "them, or null")
+    return v
 
 
 @dataclass
@@ -30,58 +68,89 @@ class ModelConfig:
     eos_token_id: int | list[int] | None
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        """Parse a config.json dict (transformers 4.x or 5.x layout)."""
+    def from_dict(cls, d: dict, source: str = "config.json") -> "ModelConfig":
+        """Parse a config.json dict (transformers 4.x or 5.x layout).
+
+        Every field is type-checked here, so a bad file fails with a ValueError naming `source`
+        and the field instead of deep inside model construction.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"{source} must hold a JSON object {{...}}, not a JSON "
+                             f"{type(d).__name__}")
         archs = d.get("architectures") or []
+        if not isinstance(archs, list):
+            raise ValueError(f"{source}: architectures={archs!r} must be a list of names, "
+                             f"e.g. {list(SUPPORTED_ARCHITECTURES)}")
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
-            raise ValueError(f"unsupported architecture {archs or d.get('model_type')!r}: "
-                             f"nanovllm runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+            raise ValueError(f"{source}: unsupported architecture "
+                             f"{archs or d.get('model_type')!r}: nanovllm runs "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        missing = [name for name in REQUIRED_FIELDS if d.get(name) is None]
+        if missing:
+            raise ValueError(f"{source} lacks required field(s) {', '.join(missing)}")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        # transformers 5.x moved rope_theta inside rope_parameters.
-        theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
+        if not isinstance(rope, dict):
+            raise ValueError(f"{source}: rope_parameters={rope!r} must be a JSON object")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
-            raise ValueError(f"rope type {rope_type!r} is not supported (only default RoPE)")
-        heads = d["num_attention_heads"]
-        kv_heads = d.get("num_key_value_heads") or heads
+            raise ValueError(f"{source}: rope type {rope_type!r} is not supported "
+                             "(only default RoPE)")
+        # transformers 5.x moved rope_theta inside rope_parameters.
+        theta = (_positive_float(d, "rope_theta", source)
+                 or _positive_float(rope, "rope_theta", source) or 10000.0)
+        hidden = _positive_int(d, "hidden_size", source)
+        heads = _positive_int(d, "num_attention_heads", source)
+        kv_heads = _positive_int(d, "num_key_value_heads", source) or heads
         if heads % kv_heads:
             # Grouped-query attention shares each KV head among a whole number of query heads.
-            raise ValueError(f"config.json: num_attention_heads={heads} is not a multiple of "
+            raise ValueError(f"{source}: num_attention_heads={heads} is not a multiple of "
                              f"num_key_value_heads={kv_heads}")
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        if not isinstance(dtype, str):
+            raise ValueError(f"{source}: torch_dtype={dtype!r} must be a string such as "
+                             "'bfloat16'")
         return cls(
             architecture=arch,
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
+            hidden_size=hidden,
+            intermediate_size=_positive_int(d, "intermediate_size", source),
+            num_hidden_layers=_positive_int(d, "num_hidden_layers", source),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-            vocab_size=d["vocab_size"],
-            max_position_embeddings=d.get("max_position_embeddings", 40960),
-            rope_theta=float(theta),
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", False)),
-            torch_dtype=d.get("torch_dtype") or d.get("dtype") or "bfloat16",
-            eos_token_id=d.get("eos_token_id"),
+            head_dim=_positive_int(d, "head_dim", source) or hidden // heads,
+            vocab_size=_positive_int(d, "vocab_size", source),
+            max_position_embeddings=_positive_int(d, "max_position_embeddings", source) or 40960,
+            rope_theta=theta,
+            rms_norm_eps=_positive_float(d, "rms_norm_eps", source) or 1e-6,
+            tie_word_embeddings=_flag(d, "tie_word_embeddings", source),
+            attention_bias=_flag(d, "attention_bias", source),
+            torch_dtype=dtype,
+            eos_token_id=_eos_token_id(d, source),
         )
 
     @classmethod
     def from_pretrained(cls, path: str) -> "ModelConfig":
-        """Read <path>/config.json."""
+        """Read <path>/config.json; a file that is not JSON raises a ValueError naming it."""
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"{path!r} has no config.json: give a Hugging Face model directory")
-        with open(cfg_path) as f:
-            return cls.from_dict(json.load(f))
+        try:
+            with open(cfg_path, encoding="utf-8") as f:
+                d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_path} is not valid JSON: {e.msg} at line {e.lineno}, "
+                             f"column {e.colno}") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{cfg_path} is not UTF-8 text ({e.reason} at byte "
+                             f"{e.start})") from None
+        return cls.from_dict(d, source=cfg_path)
 
 
 @dataclass
 class Config:
     """Everything `LLM(...)` accepts; names and defaults follow nano-vLLM / vLLM."""
 
-    model: str
+    model: str  # an os.PathLike is accepted and turned into a str
     max_num_batched_tokens: int = 16384
     max_num_seqs: int = 512
     max_model_len: int = 4096
@@ -97,11 +166,12 @@ class Config:
     load_format: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0
+    skip_tokenizer_init: bool = False
     hf_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self):
-        if isinstance(self.model, str):
-            self.model = os.path.expanduser(self.model)
+        if isinstance(self.model, (str, os.PathLike)):
+            self.model = os.path.expanduser(os.fspath(self.model))
         if not isinstance(self.model, str) or not os.path.isdir(self.model):
             raise ValueError(f"model={self.model!r} is not a directory: give the path of a "
                              "Hugging Face model directory (config.json + *.safetensors)")
@@ -125,7 +195,12 @@ class Config:
                               ("attention_backend", ATTENTION_BACKENDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
-        if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
+        for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.device is not None and not (
+            isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda"))
+        ):
             raise ValueError(f"device={self.device!r} must be None (auto), 'cpu' or 'cuda'")
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
 
@@ -136,7 +211,7 @@ class Config:
             raise ValueError(f"{name}={v!r} must be an integer {rng}")
 
     @classmethod
-    def from_kwargs(cls, model: str, **kwargs) -> "Config":
+    def from_kwargs(cls, model: str | os.PathLike, **kwargs) -> "Config":
         """Build a Config, refusing unknown keyword arguments instead of dropping them."""
         known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(kwargs) - known)

@@ -1,6 +1,8 @@
 """LLMEngine: the step loop (schedule -> run -> postprocess), tokenizer and progress bar."""
 import atexit
 import logging
+import os
+from numbers import Integral
 from time import perf_counter
 
 from tqdm.auto import tqdm
@@ -14,15 +16,28 @@ from nanovllm.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+# Files a Hugging Face tokenizer is loaded from; a directory without any of them would give
+# an empty tokenizer (transformers does not complain) that turns every prompt into nothing.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
 def load_tokenizer(path: str):
     """AutoTokenizer from the model directory, with a clear error when it is missing."""
     from transformers import AutoTokenizer
 
+    hint = ("add the tokenizer files of this model, or pass skip_tokenizer_init=True and give "
+            "prompts as token ids")
+    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        raise ValueError(f"{path!r} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is "
+                         f"there; {hint}")
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"could not load a tokenizer from {path!r} ({e}); the model directory "
-                         "needs tokenizer.json / tokenizer_config.json") from e
+        raise ValueError(f"could not load a tokenizer from {path!r} ({e}); {hint}") from e
+    if len(tokenizer) <= 1:
+        raise ValueError(f"the tokenizer in {path!r} is empty ({len(tokenizer)} tokens); {hint}")
+    return tokenizer
 
 
 class LLMEngine:
@@ -31,9 +46,9 @@ class LLMEngine:
     def __init__(self, model: str, **kwargs):
         config = Config.from_kwargs(model, **kwargs)
         self.config = config
-        self.tokenizer = load_tokenizer(config.model)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
         if config.eos == -1:
-            eos = {self.tokenizer.eos_token_id}
+            eos = {getattr(self.tokenizer, "eos_token_id", None)}
             hf_eos = config.hf_config.eos_token_id
             eos |= set(hf_eos) if isinstance(hf_eos, list) else {hf_eos}
             eos.discard(None)
@@ -59,34 +74,48 @@ class LLMEngine:
         self.shutdown()
 
     # -- requests ---------------------------------------------------------------------------
-    def _make_sequence(self, prompt: str | list[int], sp: SamplingParams | None) -> Sequence:
+    def _make_sequence(self, prompt, sp: SamplingParams | None) -> Sequence:
         """Tokenize and validate one request without touching engine state."""
         sp = SamplingParams() if sp is None else sp
         if not isinstance(sp, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine was created with skip_tokenizer_init=True: give "
+                                 "prompts as lists of token ids, not strings")
             token_ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            token_ids = list(prompt)
+        elif _is_token_ids(prompt):
+            token_ids = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
             vocab = self.config.hf_config.vocab_size
-            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+            bad = [t for t in token_ids
+                   if not isinstance(t, Integral) or isinstance(t, bool) or not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+            token_ids = [int(t) for t in token_ids]
         else:
             raise ValueError(f"a prompt must be a string or a list of token ids, got "
                              f"{type(prompt).__name__}")
+        if sp.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the tokenizer, which skip_tokenizer_init=True "
+                             "turned off: use stop_token_ids")
         seq = Sequence(token_ids, sp, self.config.kvcache_block_size)
         self.scheduler.check(seq)
         return seq
 
-    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None) -> int:
-        """Queue one request; returns its sequence id."""
+    def add_request(self, prompt: str | list[int],
+                    sampling_params: SamplingParams | None = None) -> int:
+        """Queue one request; returns its request id (the `request_id` of its output)."""
         seq = self._make_sequence(prompt, sampling_params)
         self.scheduler.add(seq)
         return seq.seq_id
 
-    def step(self) -> tuple[list[Sequence], int]:
-        """Run one step; returns (finished sequences, tokens: > 0 prefill, < 0 decode)."""
+    def step(self) -> tuple[list[dict], int]:
+        """Run one step; returns (outputs of the requests that finished in it, tokens: > 0
+        prefill, < 0 decode). Outputs are the dicts `generate` returns, with `request_id`."""
+        seqs, num_tokens = self._step()
+        return [self._output(seq) for seq in seqs], num_tokens
+
+    def _step(self) -> tuple[list[Sequence], int]:
         seqs, is_prefill = self.scheduler.schedule()
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
         token_ids = self.model_runner.call("run", seqs, is_prefill)
@@ -98,10 +127,13 @@ class LLMEngine:
         return finished, num_tokens
 
     def is_finished(self) -> bool:
+        """True when no request is waiting or running."""
         return self.scheduler.is_finished()
 
     # -- text -------------------------------------------------------------------------------
     def _decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
         # Configs often pad vocab_size past the tokenizer: ids it doesn't know decode to nothing.
         n = len(self.tokenizer)
         return self.tokenizer.decode([t for t in token_ids if t < n], skip_special_tokens=True)
@@ -117,14 +149,21 @@ class LLMEngine:
         cuts = [text.find(s) for s in seq.sampling_params.stop if s in text]
         if cuts:
             text = text[: min(cuts)]
-        return {"text": text, "token_ids": seq.completion_token_ids,
+        return {"request_id": seq.seq_id, "text": text, "token_ids": seq.completion_token_ids,
                 "finish_reason": seq.finish_reason}
 
     # -- batch API --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[dict]:
-        """Complete every prompt; returns dicts (text, token_ids, finish_reason) in input order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            raise ValueError("prompts must be a list of strings or of token-id lists")
+        """Complete every prompt; returns dicts (request_id, text, token_ids, finish_reason) in
+        input order. `prompts` is one prompt or an iterable of them (strings or token-id
+        lists); `sampling_params` is one SamplingParams or a list with one per prompt."""
+        if not self.scheduler.is_finished():
+            pending = len(self.scheduler.waiting) + len(self.scheduler.running)
+            raise ValueError(f"{pending} request(s) queued with add_request() are still pending: "
+                             "finish them with step() until is_finished() (or abort_all()) "
+                             "before calling generate(), which would otherwise run them and "
+                             "drop their outputs")
+        prompts = _prompt_list(prompts)
         if isinstance(sampling_params, (list, tuple)):
             if len(sampling_params) != len(prompts):
                 raise ValueError(f"got {len(sampling_params)} sampling_params for "
@@ -141,7 +180,7 @@ class LLMEngine:
         try:
             while not self.is_finished():
                 t = perf_counter()
-                finished, num_tokens = self.step()
+                finished, num_tokens = self._step()
                 dt = perf_counter() - t
                 if num_tokens > 0:
                     prefill_tps = num_tokens / dt
@@ -162,3 +201,24 @@ class LLMEngine:
         """Drop every queued and running request, freeing their blocks."""
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "abort")
+
+
+def _is_token_ids(prompt) -> bool:
+    """A list/tuple of ids, or a 1-D integer array (numpy or torch)."""
+    if isinstance(prompt, (list, tuple)):
+        return True
+    return getattr(prompt, "ndim", None) == 1 and hasattr(prompt, "tolist")
+
+
+def _prompt_list(prompts) -> list:
+    """generate()'s first argument as a list of prompts: one prompt, or any iterable."""
+    if isinstance(prompts, str):
+        return [prompts]  # one prompt, as vLLM accepts it: one output
+    if prompts is None or isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__iter__"):
+        raise ValueError(f"prompts must be a string or an iterable of prompts (strings or "
+                         f"token-id lists), got {type(prompts).__name__}")
+    prompts = list(prompts)
+    if prompts and isinstance(prompts[0], Integral):
+        raise ValueError("prompts is a flat list of token ids: pass a list of prompts, e.g. "
+                         "generate([token_ids]) for one token-id prompt")
+    return prompts

@@ -25,9 +25,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_device(config: Config) -> torch.device:
     """config.device, or CUDA when available, else CPU."""
     name = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device={name!r} is not a device name ({e})") from e
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={name!r} but no CUDA GPU is available here: use "
+                             "device='cpu' (or leave device unset to pick automatically)")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= count:
+            raise ValueError(f"device={name!r} but only {count} CUDA GPU(s) are visible")
     return device
 
 
@@ -86,9 +96,12 @@ class ModelRunner:
     @torch.inference_mode()
     def warmup(self) -> None:
         """Run the largest prefill and sampling batch once, to size activation memory."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        if self.device.type != "cuda":
+            # Only the GPU sizes its KV cache from this peak; on a CPU the same 16k-token
+            # prefill would cost minutes of start-up for nothing.
+            return
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
         cfg = self.config
         seq_len = min(cfg.max_model_len, cfg.max_num_batched_tokens)
         num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
@@ -104,8 +117,7 @@ class ModelRunner:
             rows = min(cfg.max_num_seqs, 512)
             logits = torch.randn(rows, self.config.hf_config.vocab_size, device=self.device)
             self.sampler(logits, SamplingTensors(torch.ones(rows, device=self.device)))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
 
     def warmup_kernels(self) -> None:
         """Run real prefills (short and long) and sampling so every kernel variant is compiled

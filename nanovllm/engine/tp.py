@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from nanovllm.config import Config
 from nanovllm.engine.model_runner import ModelRunner, resolve_device
+from nanovllm.utils.loader import check_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ JOIN_TIMEOUT_S = 10.0
 PARENT_POLL_S = 1.0
 # The longest shutdown waits for the process group's teardown.
 GROUP_CLOSE_TIMEOUT_S = 10.0
+# How long to wait for an exited worker's status to become readable (normally microseconds).
+REAP_TIMEOUT_S = 5.0
 
 
 class LocalRunner:
@@ -238,6 +241,9 @@ class TensorParallelRunner:
 
     def __init__(self, config: Config):
         _check_divisible(config)
+        if config.load_format != "dummy":
+            # Bad weight files fail here, before any worker is spawned.
+            check_checkpoint(config.model, config.hf_config)
         n = config.tensor_parallel_size
         if _stuck_group:
             raise RuntimeError("an earlier tensor-parallel LLM in this process could not "
@@ -266,6 +272,7 @@ class TensorParallelRunner:
         self._stopping = threading.Event()
         self._group_lock = threading.Lock()
         self._group_left = False
+        self._reap_lock = threading.Lock()
         self.channel = ShmChannel.create(SHM_BYTES)
         atexit.register(self.shutdown)
         try:
@@ -314,12 +321,26 @@ class TensorParallelRunner:
 
     def _dead_worker(self, wait_s: float = 0.0) -> str | None:
         """A description of the first worker that has exited, waiting up to wait_s for one."""
-        if self.procs and wait_s > 0:
-            connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
-        for rank, p in enumerate(self.procs, 1):
-            code = p.exitcode
-            if code is not None:
-                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        sentinels = [p.sentinel for p in self.procs]
+        ready = set(connection.wait(sentinels, timeout=wait_s)) if sentinels else set()
+        # Two races hide a dead worker's status. A sentinel turns ready when the dying process
+        # closes its files, a moment before the kernel makes it reapable, so a non-blocking
+        # waitpid (Process.exitcode) can still say "running": join() waits for the status.
+        # And two threads reaping at once (the watchdog and a failed call) could both miss
+        # it, one of them getting ECHILD: the lock makes them take turns.
+        with self._reap_lock:
+            for rank, p in enumerate(self.procs, 1):
+                if p.sentinel in ready:
+                    p.join(REAP_TIMEOUT_S)
+                code = p.exitcode
+                if code is None and p.sentinel not in ready:
+                    continue
+                if code is None:  # reaped by someone else: the status is gone
+                    how = "exit status unknown"
+                elif code < 0:
+                    how = f"signal {signal.Signals(-code).name}"
+                else:
+                    how = f"exit code {code}"
                 return (f"tensor-parallel worker rank {rank} (pid {p.pid}) died ({how}); "
                         "shut this LLM down and create a new one")
         return None

@@ -93,6 +93,9 @@ def choose_backend(name: str, device: torch.device, block_size: int):
             name = "flash"
         else:
             name = "triton"
+    if name in ("flash", "triton") and device.type != "cuda":
+        raise ValueError(f"attention_backend={name!r} needs a CUDA GPU but the device is "
+                         f"{device.type!r}; use 'torch' or 'auto' there")
     if name == "flash":
         if not flash_attn_available():
             raise ValueError("attention_backend='flash' needs the flash-attn package "

@@ -6,6 +6,7 @@ from torch import nn
 
 from nanovllm.utils.context import get_context
 from nanovllm.utils.dist import tp_rank, tp_size
+from nanovllm.utils.loader import check_weight_shape
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -22,6 +23,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        check_weight_shape(loaded, (self.num_embeddings, param.size(1)))
         shard = loaded[self.vocab_start: self.vocab_start + self.per_rank]
         param.data.zero_()
         param.data[: shard.size(0)].copy_(shard)

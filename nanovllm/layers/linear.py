@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.utils.dist import tp_rank, tp_size
+from nanovllm.utils.loader import check_weight_shape
 
 
 def _divide(a: int, b: int, what: str) -> int:
@@ -28,6 +29,7 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args) -> None:
+        check_weight_shape(loaded, param.shape)
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,6 +48,7 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args) -> None:
         n = param.data.size(0)
+        check_weight_shape(loaded, (n * self.tp_size, *param.shape[1:]))
         param.data.copy_(loaded.narrow(0, self.tp_rank * n, n))
 
 
@@ -57,6 +60,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(in_features, sum(output_sizes), bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+        check_weight_shape(loaded, (self.output_sizes[shard_id], *param.shape[1:]))
         size = self.output_sizes[shard_id] // self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         mine = loaded.narrow(0, self.tp_rank * size, size)
@@ -78,6 +82,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
+        check_weight_shape(loaded, (size * self.tp_size, *param.shape[1:]))
         mine = loaded.narrow(0, self.tp_rank * size, size)
         param.data.narrow(0, offset, size).copy_(mine)
 
@@ -90,9 +95,11 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args) -> None:
         if param.data.dim() == 1:  # the bias is not split; rank 0 alone adds it
+            check_weight_shape(loaded, param.shape)
             param.data.copy_(loaded)
             return
         n = param.data.size(1)
+        check_weight_shape(loaded, (param.data.size(0), n * self.tp_size))
         param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

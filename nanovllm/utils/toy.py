@@ -83,3 +83,31 @@ def save_random_qwen3(path: str, seed: int = 0, **overrides) -> str:
     model.save_pretrained(path)
     save_tokenizer(path)
     return path
+
+
+DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"
+
+
+def model_or_demo(path: str | None = None) -> str:
+    """`path` (default: $NANOVLLM_MODEL or ~/huggingface/Qwen3-0.6B) if it holds a model,
+    otherwise a tiny random-weight demo Qwen3, built once, so examples run anywhere."""
+    path = os.path.expanduser(path or os.environ.get("NANOVLLM_MODEL", DEFAULT_MODEL))
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    import tempfile
+
+    demo = os.path.join(tempfile.gettempdir(), "nanovllm-demo-qwen3")
+    if not os.path.isfile(os.path.join(demo, "config.json")):
+        # Written to a scratch name first: a half-written demo must never look complete.
+        scratch = f"{demo}.{os.getpid()}.tmp"
+        save_random_qwen3(scratch, vocab_size=512, hidden_size=128, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=32, num_hidden_layers=2)
+        try:
+            os.rename(scratch, demo)
+        except OSError:  # another process finished first
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+    print(f"No Qwen3 checkpoint at {path}: using a tiny RANDOM-WEIGHT demo model at {demo} "
+          "(its replies are gibberish). Give a real Qwen3 directory (or set NANOVLLM_MODEL).")
+    return demo

@@ -13,8 +13,9 @@ def test_outputs_in_input_order_with_strings_and_ids(llm):
     sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     single = [llm.generate([p], sp, use_tqdm=False)[0] for p in ("hello world", [4, 5, 6])]
     both = llm.generate(["hello world", [4, 5, 6]], sp, use_tqdm=True)
-    assert both == single
-    assert set(both[0]) == {"text", "token_ids", "finish_reason"}
+    strip = [{k: v for k, v in o.items() if k != "request_id"} for o in both]
+    assert strip == [{k: v for k, v in o.items() if k != "request_id"} for o in single]
+    assert set(both[0]) == {"request_id", "text", "token_ids", "finish_reason"}
     assert isinstance(both[0]["text"], str) and len(both[0]["token_ids"]) == 5
 
 
@@ -57,12 +58,12 @@ def test_ids_beyond_the_tokenizer_decode(llm):
 
 
 def test_engine_step_api(llm):
-    llm.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    rid = llm.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     done = []
     while not llm.is_finished():
         finished, _ = llm.step()
         done += finished
-    assert len(done) == 1 and len(done[0].completion_token_ids) == 2
+    assert len(done) == 1 and len(done[0]["token_ids"]) == 2 and done[0]["request_id"] == rid
 
 
 def test_unknown_config_argument(toy_models):
