@@ -146,7 +146,7 @@ class ModelConfig:
         return cls.from_dict(d, source=cfg_path)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     """Everything `LLM(...)` accepts; names and defaults follow nano-vLLM / vLLM."""
 
@@ -170,12 +170,16 @@ class Config:
     hf_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self):
-        if isinstance(self.model, (str, os.PathLike)):
-            self.model = os.path.expanduser(os.fspath(self.model))
-        if not isinstance(self.model, str) or not os.path.isdir(self.model):
+        # Frozen once validated: what the engine learns later (the KV block count, the eos
+        # ids) is passed along as results, never written back here.
+        model = self.model
+        if isinstance(model, (str, os.PathLike)):
+            model = os.path.expanduser(os.fspath(model))
+        if not isinstance(model, str) or not os.path.isdir(model):
             raise ValueError(f"model={self.model!r} is not a directory: give the path of a "
                              "Hugging Face model directory (config.json + *.safetensors)")
-        self.hf_config = ModelConfig.from_pretrained(self.model)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "hf_config", ModelConfig.from_pretrained(model))
         self._check_int("max_num_batched_tokens", 1)
         self._check_int("max_num_seqs", 1)
         self._check_int("max_model_len", 2)
@@ -202,7 +206,22 @@ class Config:
             isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda"))
         ):
             raise ValueError(f"device={self.device!r} must be None (auto), 'cpu' or 'cuda'")
-        self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+        eos = self.eos if isinstance(self.eos, (list, tuple)) else [self.eos]
+        if self.eos != -1 and (not eos or any(
+                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in eos)):
+            raise ValueError(f"eos={self.eos!r} must be -1 (from the tokenizer and config.json), "
+                             "a token id or a list of token ids")
+        self._check_tensor_parallel()
+        object.__setattr__(self, "max_model_len",
+                           min(self.max_model_len, self.hf_config.max_position_embeddings))
+
+    def _check_tensor_parallel(self) -> None:
+        """Every rank holds an equal share of the heads and of the MLP."""
+        hf, n = self.hf_config, self.tensor_parallel_size
+        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            if getattr(hf, name) % n:
+                raise ValueError(f"{name}={getattr(hf, name)} is not divisible by "
+                                 f"tensor_parallel_size={n}")
 
     def _check_int(self, name: str, lo: int, hi: int | None = None):
         v = getattr(self, name)

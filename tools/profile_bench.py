@@ -31,7 +31,7 @@ def main():
     for p, sp in zip(prompts, params):
         llm.add_request(p, sp)
 
-    sched, runner = llm.scheduler, llm.model_runner
+    sched, executor = llm.scheduler, llm.executor
     totals = defaultdict(float)
     counts = defaultdict(int)
     prof_done = small_done = False
@@ -48,7 +48,7 @@ def main():
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.profile_steps):
-                    ids = runner.call("run", seqs, is_prefill)
+                    ids = executor.run(seqs, is_prefill)
                     sched.postprocess(seqs, ids)
                     seqs, is_prefill = sched.schedule()
                 torch.cuda.synchronize()
@@ -58,7 +58,7 @@ def main():
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
-                ids = runner.call("run", seqs, is_prefill)
+                ids = executor.run(seqs, is_prefill)
                 torch.cuda.synchronize()
             print(f"one decode step at batch {len(seqs)}:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
@@ -66,7 +66,7 @@ def main():
             sched.postprocess(seqs, ids)
             continue
         ctx = sum(len(s) for s in seqs)
-        ids = runner.call("run", seqs, is_prefill)
+        ids = executor.run(seqs, is_prefill)
         t2 = time.perf_counter()
         sched.postprocess(seqs, ids)
         t3 = time.perf_counter()
@@ -87,8 +87,7 @@ def main():
     # weights at copy bandwidth would take.
     hf = llm.config.hf_config
     kv_bytes = 2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim * 2
-    weights = sum(p.numel() * p.element_size() for p in runner.runner.model.parameters()) \
-        if hasattr(runner, "runner") else 0
+    weights = sum(p.numel() * p.element_size() for p in executor.runner.model.parameters())
     print(f"{'batch<=':>8} {'steps':>6} {'seconds':>8} {'ms/step':>8} {'ideal s':>8} {'KV TB/s':>8}")
     for b in BUCKETS:
         n, sec, ctx = buckets[b]

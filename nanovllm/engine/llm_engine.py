@@ -1,7 +1,6 @@
 """LLMEngine: the step loop (schedule -> run -> postprocess), tokenizer and progress bar."""
 import atexit
 import logging
-import os
 from numbers import Integral
 from time import perf_counter
 
@@ -10,51 +9,24 @@ from tqdm.auto import tqdm
 from nanovllm.config import Config
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
-from nanovllm.engine.tp import create_runner
+from nanovllm.engine.tokenizer import TextDecoder, load_tokenizer, resolve_eos_ids
+from nanovllm.engine.executor import create_executor
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
-# Files a Hugging Face tokenizer is loaded from; a directory without any of them would give
-# an empty tokenizer (transformers does not complain) that turns every prompt into nothing.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
-
-
-def load_tokenizer(path: str):
-    """AutoTokenizer from the model directory, with a clear error when it is missing."""
-    from transformers import AutoTokenizer
-
-    hint = ("add the tokenizer files of this model, or pass skip_tokenizer_init=True and give "
-            "prompts as token ids")
-    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
-        raise ValueError(f"{path!r} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is "
-                         f"there; {hint}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"could not load a tokenizer from {path!r} ({e}); {hint}") from e
-    if len(tokenizer) <= 1:
-        raise ValueError(f"the tokenizer in {path!r} is empty ({len(tokenizer)} tokens); {hint}")
-    return tokenizer
-
-
 class LLMEngine:
-    """Owns the scheduler, the model runner(s) and the tokenizer."""
+    """Owns the scheduler, the executor (the device side) and the tokenizer."""
 
     def __init__(self, model: str, **kwargs):
         config = Config.from_kwargs(model, **kwargs)
         self.config = config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
-        if config.eos == -1:
-            eos = {getattr(self.tokenizer, "eos_token_id", None)}
-            hf_eos = config.hf_config.eos_token_id
-            eos |= set(hf_eos) if isinstance(hf_eos, list) else {hf_eos}
-            eos.discard(None)
-            config.eos = sorted(eos) if eos else -1
-        self.model_runner = create_runner(config)
-        self.scheduler = Scheduler(config)
+        self.text = TextDecoder(self.tokenizer)
+        self.executor = create_executor(config)
+        self.scheduler = Scheduler(config, self.executor.num_kvcache_blocks,
+                                   resolve_eos_ids(config, self.tokenizer))
         self._closed = False
         atexit.register(self.shutdown)
 
@@ -64,7 +36,7 @@ class LLMEngine:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self.model_runner.shutdown()
+        self.executor.shutdown()
         atexit.unregister(self.shutdown)
 
     def __enter__(self):
@@ -118,10 +90,10 @@ class LLMEngine:
     def _step(self) -> tuple[list[Sequence], int]:
         seqs, is_prefill = self.scheduler.schedule()
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
-        token_ids = self.model_runner.call("run", seqs, is_prefill)
+        token_ids = self.executor.run(seqs, is_prefill)
         finished = self.scheduler.postprocess(seqs, token_ids)
         for seq in seqs:
-            if seq.sampling_params.stop and not seq.is_finished and self._stop_string_hit(seq):
+            if seq.sampling_params.stop and not seq.is_finished and self.text.stop_string_hit(seq):
                 self.scheduler.finish(seq, "stop")
                 finished.append(seq)
         return finished, num_tokens
@@ -130,27 +102,10 @@ class LLMEngine:
         """True when no request is waiting or running."""
         return self.scheduler.is_finished()
 
-    # -- text -------------------------------------------------------------------------------
-    def _decode(self, token_ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        # Configs often pad vocab_size past the tokenizer: ids it doesn't know decode to nothing.
-        n = len(self.tokenizer)
-        return self.tokenizer.decode([t for t in token_ids if t < n], skip_special_tokens=True)
-
-    def _stop_string_hit(self, seq: Sequence) -> bool:
-        stops = seq.sampling_params.stop
-        window = max(len(s) for s in stops) + 8
-        tail = self._decode(seq.completion_token_ids[-window:])
-        return any(s in tail for s in stops)
-
+    # -- outputs ----------------------------------------------------------------------------
     def _output(self, seq: Sequence) -> dict:
-        text = self._decode(seq.completion_token_ids)
-        cuts = [text.find(s) for s in seq.sampling_params.stop if s in text]
-        if cuts:
-            text = text[: min(cuts)]
-        return {"request_id": seq.seq_id, "text": text, "token_ids": seq.completion_token_ids,
-                "finish_reason": seq.finish_reason}
+        return {"request_id": seq.seq_id, "text": self.text.completion_text(seq),
+                "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason}
 
     # -- batch API --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[dict]:

@@ -17,14 +17,15 @@ from nanovllm.engine.sequence import Sequence, SequenceStatus
 class Scheduler:
     """Waiting/running queues, step batches, preemption and finishing."""
 
-    def __init__(self, config):
+    def __init__(self, config, num_kvcache_blocks: int, eos_ids: set[int]):
+        """config: the engine's limits; the block count and end tokens are what the engine
+        found out (the executor's cache, the tokenizer and config.json)."""
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
-        eos = config.eos
         # Models may name several end tokens (Qwen3: <|im_end|> and <|endoftext|>).
-        self.eos_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
-        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size,
+        self.eos_ids = set(eos_ids)
+        self.block_manager = BlockManager(num_kvcache_blocks, config.kvcache_block_size,
                                           config.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()

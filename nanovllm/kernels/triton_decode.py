@@ -3,15 +3,12 @@
 CUDA-graph safe: the grid depends only on shapes and python ints; each program derives its
 key range from context_lens in-kernel, so no host sync is ever needed.
 """
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-_LOG2E = 1.4426950408889634
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, online_softmax_step
+
 MAX_SPLITS = 64
 
 # Tunables (module level so tools/bench_kernels.py and tests can override them).
@@ -19,7 +16,7 @@ MAX_SPLITS = 64
 # broadcast-multiply-sum (no padding waste, but measured 2.5x slower on H100: 1200 vs 2900 GB/s).
 # WAVES: target programs per SM when splitting (see choose_num_splits).
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
-CONFIG = dict(BLOCK_N=16 if _INTERPRET else 64, num_warps=4, num_stages=2 if _INTERPRET else 3,
+CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
               USE_DOT=True, WAVES=2)
 
 
@@ -88,17 +85,13 @@ def _decode_partial_kernel(
             qk = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
         # exp2 domain: qk_scale already includes log2(e).
         qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         if USE_DOT:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         else:
             pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
-        m_i = m_new
 
     out = acc / l_i[:, None]
     if DIRECT:
@@ -135,14 +128,8 @@ def _decode_reduce_kernel(
     tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
 
 
-@functools.lru_cache(maxsize=None)
-def _dot_precision(dtype):
-    """fp32 inputs get exact (ieee) dots so fp32 runs match the reference; tf32 would not."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def _num_sms(device):
-    if _INTERPRET or device.type != "cuda":
+    if INTERPRET or device.type != "cuda":
         return 132  # H100 SXM; only used to pick a split count
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -198,14 +185,14 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         lse_strides = lse.stride()[:2]
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, context_lens, block_tables, po, lse,
-        scale * _LOG2E,
+        scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         *po_strides, *lse_strides,
         NUM_SPLITS=num_splits, G=group, G_PAD=g_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
-        USE_DOT=use_dot, DIRECT=direct, DOT_PREC=_dot_precision(q.dtype),
+        USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if not direct:

@@ -3,23 +3,18 @@
 The new tokens' K/V must already be stored in the cache; query j of sequence i sits at absolute
 position seqlen_k - seqlen_q + j, which covers plain prefill, prefix-cache hits and chunked prefill.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_decode import _dot_precision
-
-_LOG2E = 1.4426950408889634
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, online_softmax_step
 
 
 # Tile configs (module level so tools/bench_kernels.py and tests can override them). Measured on
 # H100 (16/8/128 bf16): 128x128 tiles win on long prompts (4x2048: 305 TFLOP/s vs 276 for 128x64),
 # 64x64 on short ones (16x512: 188 vs 167) where more, smaller programs balance the causal work.
 # The interpreter uses 16x16 so tiny test contexts span many tiles.
-if _INTERPRET:
+if INTERPRET:
     CONFIG = SHORT_CONFIG = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
 else:
     CONFIG = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2)
@@ -83,14 +78,10 @@ def _prefill_kernel(
         k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
 
     # Phase 2: tiles crossing the diagonal / sequence end, with causal + bounds masks.
     # Key 0..pos_lo is visible to every row, so each row's max is finite after the first tile.
@@ -102,14 +93,10 @@ def _prefill_kernel(
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, True, n_mask)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
 
     out = acc / l_i[:, None]
     tl.store(o_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + h * stride_oh + offs_d[None, :],
@@ -130,13 +117,13 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tab
     grid = (batch, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), num_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, o, cu_seqlens_q, cu_seqlens_k, block_tables,
-        scale * _LOG2E,
+        scale * LOG2E,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         G=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=block_size % cfg["BLOCK_N"] == 0,
-        DOT_PREC=_dot_precision(q.dtype),
+        DOT_PREC=dot_precision(q.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

@@ -8,9 +8,9 @@ from nanovllm.utils.dist import tp_rank, tp_size
 from nanovllm.utils.loader import check_weight_shape
 
 
-def _divide(a: int, b: int, what: str) -> int:
-    if a % b:
-        raise ValueError(f"{what}={a} is not divisible by tensor_parallel_size={b}")
+def _divide(a: int, b: int) -> int:
+    # Config validated divisibility by tensor_parallel_size already: this is an invariant.
+    assert a % b == 0, f"{a} is not divisible by {b}"
     return a // b
 
 
@@ -44,7 +44,7 @@ class ColumnParallelLinear(LinearBase):
     """Output features split across ranks; no communication in forward."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(_divide(out_features, tp_size(), "output size"), in_features, bias)
+        super().__init__(_divide(out_features, tp_size()), in_features, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args) -> None:
         n = param.data.size(0)
@@ -74,8 +74,8 @@ class QKVParallelLinear(ColumnParallelLinear):
                  bias: bool = False):
         n = tp_size()
         self.head_dim = head_dim
-        self.num_heads = _divide(num_heads, n, "num_attention_heads")
-        self.num_kv_heads = _divide(num_kv_heads, n, "num_key_value_heads")
+        self.num_heads = _divide(num_heads, n)
+        self.num_kv_heads = _divide(num_kv_heads, n)
         super().__init__(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
@@ -91,7 +91,7 @@ class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial products summed with an all-reduce."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(out_features, _divide(in_features, tp_size(), "input size"), bias)
+        super().__init__(out_features, _divide(in_features, tp_size()), bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args) -> None:
         if param.data.dim() == 1:  # the bias is not split; rank 0 alone adds it

@@ -4,6 +4,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nanovllm.sampling_params import SamplingParams
+
 
 @dataclass
 class SamplingTensors:
@@ -15,6 +17,29 @@ class SamplingTensors:
     min_ps: torch.Tensor | None = None   # [B] float; 0 = off
     seeds: list[tuple[int, int, int]] | None = None  # (row, seed, step) for seeded rows
     all_greedy: bool = False
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams], steps: list[int], vocab_size: int,
+                    device: torch.device) -> "SamplingTensors":
+        """The batch's settings; steps[i] = tokens row i generated so far (seeded streams)."""
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        st = cls(temps.to(device, non_blocking=True),
+                 all_greedy=all(p.temperature == 0 for p in params))
+        if st.all_greedy:
+            return st
+        # Each optional tensor exists only when some row uses it, so plain batches take
+        # the fused single-pass sampler.
+        if any(p.top_k != -1 for p in params):
+            st.top_ks = torch.tensor([p.top_k if p.top_k != -1 else vocab_size for p in params],
+                                     device=device)
+        if any(p.top_p < 1 for p in params):
+            st.top_ps = torch.tensor([p.top_p for p in params], device=device)
+        if any(p.min_p > 0 for p in params):
+            st.min_ps = torch.tensor([p.min_p for p in params], device=device)
+        seeded = [(i, p.seed, step) for i, (p, step) in enumerate(zip(params, steps))
+                  if p.seed is not None and p.temperature > 0]
+        st.seeds = seeded or None
+        return st
 
 
 class Sampler(nn.Module):

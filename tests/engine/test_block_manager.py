@@ -19,6 +19,21 @@ def computed(bm, seq):
     bm.commit(seq)
 
 
+def prefill_twice(num_blocks, n, free_first=False):
+    """Allocate and compute a prompt of n tokens, optionally free it, then allocate the same
+    prompt again: returns (bm, first, second)."""
+    bm = BlockManager(num_blocks, BS)
+    a = seq_of(list(range(n)))
+    bm.allocate(a)
+    computed(bm, a)
+    if free_first:
+        bm.deallocate(a)
+        assert bm.num_free_blocks == num_blocks
+    b = seq_of(list(range(n)))
+    bm.allocate(b)
+    return bm, a, b
+
+
 def check_consistent(bm, live):
     refs = [0] * bm.num_blocks
     for s in live:
@@ -46,25 +61,13 @@ def test_prefix_hit_shares_only_full_blocks():
 
 
 def test_fully_cached_prompt_still_computes_a_token():
-    bm = BlockManager(8, BS)
-    a = seq_of(list(range(32)))
-    bm.allocate(a)
-    computed(bm, a)
-    b = seq_of(list(range(32)))
-    bm.allocate(b)
+    bm, a, b = prefill_twice(8, 32)
     assert b.num_cached_tokens == 16 and b.num_cached_tokens < b.num_tokens
     check_consistent(bm, [a, b])
 
 
 def test_freed_blocks_stay_cached_until_reused():
-    bm = BlockManager(4, BS)
-    a = seq_of(list(range(33)))
-    bm.allocate(a)
-    computed(bm, a)
-    bm.deallocate(a)
-    assert bm.num_free_blocks == 4
-    b = seq_of(list(range(33)))
-    bm.allocate(b)
+    bm, _, b = prefill_twice(4, 33, free_first=True)
     assert b.num_cached_tokens == 32
     bm.deallocate(b)
     # Fill the whole cache with other content: the old prefix must be gone, not half-valid.

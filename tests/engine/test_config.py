@@ -1,11 +1,12 @@
 import pytest
 
 from nanovllm.config import Config, ModelConfig
-from tests.engine.helpers import QWEN3_TINY, write_model_dir
+from nanovllm.utils.toy import qwen3_config_dict
+from tests.support.checkpoints import write_config_dir
 
 
 def test_defaults_and_clamp(tmp_path):
-    cfg = Config(write_model_dir(tmp_path / "m"))
+    cfg = Config(write_config_dir(tmp_path / "m", max_position_embeddings=1024))
     assert cfg.max_num_batched_tokens == 16384 and cfg.max_num_seqs == 512
     assert cfg.kvcache_block_size == 256 and cfg.num_kvcache_blocks == -1
     assert cfg.enable_prefix_caching and cfg.load_format == "auto" and cfg.device is None
@@ -14,14 +15,14 @@ def test_defaults_and_clamp(tmp_path):
 
 
 def test_rope_theta_in_rope_parameters(tmp_path):
-    d = dict(QWEN3_TINY)
+    d = qwen3_config_dict()
     d.pop("rope_theta")
     d["rope_parameters"] = {"rope_type": "default", "rope_theta": 123456.0}
     assert ModelConfig.from_dict(d).rope_theta == 123456.0
 
 
 def test_heads_not_a_multiple_of_kv_heads(tmp_path):
-    d = dict(QWEN3_TINY, num_attention_heads=6, num_key_value_heads=4)
+    d = qwen3_config_dict(num_attention_heads=6, num_key_value_heads=4)
     with pytest.raises(ValueError, match="not a multiple of num_key_value_heads"):
         ModelConfig.from_dict(d)
 
@@ -38,12 +39,12 @@ def test_heads_not_a_multiple_of_kv_heads(tmp_path):
 ])
 def test_bad_values(tmp_path, kw, field):
     with pytest.raises(ValueError, match=field):
-        Config(write_model_dir(tmp_path / "m"), **kw)
+        Config(write_config_dir(tmp_path / "m"), **kw)
 
 
 def test_unknown_kwarg_and_missing_dir(tmp_path):
     with pytest.raises(ValueError, match="unknown argument"):
-        Config.from_kwargs(write_model_dir(tmp_path / "m"), max_num_seq=3)
+        Config.from_kwargs(write_config_dir(tmp_path / "m"), max_num_seq=3)
     with pytest.raises(ValueError, match="not a directory"):
         Config(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
@@ -53,4 +54,4 @@ def test_unknown_kwarg_and_missing_dir(tmp_path):
 
 def test_unsupported_architecture(tmp_path):
     with pytest.raises(ValueError, match="unsupported architecture"):
-        Config(write_model_dir(tmp_path / "m", architectures=["LlamaForCausalLM"]))
+        Config(write_config_dir(tmp_path / "m", architectures=["LlamaForCausalLM"]))

@@ -1,22 +1,13 @@
 """End to end on a GPU: Triton backend against the torch reference, with and without graphs."""
-import random
-
 import pytest
 import torch
 
 from nanovllm import LLM, SamplingParams
+from tests.support.prompts import make_prompts
 
 pytestmark = pytest.mark.gpu
-
-
-def prompts(n=12, seed=0, shared=60):
-    rng = random.Random(seed)
-    prefix = [rng.randrange(3, 400) for _ in range(shared)]
-    out = []
-    for i in range(n):
-        p = [rng.randrange(3, 400) for _ in range(rng.randrange(1, 90))]
-        out.append(prefix + p if i % 3 == 0 else p)
-    return out
+# Every third prompt starts with the same 60 random tokens; the rest are up to 89 tokens long.
+PROMPTS = dict(shared=60, every=3, max_len=89)
 
 
 def greedy(path, ps, **kw):
@@ -34,7 +25,7 @@ def greedy(path, ps, **kw):
 @pytest.mark.parametrize("block_size", [16, 256])
 def test_triton_matches_torch_eager_and_graphs(toy_models, block_size):
     path = toy_models["untied_gqa4_d64"]
-    ps = prompts()
+    ps = make_prompts(0, 12, **PROMPTS)
     ref = greedy(path, ps, attention_backend="torch", enforce_eager=True,
                  kvcache_block_size=block_size)
     eager = greedy(path, ps, attention_backend="triton", enforce_eager=True,
@@ -47,7 +38,7 @@ def test_triton_matches_torch_eager_and_graphs(toy_models, block_size):
 
 def test_triton_chunked_prefill_and_preemption(toy_models):
     path = toy_models["tied_gqa4_d16_l4"]
-    ps = prompts(seed=1)
+    ps = make_prompts(1, 12, **PROMPTS)
     ref = greedy(path, ps, attention_backend="torch", enforce_eager=True, kvcache_block_size=16)
     got = greedy(path, ps, attention_backend="triton", kvcache_block_size=16,
                  max_num_batched_tokens=50, num_kvcache_blocks=24)
@@ -56,10 +47,10 @@ def test_triton_chunked_prefill_and_preemption(toy_models):
 
 def test_bf16_graphs_run(toy_models):
     llm = LLM(toy_models["tied_mha_d16"], device="cuda", max_num_seqs=64)
-    assert llm.model_runner.runner.dtype == torch.float32  # the toy checkpoint is fp32
+    assert llm.executor.runner.dtype == torch.float32  # the toy checkpoint is fp32
     llm.shutdown()
     llm = LLM(toy_models["tied_mha_d16"], device="cuda", dtype="bfloat16", max_num_seqs=64)
-    out = llm.generate(prompts(40), SamplingParams(temperature=0.6, max_tokens=20, ignore_eos=True),
-                       use_tqdm=False)
+    sp = SamplingParams(temperature=0.6, max_tokens=20, ignore_eos=True)
+    out = llm.generate(make_prompts(0, 40, **PROMPTS), sp, use_tqdm=False)
     assert all(len(o["token_ids"]) == 20 for o in out)
     llm.shutdown()

@@ -2,6 +2,7 @@
 import pytest
 
 from nanovllm import LLM, SamplingParams
+from tests.support.text import STOP_PROMPT, greedy_with_stop
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +40,8 @@ def test_eos_and_stop_token_ids(llm):
 
 
 def test_stop_string_cuts_text(llm):
-    greedy = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-                          use_tqdm=False)[0]
-    text = greedy["text"]
-    stop = text[len(text) // 2: len(text) // 2 + 2]
-    if len(stop.strip()) < 2:
-        pytest.skip("greedy text too short to pick a stop string")
-    out = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
-                                               stop=stop), use_tqdm=False)[0]
+    text, stop, sp = greedy_with_stop(llm)
+    out = llm.generate([STOP_PROMPT], sp, use_tqdm=False)[0]
     assert out["finish_reason"] == "stop"
     assert out["text"] == text[: text.find(stop)]
     assert len(out["token_ids"]) < 24
@@ -54,7 +49,7 @@ def test_stop_string_cuts_text(llm):
 
 def test_ids_beyond_the_tokenizer_decode(llm):
     # vocab_size (640) exceeds the tokenizer's (~400): such ids must not crash decoding.
-    assert llm._decode([5, 600, 639]) == llm._decode([5])
+    assert llm.text.decode([5, 600, 639]) == llm.text.decode([5])
 
 
 def test_engine_step_api(llm):

@@ -1,11 +1,25 @@
 import random
+from types import SimpleNamespace
 
 import pytest
 
 from nanovllm import SamplingParams
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence, SequenceStatus
-from tests.engine.helpers import sched_config
+
+
+def sched_config(**kw):
+    """The limits the Scheduler reads, without a model directory, plus what the engine would
+    pass it (num_kvcache_blocks, eos)."""
+    base = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, eos=-1,
+                num_kvcache_blocks=32, kvcache_block_size=16, enable_prefix_caching=True)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def make_scheduler(cfg) -> Scheduler:
+    """A Scheduler as the engine builds it: the block count and end tokens passed in."""
+    return Scheduler(cfg, cfg.num_kvcache_blocks, {cfg.eos})
 
 
 def fake_model(seq: Sequence) -> int:
@@ -94,7 +108,7 @@ def test_random_runs_keep_invariants_and_tokens(seed):
         kvcache_block_size=16,
         enable_prefix_caching=rng.random() < 0.7,
     )
-    sched = Scheduler(cfg)
+    sched = make_scheduler(cfg)
     seqs = make_seqs(rng, 25, cfg)
     simulate(sched, seqs, cfg, rng)
     for s in seqs:
@@ -106,7 +120,7 @@ def test_random_runs_keep_invariants_and_tokens(seed):
 
 def test_chunked_prefill_of_a_long_prompt_and_a_second_one():
     cfg = sched_config(max_num_batched_tokens=16, num_kvcache_blocks=64, max_model_len=512)
-    sched = Scheduler(cfg)
+    sched = make_scheduler(cfg)
     a = Sequence(list(range(50)), SamplingParams(max_tokens=2), block_size=16)
     b = Sequence(list(range(100, 140)), SamplingParams(max_tokens=2), block_size=16)
     sched.add(a)
@@ -125,7 +139,7 @@ def test_chunked_prefill_of_a_long_prompt_and_a_second_one():
 
 def test_decode_preempts_newest_and_it_resumes_first():
     cfg = sched_config(max_num_batched_tokens=64, num_kvcache_blocks=4, max_num_seqs=4)
-    sched = Scheduler(cfg)
+    sched = make_scheduler(cfg)
     a = Sequence(list(range(16)), SamplingParams(max_tokens=30, ignore_eos=True), block_size=16)
     b = Sequence(list(range(20, 36)), SamplingParams(max_tokens=30, ignore_eos=True), block_size=16)
     sched.add(a)
@@ -145,7 +159,7 @@ def test_decode_preempts_newest_and_it_resumes_first():
 
 def test_finish_reasons():
     cfg = sched_config(eos=5, max_model_len=20, num_kvcache_blocks=8)
-    sched = Scheduler(cfg)
+    sched = make_scheduler(cfg)
     eos = Sequence([1, 2], SamplingParams(max_tokens=10), block_size=16)
     stop = Sequence([1, 2], SamplingParams(max_tokens=10, stop_token_ids=[9]), block_size=16)
     ign = Sequence([1, 2], SamplingParams(max_tokens=3, ignore_eos=True), block_size=16)
@@ -167,7 +181,7 @@ def test_finish_reasons():
 
 def test_requests_that_cannot_fit_are_rejected():
     cfg = sched_config(max_model_len=64, num_kvcache_blocks=2)
-    sched = Scheduler(cfg)
+    sched = make_scheduler(cfg)
     with pytest.raises(ValueError, match="max_model_len"):
         sched.add(Sequence(list(range(64)), block_size=16))
     with pytest.raises(ValueError, match="empty"):
@@ -179,7 +193,7 @@ def test_requests_that_cannot_fit_are_rejected():
 
 def test_prefix_hit_in_scheduler_skips_cached_tokens():
     cfg = sched_config(num_kvcache_blocks=16, max_num_batched_tokens=256)
-    sched = Scheduler(cfg)
+    sched = make_scheduler(cfg)
     p = list(range(40))
     a = Sequence(p, SamplingParams(max_tokens=1), block_size=16)
     simulate(sched, [a], cfg)

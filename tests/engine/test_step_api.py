@@ -2,6 +2,7 @@
 import pytest
 
 from nanovllm import LLM, SamplingParams
+from tests.support.text import STOP_PROMPT, greedy_with_stop
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +30,9 @@ def test_step_returns_the_outputs_generate_returns(llm):
 
 
 def test_step_applies_stop_strings_and_hides_special_tokens(llm):
-    greedy = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-                          use_tqdm=False)[0]
-    text = greedy["text"]
-    stop = text[len(text) // 2: len(text) // 2 + 2]
-    if len(stop.strip()) < 2:
-        pytest.skip("greedy text too short to pick a stop string")
-    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=stop)
-    want = llm.generate(["abc"], sp, use_tqdm=False)[0]
-    rid = llm.add_request("abc", sp)
+    text, stop, sp = greedy_with_stop(llm)
+    want = llm.generate([STOP_PROMPT], sp, use_tqdm=False)[0]
+    rid = llm.add_request(STOP_PROMPT, sp)
     out = run_steps(llm)[rid]
     assert out["finish_reason"] == "stop"
     assert out["text"] == want["text"] == text[: text.find(stop)]

@@ -12,25 +12,18 @@ import pytest
 import torch
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine import tp
-from nanovllm.engine.tp import ShmChannel
+from nanovllm.distributed import channel as channel_module
+from nanovllm.distributed.channel import ShmChannel
+from nanovllm.distributed.executor import State
+from tests.support.prompts import make_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 # 8 heads / 2 kv heads: TP=2 splits every projection.
 MODEL = "tied_gqa4_d16_l4"
 # Prompt block tables need up to 9 blocks of 16: twelve blocks force decode to preempt.
+# Half the prompts share a 37-token prefix (two full blocks), so the prefix cache hits.
+SHARED = range(100, 137)
 ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=12, device="cpu", max_model_len=512)
-
-
-def make_prompts(seed=0, n=10):
-    """Half share a 37-token prefix (two full blocks), so the prefix cache hits."""
-    rng = random.Random(seed)
-    shared = list(range(100, 137))
-    out = []
-    for i in range(n):
-        p = [rng.randrange(3, 400) for _ in range(rng.randrange(1, 70))]
-        out.append(shared + p if i % 2 == 0 else p)
-    return out
 
 
 def tokens(llm, prompts, sp=GREEDY):
@@ -39,9 +32,9 @@ def tokens(llm, prompts, sp=GREEDY):
 
 def assert_cleaned_up(llm, group_released=True):
     """After shutdown: no worker process, no shared-memory segment, no process group."""
-    runner = llm.model_runner
-    name = runner.channel.name if runner.channel.shm is not None else None
-    procs = list(runner.procs)
+    executor = llm.executor
+    name = executor.channel.name if executor.channel.shm is not None else None
+    procs = list(executor.workers.procs)
     t = time.monotonic()
     llm.shutdown()
     llm.shutdown()  # idempotent
@@ -52,15 +45,16 @@ def assert_cleaned_up(llm, group_released=True):
         assert not torch.distributed.is_initialized()
     if name is not None:
         assert not os.path.exists(f"/dev/shm/{name}")
+    assert executor.state is State.CLOSED
     with pytest.raises(RuntimeError, match="shut down"):
-        runner.call("run", [], True)
+        executor.run([], True)
 
 
 @pytest.fixture(scope="module")
 def reference(toy_models):
     """TP=1 greedy tokens: twice the same batch (the second run hits the prefix cache)."""
     llm = LLM(toy_models[MODEL], **ENGINE)
-    prompts = make_prompts()
+    prompts = make_prompts(0, n=10, shared=SHARED)
     out = tokens(llm, prompts), tokens(llm, prompts)
     assert llm.scheduler.num_preemptions > 0
     return prompts, out
@@ -79,12 +73,12 @@ def test_tp2_matches_tp1_with_preemption_and_prefix_cache(toy_models, reference)
 
 def test_messages_bigger_than_the_segment_grow_it(toy_models, reference, monkeypatch):
     # A 128-byte first segment: prefill batches' pickles outgrow it (several times).
-    monkeypatch.setattr(tp, "SHM_BYTES", 128)
+    monkeypatch.setattr(channel_module, "SHM_BYTES", 128)
     prompts, expected = reference
     with LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE) as llm:
-        first = llm.model_runner.channel.name
+        first = llm.executor.channel.name
         assert tokens(llm, prompts) == expected[0]
-        assert llm.model_runner.channel.shm.size > 128
+        assert llm.executor.channel.shm.size > 128
         assert not os.path.exists(f"/dev/shm/{first}")  # the outgrown segment is gone
         assert_cleaned_up(llm)
 
@@ -114,7 +108,7 @@ def test_channel_grows_and_cleans_up():
 @pytest.mark.slow
 def test_tp4_matches_tp1(toy_models):
     path = toy_models["tied_mha_d16"]  # 4 heads, 4 kv heads
-    prompts = make_prompts(1, n=8)
+    prompts = make_prompts(1, n=8, shared=SHARED)
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     expected = tokens(LLM(path, **ENGINE), prompts, sp)
     llm = LLM(path, tensor_parallel_size=4, **ENGINE)
@@ -125,7 +119,7 @@ def test_tp4_matches_tp1(toy_models):
 def test_killed_worker_raises_promptly_and_shutdown_cleans_up(toy_models):
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, kvcache_block_size=16,
               num_kvcache_blocks=256, device="cpu", max_model_len=4096)
-    worker = llm.model_runner.procs[0]
+    worker = llm.executor.workers.procs[0]
     killed = []
 
     def kill():
@@ -153,12 +147,12 @@ def test_waking_a_worker_killed_while_idle_does_not_block(toy_models):
     # A multiprocessing.Event.set() waits for every sleeper to wake: a worker killed while it
     # waited for a call would block rank 0 there forever (seen with NCCL on 2 GPUs).
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE)
-    runner = llm.model_runner
-    worker = runner.procs[0]
+    workers = llm.executor.workers
+    worker = workers.procs[0]
     time.sleep(0.5)  # the worker is waiting for its next call
     os.kill(worker.pid, signal.SIGKILL)
     worker.join(10)
-    wake = threading.Thread(target=runner.requests[0].release, daemon=True)
+    wake = threading.Thread(target=workers.requests[0].release, daemon=True)
     wake.start()
     wake.join(5)
     assert not wake.is_alive(), "waking a dead worker blocked"
@@ -173,7 +167,7 @@ from nanovllm import LLM
 if __name__ == "__main__":
     llm = LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=16,
               device="cpu")
-    print(llm.model_runner.procs[0].pid, llm.model_runner.channel.name, flush=True)
+    print(llm.executor.workers.procs[0].pid, llm.executor.channel.name, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no shutdown()
 """
 
@@ -183,7 +177,7 @@ def test_workers_exit_when_rank0_dies(toy_models, tmp_path):
     script.write_text(_ORPHAN_SCRIPT)
     # The script must import this checkout's nanovllm even where it is not pip-installed.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [os.path.dirname(os.path.dirname(os.path.dirname(tp.__file__))),
+        filter(None, [os.path.dirname(os.path.dirname(os.path.dirname(channel_module.__file__))),
                       os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, str(script), toy_models[MODEL]], capture_output=True,
                          text=True, timeout=120, env=env)
@@ -216,7 +210,7 @@ def test_tp2_matches_tp1_on_gpus_with_nccl(toy_models):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs")
     path = toy_models["untied_gqa4_d64"]
-    prompts = make_prompts(2, n=8)
+    prompts = make_prompts(2, n=8, shared=SHARED)
     # float32 so that the all-reduce's summation order cannot flip a near-tie.
     kw = dict(kvcache_block_size=16, num_kvcache_blocks=64, dtype="float32", max_model_len=512,
               max_num_seqs=16)
@@ -225,7 +219,7 @@ def test_tp2_matches_tp1_on_gpus_with_nccl(toy_models):
     ref.shutdown()
     del ref
     llm = LLM(path, tensor_parallel_size=2, **kw)
-    assert llm.model_runner.backend == "nccl"
+    assert llm.executor.backend == "nccl"
     assert tokens(llm, prompts) == expected
     assert_cleaned_up(llm)
 
@@ -236,7 +230,7 @@ def test_killed_worker_raises_promptly_with_nccl(toy_models):
         pytest.skip("needs 2 CUDA GPUs")
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, kvcache_block_size=16,
               num_kvcache_blocks=256, max_num_seqs=16, max_model_len=4096)
-    worker = llm.model_runner.procs[0]
+    worker = llm.executor.workers.procs[0]
     timer = threading.Timer(2.0, os.kill, (worker.pid, signal.SIGKILL))
     timer.start()
     long = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)

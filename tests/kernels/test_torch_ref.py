@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from nanovllm.kernels.torch_ref import decode_attention_torch, prefill_attention_torch, store_kvcache_torch
+from tests.support.paged import make_paged_case, naive_attention, rel_err
 
 SEQ_SETS = {
     "prefill": [(5, 5), (17, 17), (1, 1)],
@@ -14,18 +15,20 @@ SEQ_SETS = {
 @pytest.mark.parametrize("block_size", [16, 256])
 @pytest.mark.parametrize("heads", [(2, 2), (4, 2), (8, 2)])
 @pytest.mark.parametrize("kind", list(SEQ_SETS))
-def test_prefill_ref(kv, block_size, heads, kind):
-    c = kv.make(SEQ_SETS[kind], block_size, heads[0], heads[1], 16, seed=1)
+@pytest.mark.usefixtures("poisoned_empty")
+def test_prefill_ref(block_size, heads, kind):
+    c = make_paged_case(SEQ_SETS[kind], block_size, heads[0], heads[1], 16, seed=1)
     o = prefill_attention_torch(c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale)
-    assert kv.rel_err(o, kv.naive(c)) < 1e-5
+    assert rel_err(o, naive_attention(c)) < 1e-5
 
 
 @pytest.mark.parametrize("block_size", [16, 256])
 @pytest.mark.parametrize("heads", [(2, 2), (4, 2), (8, 2)])
-def test_decode_ref(kv, block_size, heads):
-    c = kv.make([(1, 1), (1, 33), (1, 300)], block_size, heads[0], heads[1], 16, seed=2)
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_ref(block_size, heads):
+    c = make_paged_case([(1, 1), (1, 33), (1, 300)], block_size, heads[0], heads[1], 16, seed=2)
     o = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
-    assert kv.rel_err(o, kv.naive(c)) < 1e-5
+    assert rel_err(o, naive_attention(c)) < 1e-5
 
 
 def test_store_ref():

@@ -7,6 +7,7 @@ pytestmark = [pytest.mark.gpu,
 
 from nanovllm.kernels.torch_ref import (decode_attention_torch, prefill_attention_torch,  # noqa: E402
                                         store_kvcache_torch)
+from tests.support.paged import make_paged_case, rel_err  # noqa: E402
 
 TOL = 1e-2
 # Tile configs the benchmark may pick from: every one is checked for correctness here.
@@ -32,36 +33,9 @@ def prefill_cfg(request, monkeypatch):
         monkeypatch.setitem(triton_prefill.CONFIG, key, val)
 
 
-def rel_err(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def make_gpu_case(seqs, block_size, num_heads, num_kv_heads, head_dim, seed, dtype=torch.bfloat16):
-    """Random paged cache on the GPU; slots outside every context (and spare blocks) are NaN."""
-    torch.manual_seed(seed)
-    nblk = [(sk + block_size - 1) // block_size for _, sk in seqs]
-    num_blocks = sum(nblk) + 2
-    perm = torch.randperm(num_blocks)
-    block_tables = torch.full((len(seqs), max(nblk) + 1), -1, dtype=torch.int32)
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device="cuda")
-    v_cache = torch.randn_like(k_cache)
-    valid = torch.zeros(num_blocks * block_size, dtype=torch.bool)
-    used = 0
-    for i, (_, sk) in enumerate(seqs):
-        block_tables[i, :nblk[i]] = perm[used:used + nblk[i]].int()
-        used += nblk[i]
-        pos = torch.arange(sk)
-        valid[block_tables[i, pos // block_size].long() * block_size + pos % block_size] = True
-    invalid = (~valid).cuda()
-    k_cache.view(-1, num_kv_heads, head_dim)[invalid] = float("nan")
-    v_cache.view(-1, num_kv_heads, head_dim)[invalid] = float("nan")
-    q = torch.randn(sum(sq for sq, _ in seqs), num_heads, head_dim, dtype=dtype, device="cuda")
-    cu_q = torch.tensor([0] + [sq for sq, _ in seqs]).cumsum(0).int().cuda()
-    cu_k = torch.tensor([0] + [sk for _, sk in seqs]).cumsum(0).int().cuda()
-    return dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables.cuda(),
-                cu_q=cu_q, cu_k=cu_k, ctx=cu_k.diff().int(), scale=head_dim ** -0.5,
-                max_q=max(sq for sq, _ in seqs))
+def gpu_case(seqs, block_size, heads, seed):
+    """A bf16 paged case on the GPU; heads = (num_heads, num_kv_heads, head_dim)."""
+    return make_paged_case(seqs, block_size, *heads, seed=seed, dtype=torch.bfloat16, device="cuda")
 
 
 @pytest.mark.parametrize("block_size", [16, 256])
@@ -92,11 +66,12 @@ PREFILL = {
 @pytest.mark.parametrize("kind", list(PREFILL))
 @pytest.mark.parametrize("block_size,heads", [(256, (16, 8, 128)), (16, (16, 8, 128)),
                                               (256, (16, 16, 64)), (16, (32, 8, 128))])
+@pytest.mark.usefixtures("poisoned_empty")
 def test_prefill_gpu(kind, block_size, heads, prefill_cfg):
     from nanovllm.kernels.triton_prefill import prefill_attention
-    c = make_gpu_case(PREFILL[kind], block_size, *heads, seed=11)
-    args = (c["q"], c["k_cache"], c["v_cache"], c["cu_q"], c["cu_k"], c["block_tables"], c["scale"])
-    o = prefill_attention(*args, c["max_q"])
+    c = gpu_case(PREFILL[kind], block_size, heads, seed=11)
+    args = (c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale)
+    o = prefill_attention(*args, c.max_seqlen_q)
     ref = prefill_attention_torch(*args)
     assert rel_err(o, ref) <= TOL
 
@@ -112,26 +87,29 @@ def test_prefill_gpu(kind, block_size, heads, prefill_cfg):
     (256, 1024, 256, (16, 8, 128), None),
     (256, 100, 16, (16, 8, 128), 4),
 ])
+@pytest.mark.usefixtures("poisoned_empty")
 def test_decode_gpu(batch, max_ctx, block_size, heads, num_splits, decode_cfg):
     from nanovllm.kernels.triton_decode import decode_attention
     g = torch.Generator().manual_seed(batch + max_ctx)
     ctxs = torch.randint(1, max_ctx + 1, (batch,), generator=g).tolist()
     ctxs[0] = max_ctx
-    c = make_gpu_case([(1, s) for s in ctxs], block_size, *heads, seed=12)
-    args = (c["q"], c["k_cache"], c["v_cache"], c["ctx"], c["block_tables"], c["scale"])
+    c = gpu_case([(1, s) for s in ctxs], block_size, heads, seed=12)
+    args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     o = decode_attention(*args, num_splits=num_splits)
     ref = decode_attention_torch(*args)
     assert rel_err(o, ref) <= TOL
 
 
 @pytest.mark.parametrize("batch", [4, 64])
+@pytest.mark.usefixtures("poisoned_empty")
 def test_decode_cuda_graph(batch, decode_cfg):
     from nanovllm.kernels.triton_decode import decode_attention
     heads, block_size, max_ctx = (16, 8, 128), 256, 2048
-    c = make_gpu_case([(1, max_ctx)] * batch, block_size, *heads, seed=13)
-    q, ctx = c["q"].clone(), c["ctx"].clone()
-    k_cache, v_cache = c["k_cache"], c["v_cache"]
-    run = lambda: decode_attention(q, k_cache, v_cache, ctx, c["block_tables"], c["scale"])
+    torch.manual_seed(13)  # the trials below draw from the global generator
+    c = gpu_case([(1, max_ctx)] * batch, block_size, heads, seed=13)
+    q, ctx = c.q.clone(), c.context_lens.clone()
+    k_cache, v_cache = c.k_cache, c.v_cache
+    run = lambda: decode_attention(q, k_cache, v_cache, ctx, c.block_tables, c.scale)
     run()  # compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -144,5 +122,5 @@ def test_decode_cuda_graph(batch, decode_cfg):
         v_cache.normal_()
         out.fill_(float("nan"))
         graph.replay()
-        ref = decode_attention_torch(q, k_cache, v_cache, ctx, c["block_tables"], c["scale"])
+        ref = decode_attention_torch(q, k_cache, v_cache, ctx, c.block_tables, c.scale)
         assert rel_err(out, ref) <= TOL, trial

@@ -13,6 +13,7 @@ from nanovllm.kernels.torch_ref import decode_attention_torch, prefill_attention
 from nanovllm.kernels.triton_decode import decode_attention  # noqa: E402
 from nanovllm.kernels.triton_kv import store_kvcache  # noqa: E402
 from nanovllm.kernels.triton_prefill import prefill_attention  # noqa: E402
+from tests.support.paged import make_paged_case, naive_attention, rel_err  # noqa: E402
 
 TOL = 1e-4  # fp32 end to end; observed ~1e-6
 
@@ -52,50 +53,55 @@ PREFILL_CASES = {
 
 @pytest.mark.parametrize("kind", list(PREFILL_CASES))
 @pytest.mark.parametrize("block_size,heads", [(16, (2, 2)), (16, (4, 2)), (32, (4, 1))])
-def test_prefill(kv, kind, block_size, heads):
-    c = kv.make(PREFILL_CASES[kind], block_size, heads[0], heads[1], 16, seed=3)
+@pytest.mark.usefixtures("poisoned_empty")
+def test_prefill(kind, block_size, heads):
+    c = make_paged_case(PREFILL_CASES[kind], block_size, heads[0], heads[1], 16, seed=3)
     ref = prefill_attention_torch(c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale)
     o = prefill_attention(c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables,
                           c.scale, c.max_seqlen_q)
-    assert kv.rel_err(o, ref) < TOL
-    assert kv.rel_err(ref, kv.naive(c)) < 1e-5
+    assert rel_err(o, ref) < TOL
+    assert rel_err(ref, naive_attention(c)) < 1e-5
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 4])
 @pytest.mark.parametrize("heads", [(2, 2), (4, 2), (4, 1)])
-def test_decode(kv, num_splits, heads):
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode(num_splits, heads):
     # ctx 1 and 7 leave most splits empty; 40 spans 3 tiles of 16 keys.
-    c = kv.make([(1, 1), (1, 40), (1, 7)], 16, heads[0], heads[1], 16, seed=4)
+    c = make_paged_case([(1, 1), (1, 40), (1, 7)], 16, heads[0], heads[1], 16, seed=4)
     ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale, num_splits=num_splits)
-    assert kv.rel_err(o, ref) < TOL
+    assert rel_err(o, ref) < TOL
 
 
-def test_decode_per_token_paging_and_workspace(kv, monkeypatch):
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_per_token_paging_and_workspace(monkeypatch):
     # BLOCK_N (32) larger than block_size (16): K/V tiles gather across pages token by token.
     monkeypatch.setitem(triton_decode.CONFIG, "BLOCK_N", 32)
-    c = kv.make([(1, 45), (1, 3)], 16, 4, 2, 16, seed=5)
+    c = make_paged_case([(1, 45), (1, 3)], 16, 4, 2, 16, seed=5)
     ws = triton_decode.alloc_decode_workspace(4, 4, 16, 8, "cpu")  # larger than needed
     ws[0].fill_(float("nan"))
     ws[1].fill_(float("nan"))
     ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale,
                          num_splits=3, workspace=ws)
-    assert kv.rel_err(o, ref) < TOL
+    assert rel_err(o, ref) < TOL
 
 
-def test_decode_broadcast_variant(kv, monkeypatch):
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_broadcast_variant(monkeypatch):
     monkeypatch.setitem(triton_decode.CONFIG, "USE_DOT", False)
-    c = kv.make([(1, 30), (1, 2)], 16, 4, 2, 16, seed=6)
+    c = make_paged_case([(1, 30), (1, 2)], 16, 4, 2, 16, seed=6)
     ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     for splits in (1, 2):
         o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale, num_splits=splits)
-        assert kv.rel_err(o, ref) < TOL
+        assert rel_err(o, ref) < TOL
 
 
-def test_decode_zero_context_gives_zeros(kv):
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_zero_context_gives_zeros():
     # Padding rows of a captured decode batch have context_lens == 0: output must be finite.
-    c = kv.make([(1, 5), (1, 1)], 16, 2, 2, 16, seed=7)
+    c = make_paged_case([(1, 5), (1, 1)], 16, 2, 2, 16, seed=7)
     ctx = torch.tensor([5, 0], dtype=torch.int32)
     for splits in (1, 2):
         o = decode_attention(c.q, c.k_cache, c.v_cache, ctx, c.block_tables, c.scale, num_splits=splits)

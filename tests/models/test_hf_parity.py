@@ -1,5 +1,4 @@
 """Our Qwen3 against Hugging Face transformers on random checkpoints (fp32, CPU)."""
-import functools
 import random
 
 import pytest
@@ -8,40 +7,13 @@ import torch.nn.functional as F
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.step_inputs import prefill_inputs
 from nanovllm.utils.context import reset_context
+from tests.support.hf_oracle import hf_greedy, hf_model
+from tests.support.prompts import make_prompts
 
 MODELS = ["tied_mha_d16", "untied_gqa4_d64", "tied_gqa4_d16_l4"]
 NEW_TOKENS = 32
-
-
-@functools.lru_cache(maxsize=None)
-def hf_model(path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
-
-
-@functools.lru_cache(maxsize=None)
-def hf_greedy(path, prompt: tuple, n: int) -> list[int]:
-    """Greedy continuation by full recomputation each step (no EOS handling)."""
-    model = hf_model(path)
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
-
-def prompts_for(seed=0, n=8, shared=None):
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        p = [rng.randrange(3, 400) for _ in range(rng.randrange(1, 70))]
-        if shared is not None and i % 2 == 0:
-            p = shared + p
-        out.append(p)
-    return out
 
 
 def check_greedy(llm, path, prompts, n=NEW_TOKENS, **sp):
@@ -58,8 +30,8 @@ def check_greedy(llm, path, prompts, n=NEW_TOKENS, **sp):
 def test_teacher_forced_logits_match_hf(toy_models, name):
     path = toy_models[name]
     llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64)
-    runner = llm.model_runner.runner
-    prompts = prompts_for(1, n=4)
+    runner = llm.executor.runner
+    prompts = make_prompts(1, n=4)
     seqs = []
     for p in prompts:
         s = Sequence(p, block_size=16)
@@ -67,8 +39,7 @@ def test_teacher_forced_logits_match_hf(toy_models, name):
         s.num_scheduled_tokens = len(p)
         seqs.append(s)
     with torch.inference_mode():
-        ids, pos = runner.prepare_prefill(seqs)
-        hidden = runner.model(ids, pos)
+        hidden = runner.forward(prefill_inputs(seqs, 16, runner.max_blocks_per_seq))
         reset_context()
         logits = F.linear(hidden, runner.model.lm_head.weight)
     offset = 0
@@ -83,7 +54,7 @@ def test_teacher_forced_logits_match_hf(toy_models, name):
 def test_greedy_batch_matches_hf(toy_models, name):
     path = toy_models[name]
     llm = LLM(path, kvcache_block_size=16)
-    check_greedy(llm, path, prompts_for(2, n=9))
+    check_greedy(llm, path, make_prompts(2, n=9))
 
 
 @pytest.mark.parametrize("block_size", [16, 256])
@@ -104,7 +75,7 @@ def test_same_tokens_under_preemption(toy_models, block_size):
 def test_same_tokens_with_prefix_cache_on_and_off(toy_models, block_size, prefix_caching):
     path = toy_models["tied_gqa4_d16_l4"]
     shared = list(range(100, 100 + 2 * block_size + 5))
-    prompts = prompts_for(4, n=8, shared=shared)
+    prompts = make_prompts(4, n=8, shared=shared)
     llm = LLM(path, kvcache_block_size=block_size, enable_prefix_caching=prefix_caching,
               max_model_len=1024)
     check_greedy(llm, path, prompts, n=8)
@@ -118,7 +89,7 @@ def test_same_tokens_with_prefix_cache_on_and_off(toy_models, block_size, prefix
 
 def test_same_tokens_with_chunked_prefill(toy_models):
     path = toy_models["tied_mha_d16"]
-    prompts = prompts_for(5, n=8)
+    prompts = make_prompts(5, n=8)
     # A 13-token budget cuts nearly every prompt into chunks.
     llm = LLM(path, kvcache_block_size=16, max_num_batched_tokens=13, max_num_seqs=8)
     check_greedy(llm, path, prompts)

@@ -1,0 +1,1 @@
+"""Tensor parallelism across processes: channel, process group, workers, executor."""

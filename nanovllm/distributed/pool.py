@@ -1,0 +1,112 @@
+"""Ranks 1..N-1 as spawned processes: start them, wake them, wait for them, notice deaths.
+
+Workers are woken through semaphores, not Events: Event.set() waits for every sleeper to
+wake, so it would block forever on a worker killed while it waited.
+"""
+import os
+import signal
+import threading
+import time
+from multiprocessing import connection, get_context
+
+from nanovllm.config import Config
+from nanovllm.distributed.worker import WorkerSpec, worker_main
+
+# How long to wait for an exited worker's status to become readable (normally microseconds).
+REAP_TIMEOUT_S = 5.0
+# How long stop() waits for workers to exit by themselves before terminating them.
+JOIN_TIMEOUT_S = 10.0
+
+
+class WorkerPool:
+    """The spawned worker processes of one tensor-parallel engine, with their semaphores."""
+
+    def __init__(self, config: Config, specs: list[WorkerSpec]):
+        ctx = get_context("spawn")
+        self.procs, self.requests, self.dones = [], [], []
+        # Process.exitcode reaps with waitpid: the watchdog and a failed call must take turns.
+        self._reap_lock = threading.Lock()
+        for spec in specs:
+            request, done = ctx.Semaphore(0), ctx.Semaphore(0)
+            # Not daemonic (a worker may need child processes, e.g. torch.compile's); rank 0
+            # stops them in stop() (also at exit) and they exit by themselves if it dies.
+            p = ctx.Process(target=worker_main, name=f"nanovllm-tp{spec.rank}",
+                            args=(config, spec, request, done))
+            p.start()
+            self.procs.append(p)
+            self.requests.append(request)
+            self.dones.append(done)
+
+    def wake(self) -> None:
+        """Tell every worker that a message is waiting in the channel."""
+        for request in self.requests:
+            request.release()
+
+    def wait(self, what: str, known_failure=lambda: None) -> None:
+        """Wait for every worker's done signal, raising RuntimeError as soon as one has died
+        (known_failure() may report a death the watchdog already recorded)."""
+        for done in self.dones:
+            while not done.acquire(timeout=0.05):
+                failure = known_failure() or self.dead_worker()
+                if failure:
+                    raise RuntimeError(f"{failure} (while {what})")
+
+    def wait_for_exit(self, timeout_s: float) -> bool:
+        """Block until some worker exits (True) or timeout_s passes (False)."""
+        return bool(connection.wait([p.sentinel for p in self.procs], timeout=timeout_s))
+
+    def dead_worker(self, wait_s: float = 0.0) -> str | None:
+        """A description of the first worker that has exited, waiting up to wait_s for one."""
+        sentinels = [p.sentinel for p in self.procs]
+        ready = set(connection.wait(sentinels, timeout=wait_s)) if sentinels else set()
+        # Two races hide a dead worker's status. A sentinel turns ready when the dying process
+        # closes its files, a moment before the kernel makes it reapable, so a non-blocking
+        # waitpid (Process.exitcode) can still say "running": join() waits for the status.
+        # And two threads reaping at once could both miss it, one of them getting ECHILD:
+        # the lock makes our own threads take turns; a reaper outside it (any caller of
+        # join() or is_alive()) stores the status in the same Process object moments later.
+        with self._reap_lock:
+            for rank, p in enumerate(self.procs, 1):
+                if p.sentinel in ready:
+                    p.join(REAP_TIMEOUT_S)
+                code = p.exitcode
+                if code is None and p.sentinel in ready:
+                    code = _status_from_other_reaper(p)
+                if code is None and p.sentinel not in ready:
+                    continue
+                if code is None:  # reaped by someone else: the status is gone
+                    how = "exit status unknown"
+                elif code < 0:
+                    how = f"signal {signal.Signals(-code).name}"
+                else:
+                    how = f"exit code {code}"
+                return (f"tensor-parallel worker rank {rank} (pid {p.pid}) died ({how}); "
+                        "shut this LLM down and create a new one")
+        return None
+
+    def stop(self, clean: bool) -> None:
+        """Join the workers (they were asked to exit if clean), then terminate, then kill."""
+        for p in self.procs:
+            p.join(JOIN_TIMEOUT_S if clean else 0.5)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _status_from_other_reaper(p, timeout_s: float = 1.0) -> int | None:
+    """The exit code another thread reaped for p (its waitpid won ours: ECHILD), once that
+    thread has stored it in the Process object."""
+    deadline = time.monotonic() + timeout_s
+    while p.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return p.exitcode
+
+
+def worker_specs(backend: str, devices: list, port: int, shm_name: str) -> list[WorkerSpec]:
+    """One spec per worker rank (1..N-1)."""
+    return [WorkerSpec(rank, backend, str(devices[rank]), port, shm_name, os.getpid())
+            for rank in range(1, len(devices))]

@@ -1,0 +1,83 @@
+"""A tensor-parallel worker process: its own ModelRunner, fed by rank 0 through the channel."""
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+import torch
+
+from nanovllm.config import Config
+from nanovllm.distributed.channel import ShmChannel
+from nanovllm.distributed.group import ProcessGroup
+
+logger = logging.getLogger(__name__)
+
+# How often an idle worker checks that rank 0 is still alive.
+PARENT_POLL_S = 1.0
+
+
+@dataclass
+class RunStep:
+    """Run one engine step (the same batch rank 0 runs)."""
+
+    seqs: list
+    is_prefill: bool
+
+
+@dataclass
+class Stop:
+    """Leave the process group together with rank 0 and exit."""
+
+
+@dataclass
+class WorkerSpec:
+    """Where a worker runs and how it reaches rank 0."""
+
+    rank: int
+    backend: str
+    device: str
+    port: int
+    shm_name: str
+    parent_pid: int
+
+
+def worker_main(config: Config, spec: WorkerSpec, request, done) -> None:
+    """Body of a worker process: build a ModelRunner, then run every step rank 0 sends."""
+    from nanovllm.engine.model_runner import ModelRunner
+
+    # Ctrl-C goes to the whole process group; rank 0 alone decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    done.release()  # "started": rank 0 now knows the spawn itself worked
+    channel = ShmChannel.attach(spec.shm_name)
+    try:
+        device = torch.device(spec.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:
+            # Ranks share the CPU cores; more threads than cores only adds contention.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+        group = ProcessGroup(spec.backend, spec.port, config.tensor_parallel_size, spec.rank,
+                             device)
+        runner = ModelRunner(config, rank=spec.rank, device=device)
+        done.release()  # "ready"
+        while True:
+            while not request.acquire(timeout=PARENT_POLL_S):
+                if os.getppid() != spec.parent_pid:  # rank 0 died without shutting us down
+                    os._exit(0)
+            message = channel.recv()
+            if isinstance(message, Stop):
+                break
+            runner.run(message.seqs, message.is_prefill)
+            done.release()
+        channel.close()
+        runner.release_graphs()
+        group.leave(abort=False)  # rank 0 is leaving the group too
+        code = 0
+    except BaseException:
+        # Rank 0 sees the non-zero exit code through its watchdog and raises there.
+        logger.exception("tensor-parallel worker rank %d failed", spec.rank)
+        code = 1
+    # Skip interpreter teardown: CUDA-graph and communicator destructors can block on peers
+    # that are already gone. Everything this process owns (the mapping too) goes with it.
+    logging.shutdown()
+    os._exit(code)

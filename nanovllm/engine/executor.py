@@ -1,0 +1,52 @@
+"""How the engine reaches the model: one interface, in-process or over worker processes.
+
+This module imports no torch: the executor that is chosen brings it in.
+"""
+from typing import Protocol
+
+from nanovllm.config import Config
+from nanovllm.engine.sequence import Sequence
+
+
+class Executor(Protocol):
+    """Runs engine steps on every rank; the engine sees nothing else of the device side."""
+
+    @property
+    def num_kvcache_blocks(self) -> int:
+        """KV-cache blocks allocated (the same on every rank)."""
+
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        """One step: returns the token sampled for each sequence."""
+
+    def shutdown(self) -> None:
+        """Release workers, process groups and shared memory (idempotent)."""
+
+
+class LocalExecutor:
+    """A single ModelRunner in this process."""
+
+    def __init__(self, config: Config):
+        from nanovllm.engine.model_runner import ModelRunner
+
+        self.runner = ModelRunner(config)
+
+    @property
+    def num_kvcache_blocks(self) -> int:
+        """KV-cache blocks the runner allocated."""
+        return self.runner.num_kvcache_blocks
+
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        """One step on the one runner."""
+        return self.runner.run(seqs, is_prefill)
+
+    def shutdown(self) -> None:
+        """Nothing to stop for a single in-process runner."""
+
+
+def create_executor(config: Config) -> Executor:
+    """The executor for config.tensor_parallel_size ranks."""
+    if config.tensor_parallel_size == 1:
+        return LocalExecutor(config)
+    from nanovllm.distributed.executor import MultiprocExecutor
+
+    return MultiprocExecutor(config)

@@ -1,0 +1,65 @@
+"""Sizing and allocating the paged KV cache of one rank."""
+import logging
+
+import torch
+
+from nanovllm.config import Config
+
+logger = logging.getLogger(__name__)
+
+# KV cache the CPU path gets when num_kvcache_blocks is left at -1.
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def kv_shape(attn_layers: list, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """[K/V, layer, block, slot, kv head, head dim]: one tensor for every layer's cache."""
+    attn = attn_layers[0]
+    return (2, len(attn_layers), num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
+
+
+def count_blocks(config: Config, bytes_per_block: int, device: torch.device,
+                 max_blocks_per_seq: int) -> int:
+    """Blocks this rank can hold: configured, or what memory allows after the warm-up."""
+    if config.num_kvcache_blocks > 0:
+        return config.num_kvcache_blocks
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        stats = torch.cuda.memory_stats(device)
+        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+        # Budget = utilisation share of the card, minus what others and our weights use
+        # (total - free) and the activation peak the warm-up measured.
+        budget = total * config.gpu_memory_utilization - (total - free) - (peak - current)
+        return int(budget) // bytes_per_block
+    most = config.max_num_seqs * max_blocks_per_seq  # more could never be used
+    return min(CPU_KV_CACHE_BYTES // bytes_per_block, most)
+
+
+def agree_on_blocks(num_blocks: int, device: torch.device) -> int:
+    """Every tensor-parallel rank must use the same number of blocks: the smallest."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return num_blocks
+    t = torch.tensor([num_blocks], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def allocate_kv_cache(config: Config, attn_layers: list, dtype: torch.dtype,
+                      device: torch.device, max_blocks_per_seq: int, log: bool) -> torch.Tensor:
+    """Allocate the cache and give each Attention layer its K and V views."""
+    bs = config.kvcache_block_size
+    per_block = kv_shape(attn_layers, 1, bs)
+    bytes_per_block = torch.Size(per_block).numel() * dtype.itemsize
+    num_blocks = agree_on_blocks(count_blocks(config, bytes_per_block, device,
+                                              max_blocks_per_seq), device)
+    if num_blocks < 1:
+        raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization or "
+                         "lower max_num_batched_tokens / max_num_seqs")
+    cache = torch.empty(kv_shape(attn_layers, num_blocks, bs), dtype=dtype, device=device)
+    for i, layer in enumerate(attn_layers):
+        layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
+    if log:
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB)", num_blocks, bs,
+                    num_blocks * bs, num_blocks * bytes_per_block / 2**30)
+    return cache

@@ -1,0 +1,87 @@
+"""Scheduled sequences -> the host-side arrays of one model step. numpy only, no torch.
+
+Both decode paths (eager, and CUDA-graph replay) and prefill take their inputs from here,
+so the slot and block-table arithmetic exists once and is unit-tested without a device.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from nanovllm.engine.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    """Everything the model and the attention context need for one step, as int32 arrays."""
+
+    is_prefill: bool
+    num_seqs: int
+    input_ids: np.ndarray        # [tokens] (decode: [rows], padding rows hold 0)
+    positions: np.ndarray        # [tokens]
+    slot_mapping: np.ndarray     # [tokens] cache slot each new K/V goes to; -1 = nowhere
+    block_tables: np.ndarray     # [rows, width] physical block ids, 0-padded
+    context_lens: np.ndarray | None = None  # decode: [rows] tokens attended, 0 = padding row
+    cu_seqlens_q: np.ndarray | None = None  # prefill: [num_seqs + 1]
+    cu_seqlens_k: np.ndarray | None = None  # prefill: [num_seqs + 1]
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    has_cached_context: bool = False  # prefill: some sequence attends to cached tokens
+
+    @property
+    def decode_meta(self) -> np.ndarray:
+        """[4, rows]: ids, positions, slots, context lens (the decode graphs' input rows)."""
+        return np.stack([self.input_ids, self.positions, self.slot_mapping, self.context_lens])
+
+
+def block_table_array(seqs: list[Sequence], width: int, rows: int | None = None) -> np.ndarray:
+    """[rows, width] block ids; the width is fixed (max_model_len's blocks) so that kernels
+    see one shape, and rows beyond len(seqs) are zero padding."""
+    table = np.zeros((rows or len(seqs), width), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        table[i, : len(s.block_table)] = s.block_table
+    return table
+
+
+def prefill_inputs(seqs: list[Sequence], block_size: int, width: int) -> StepInputs:
+    """Each sequence computes tokens [num_cached_tokens, + num_scheduled_tokens)."""
+    ids, pos, slots, cu_q, cu_k = [], [], [], [0], [0]
+    for s in seqs:
+        start, n = s.num_cached_tokens, s.num_scheduled_tokens
+        ids += s.scheduled_token_ids()
+        pos += range(start, start + n)
+        cu_q.append(cu_q[-1] + n)
+        cu_k.append(cu_k[-1] + start + n)
+        # Slots block by block: a run of positions inside one block maps to a run of slots.
+        for b in range(start // block_size, (start + n - 1) // block_size + 1):
+            first, last = max(start, b * block_size), min(start + n, (b + 1) * block_size)
+            base = s.block_table[b] * block_size - b * block_size
+            slots += range(base + first, base + last)
+    return StepInputs(
+        is_prefill=True, num_seqs=len(seqs),
+        input_ids=_i32(ids), positions=_i32(pos), slot_mapping=_i32(slots),
+        block_tables=block_table_array(seqs, width),
+        cu_seqlens_q=_i32(cu_q), cu_seqlens_k=_i32(cu_k),
+        max_seqlen_q=max(s.num_scheduled_tokens for s in seqs),
+        max_seqlen_k=max(s.num_cached_tokens + s.num_scheduled_tokens for s in seqs),
+        has_cached_context=any(s.num_cached_tokens for s in seqs))
+
+
+def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int) -> StepInputs:
+    """One new token per sequence, padded to `rows` rows that attend to nothing and write
+    nowhere (a CUDA graph runs a fixed batch size)."""
+    n = len(seqs)
+    lens = np.zeros(rows, dtype=np.int32)
+    lens[:n] = np.fromiter((len(s) for s in seqs), np.int32, n)
+    ids = np.zeros(rows, dtype=np.int32)
+    ids[:n] = np.fromiter((s.last_token for s in seqs), np.int32, n)
+    slots = np.full(rows, -1, dtype=np.int32)
+    slots[:n] = [s.block_table[(m - 1) // block_size] * block_size + (m - 1) % block_size
+                 for s, m in zip(seqs, lens[:n].tolist())]
+    positions = np.maximum(lens - 1, 0).astype(np.int32)
+    return StepInputs(is_prefill=False, num_seqs=n, input_ids=ids, positions=positions,
+                      slot_mapping=slots, block_tables=block_table_array(seqs, width, rows),
+                      context_lens=lens)
+
+
+def _i32(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int32)
