@@ -34,6 +34,8 @@ def main():
     ap.add_argument("--max-output-len", type=int, default=1024)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--sync", action="store_true",
+                    help="async_scheduling=False: the host waits for every step")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--block-size", type=int, default=256)
     ap.add_argument("--attention-backend", default="auto")
@@ -47,7 +49,8 @@ def main():
     t = time.perf_counter()
     llm = LLM(path, load_format=load_format, enforce_eager=args.enforce_eager,
               max_model_len=args.max_model_len, tensor_parallel_size=args.tp,
-              kvcache_block_size=args.block_size, attention_backend=args.attention_backend)
+              kvcache_block_size=args.block_size, attention_backend=args.attention_backend,
+              async_scheduling=False if args.sync else None)
     startup = time.perf_counter() - t
 
     seed(0)

@@ -167,6 +167,7 @@ class Config:
     attention_backend: str = "auto"
     seed: int = 0
     skip_tokenizer_init: bool = False
+    async_scheduling: bool | None = None
     hf_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -211,6 +212,12 @@ class Config:
                 not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in eos)):
             raise ValueError(f"eos={self.eos!r} must be -1 (from the tokenizer and config.json), "
                              "a token id or a list of token ids")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling={self.async_scheduling!r} must be None (on for "
+                             "one GPU), True or False")
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            raise ValueError("async_scheduling=True is not supported with "
+                             "tensor_parallel_size > 1 yet; leave it unset or False")
         self._check_tensor_parallel()
         object.__setattr__(self, "max_model_len",
                            min(self.max_model_len, self.hf_config.max_position_embeddings))

@@ -21,13 +21,16 @@ class DecodeGraphs:
         self.model = model
         self.batch_sizes = graph_batch_sizes(max_bs)
         self.max_bs, self.width = max_bs, width
-        # One device buffer holds every graph input, so a step uploads with one copy; its
-        # pinned host mirror is written in place.
-        self.buf = torch.zeros((4 + width) * max_bs, dtype=torch.int32, device=device)
-        self.meta = self.buf[: 4 * max_bs].view(4, max_bs)
-        self.table = self.buf[4 * max_bs:].view(max_bs, width)
-        self.host_t = torch.zeros(self.buf.numel(), dtype=torch.int32).pin_memory()
-        self.host = self.host_t.numpy()
+        # One device buffer holds every graph input, so a step uploads with one copy: rows
+        # ids, positions, slots, context lens, feed rows (read outside the graph), then the
+        # block table. Two pinned host mirrors take turns: with async scheduling the next
+        # step is staged while this one's copy may still be queued.
+        self.buf = torch.zeros((5 + width) * max_bs, dtype=torch.int32, device=device)
+        self.meta = self.buf[: 5 * max_bs].view(5, max_bs)
+        self.table = self.buf[5 * max_bs:].view(max_bs, width)
+        self.hosts = [torch.zeros(self.buf.numel(), dtype=torch.int32).pin_memory()
+                      for _ in range(2)]
+        self.turn = 0
         self.outputs = torch.zeros(max_bs, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._capture()
@@ -52,15 +55,20 @@ class DecodeGraphs:
         """Whether a decode batch of num_seqs fits a captured graph (and graphs are alive)."""
         return bool(self.graphs) and num_seqs <= self.max_bs
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Stage the decode inputs (padded to max_bs rows) and replay the smallest graph that
-        holds them; returns the hidden states of the real rows."""
+    def run(self, inputs: StepInputs, sampled: torch.Tensor) -> torch.Tensor:
+        """Stage the decode inputs (padded to max_bs rows), take pending input tokens from
+        `sampled` (the previous step's ids), and replay the smallest graph that holds the
+        batch; returns the hidden states of the real rows."""
         n, rows = inputs.num_seqs, self.max_bs
-        self.host[: 4 * rows] = inputs.decode_meta.ravel()
-        self.host[4 * rows:] = inputs.block_tables.ravel()
-        # Safe to reuse the pinned buffer: the previous step's copy finished before its
-        # sampled ids came back to the host.
-        self.buf.copy_(self.host_t, non_blocking=True)
+        host_t = self.hosts[self.turn]
+        self.turn ^= 1
+        host = host_t.numpy()
+        host[: 4 * rows] = inputs.decode_meta.ravel()
+        host[4 * rows: 5 * rows] = -1 if inputs.feed_rows is None else inputs.feed_rows
+        host[5 * rows:] = inputs.block_tables.ravel()
+        self.buf.copy_(host_t, non_blocking=True)
+        if inputs.feed_rows is not None:
+            feed_tokens(self.meta[0, :n], self.meta[4, :n], sampled)
         bs = next(b for b in self.batch_sizes if b >= n)
         # The graph baked in its own tensors; the context only serves code outside the graph.
         set_context(is_prefill=False, context_lens=self.meta[3, :bs])
@@ -74,3 +82,8 @@ class DecodeGraphs:
         for graph in self.graphs.values():
             graph.reset()
         self.graphs.clear()
+
+
+def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:
+    """ids[i] = sampled[feed_rows[i]] where feed_rows[i] >= 0, on the device (no host sync)."""
+    ids.copy_(torch.where(feed_rows >= 0, sampled[feed_rows.clamp(min=0)], ids))

@@ -22,6 +22,17 @@ class Executor(Protocol):
         """Release workers, process groups and shared memory (idempotent)."""
 
 
+class AsyncExecutor(Executor, Protocol):
+    """An executor that can start a step and hand its result back later (async scheduling)."""
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the steps run on a GPU (where overlapping host and device work pays)."""
+
+    def launch(self, seqs: list[Sequence], is_prefill: bool):
+        """Start one step; returns a handle whose result() gives the sampled token ids."""
+
+
 class LocalExecutor:
     """A single ModelRunner in this process."""
 
@@ -35,9 +46,18 @@ class LocalExecutor:
         """KV-cache blocks the runner allocated."""
         return self.runner.num_kvcache_blocks
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the runner's device is a GPU."""
+        return self.runner.device.type == "cuda"
+
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One step on the one runner."""
         return self.runner.run(seqs, is_prefill)
+
+    def launch(self, seqs: list[Sequence], is_prefill: bool):
+        """Start one step; the handle's result() waits for its sampled ids."""
+        return self.runner.launch(seqs, is_prefill)
 
     def shutdown(self) -> None:
         """Nothing to stop for a single in-process runner."""

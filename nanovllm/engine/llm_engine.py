@@ -27,6 +27,11 @@ class LLMEngine:
         self.executor = create_executor(config)
         self.scheduler = Scheduler(config, self.executor.num_kvcache_blocks,
                                    resolve_eos_ids(config, self.tokenizer))
+        # Overlap host and device work (on by default where it pays: one GPU).
+        self.async_scheduling = config.async_scheduling
+        if self.async_scheduling is None:
+            self.async_scheduling = config.tensor_parallel_size == 1 and self.executor.on_gpu
+        self._in_flight = None  # (Launched, result handle) of the step on the device
         self._closed = False
         atexit.register(self.shutdown)
 
@@ -90,17 +95,32 @@ class LLMEngine:
     def _step(self) -> tuple[list[Sequence], int]:
         seqs, is_prefill = self.scheduler.schedule()
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
-        token_ids = self.executor.run(seqs, is_prefill)
-        finished = self.scheduler.postprocess(seqs, token_ids)
-        for seq in seqs:
+        if not self.async_scheduling:
+            token_ids = self.executor.run(seqs, is_prefill)
+            return self._results(self.scheduler.on_launch(seqs), token_ids), num_tokens
+        # Async: start this step, then take the previous step's results while the device
+        # works; the control plane learns each token one step late.
+        launched = None
+        if seqs:
+            handle = self.executor.launch(seqs, is_prefill)
+            launched = (self.scheduler.on_launch(seqs), handle)
+        previous, self._in_flight = self._in_flight, launched
+        if previous is None:
+            return [], num_tokens
+        return self._results(previous[0], previous[1].result()), num_tokens
+
+    def _results(self, launched, token_ids: list[int]) -> list[Sequence]:
+        """Record a step's sampled tokens; returns the sequences that finished."""
+        finished = self.scheduler.on_result(launched, token_ids)
+        for seq in launched.seqs:
             if seq.sampling_params.stop and not seq.is_finished and self.text.stop_string_hit(seq):
                 self.scheduler.finish(seq, "stop")
                 finished.append(seq)
-        return finished, num_tokens
+        return finished
 
     def is_finished(self) -> bool:
-        """True when no request is waiting or running."""
-        return self.scheduler.is_finished()
+        """True when no request is waiting, running or in flight."""
+        return self.scheduler.is_finished() and self._in_flight is None
 
     # -- outputs ----------------------------------------------------------------------------
     def _output(self, seq: Sequence) -> dict:
@@ -139,7 +159,7 @@ class LLMEngine:
                 dt = perf_counter() - t
                 if num_tokens > 0:
                     prefill_tps = num_tokens / dt
-                else:
+                elif num_tokens < 0:
                     decode_tps = -num_tokens / dt
                 # refresh=False: redraw at tqdm's own pace, not on every step.
                 bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s",
@@ -156,6 +176,9 @@ class LLMEngine:
         """Drop every queued and running request, freeing their blocks."""
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "abort")
+        if self._in_flight is not None:  # its results would only land on finished requests
+            self._in_flight = None
+            self.scheduler.num_in_flight -= 1
 
 
 def _is_token_ids(prompt) -> bool:

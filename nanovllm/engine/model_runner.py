@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from nanovllm.config import Config
-from nanovllm.engine.cuda_graph import DecodeGraphs
+from nanovllm.engine.cuda_graph import DecodeGraphs, feed_tokens
 from nanovllm.engine.device import resolve_device, resolve_dtype
 from nanovllm.engine.kv_cache import allocate_kv_cache
 from nanovllm.engine.sequence import Sequence
@@ -58,6 +58,13 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
         self.pinned = self.device.type == "cuda"
 
+        # The latest step's sampled ids stay here, on the device, for async scheduling: the
+        # next step reads pending input tokens from them (row of each sequence: _prev_rows).
+        self.sampled = torch.zeros(config.max_num_seqs, dtype=torch.int32, device=self.device)
+        self._prev_rows: dict[int, int] = {}
+        self._id_hosts = ([torch.zeros(config.max_num_seqs, dtype=torch.int32).pin_memory()
+                           for _ in range(2)] if self.pinned else [])
+        self._turn = 0
         self.warmup()
         self.kv_cache = allocate_kv_cache(config, self.attn_layers, self.dtype, self.device,
                                           self.max_blocks_per_seq, log=rank == 0)
@@ -158,15 +165,25 @@ class ModelRunner:
                         has_cached_context=inputs.has_cached_context)
         else:
             n = inputs.num_seqs
-            meta, tables = self._upload(inputs.decode_meta, inputs.block_tables)
+            feed = inputs.feed_rows
+            parts = self._upload(inputs.decode_meta, inputs.block_tables,
+                                 *(() if feed is None else (feed,)))
+            meta, tables = parts[0], parts[1]
             ids, pos, slots, lens = meta[:, :n]
+            if feed is not None:
+                feed_tokens(ids, parts[2][:n], self.sampled)
             set_context(is_prefill=False, slot_mapping=slots, context_lens=lens,
                         block_tables=tables[:n])
         return self.model(ids, pos)
 
-    @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int] | None:
         """One engine step on this rank; rank 0 returns the sampled token ids."""
+        return self.launch(seqs, is_prefill).result()
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence], is_prefill: bool) -> "StepResult":
+        """Start one step without waiting for the device; the sampled ids come back through
+        the returned handle (rank 0) and stay on the device for the next step."""
         graphed = not is_prefill and self.graphs is not None and self.graphs.can_run(len(seqs))
         width = self.max_blocks_per_seq
         if is_prefill:
@@ -175,16 +192,40 @@ class ModelRunner:
             # Rows padded to a multiple of 4 (eager) keep every packed part 16-byte aligned;
             # a graph takes its full batch.
             rows = self.graphs.max_bs if graphed else -(-len(seqs) // 4) * 4
-            inputs = decode_inputs(seqs, self.block_size, width, rows)
+            inputs = decode_inputs(seqs, self.block_size, width, rows, self._prev_rows)
         st = None
         if self.rank == 0:
             st = SamplingTensors.from_params(
                 [s.sampling_params for s in seqs], [s.num_completion_tokens for s in seqs],
                 self.config.hf_config.vocab_size, self.device)
-        hidden = self.graphs.run(inputs) if graphed else self.forward(inputs)
+        hidden = self.graphs.run(inputs, self.sampled) if graphed else self.forward(inputs)
         logits = self.model.compute_logits(hidden)
         reset_context()
+        self._prev_rows = {s.seq_id: i for i, s in enumerate(seqs)}
         if self.rank != 0:
-            return None
-        # The one device->host transfer of the step.
-        return self.sampler(logits, st).tolist()
+            return StepResult(None)
+        n = len(seqs)
+        self.sampled[:n].copy_(self.sampler(logits, st))
+        if not self.pinned:
+            return StepResult(self.sampled[:n].tolist())
+        # The one device->host transfer of the step, waited for only when asked.
+        host = self._id_hosts[self._turn]
+        self._turn ^= 1
+        host[:n].copy_(self.sampled[:n], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return StepResult(host[:n], done)
+
+
+class StepResult:
+    """The sampled ids of a launched step: ready now, or once the device gets there."""
+
+    def __init__(self, ids, done=None):
+        self._ids, self._done = ids, done
+
+    def result(self) -> list[int] | None:
+        """The ids (None on ranks other than 0), waiting for the device if needed."""
+        if self._done is not None:
+            self._done.synchronize()
+            self._ids, self._done = self._ids.tolist(), None
+        return self._ids

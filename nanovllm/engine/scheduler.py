@@ -30,6 +30,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0  # a statistic, for logs and tests
+        self.num_in_flight = 0  # launched steps whose results have not come back
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -68,8 +69,9 @@ class Scheduler:
             return seqs, False
         # Decode preempted everything it held: the freed blocks let a prefill start now.
         seqs = self._schedule_prefill()
-        if not seqs:
+        if not seqs and not self.num_in_flight:
             raise RuntimeError("scheduler made no progress (internal error)")
+        # Empty while steps are in flight: what is left waits for their results.
         return seqs, True
 
     def _schedule_prefill(self) -> list[Sequence]:
@@ -84,7 +86,8 @@ class Scheduler:
                 scheduled.append(seq)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq):
+            # A sequence preempted with a token in flight is recomputed once it is known.
+            if seq.num_pending or not self.block_manager.can_allocate(seq):
                 break
             self.block_manager.allocate(seq)
             seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, budget)
@@ -96,10 +99,13 @@ class Scheduler:
         return scheduled
 
     def _schedule_decode(self) -> list[Sequence]:
-        scheduled = []
+        scheduled, kept = [], []
         limit = min(self.max_num_seqs, self.max_num_batched_tokens)
         while self.running and len(scheduled) < limit:
             seq = self.running.popleft()
+            if seq.num_pending and self._length_done(seq):
+                kept.append(seq)  # its pending token is its last: it ends with its result
+                continue
             while not self.block_manager.can_append(seq):
                 if self.running:
                     self.preempt(self.running.pop())
@@ -110,7 +116,8 @@ class Scheduler:
                 self.block_manager.may_append(seq)
                 seq.num_scheduled_tokens = 1
                 scheduled.append(seq)
-        self.running.extendleft(reversed(scheduled))
+                kept.append(seq)
+        self.running.extendleft(reversed(kept))
         return scheduled
 
     def preempt(self, seq: Sequence) -> None:
@@ -123,32 +130,63 @@ class Scheduler:
 
     # -- after the model ran ----------------------------------------------------------------
     def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
-        """Record the step's results; returns the sequences that finished."""
-        finished = []
-        for seq, token_id in zip(seqs, token_ids):
+        """Record a step that ran to completion; returns the sequences that finished."""
+        return self.on_result(self.on_launch(seqs), token_ids)
+
+    def on_launch(self, seqs: list[Sequence]) -> "Launched":
+        """The step is on its way: its tokens count as computed, and each sequence whose
+        prompt is now complete gets a pending token (its value comes with on_result)."""
+        produced = []
+        for seq in seqs:
             seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
-            self.block_manager.commit(seq)
-            if seq.num_cached_tokens < seq.num_tokens:
-                continue  # a prefill chunk: its sample is not a real next token
-            seq.append_token(token_id)
+            # A prefill chunk that leaves part of the prompt uncomputed samples nothing real.
+            real = seq.num_cached_tokens >= seq.num_tokens
+            if real:
+                seq.append_pending()
+            produced.append(real)
+        self.num_in_flight += 1
+        return Launched(seqs, produced)
+
+    def on_result(self, launched: "Launched", token_ids: list[int]) -> list[Sequence]:
+        """A launched step's sampled tokens arrived; returns the sequences that finished."""
+        self.num_in_flight -= 1
+        finished = []
+        for seq, real, token_id in zip(launched.seqs, launched.produced, token_ids):
+            if seq.is_finished:
+                continue  # it ended at an earlier token: this step's work is void
+            if real:
+                seq.fill_pending(token_id)
+            self.block_manager.commit(seq)  # after the fill: every hashed token is known
+            if not real:
+                continue
             reason = self._finish_reason(seq, token_id)
             if reason is not None:
+                if seq.status is SequenceStatus.WAITING:  # preempted while in flight
+                    self.waiting.remove(seq)
                 self._finish(seq, reason)
                 finished.append(seq)
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
         return finished
 
+    def _length_done(self, seq: Sequence) -> bool:
+        """Whether seq's newest (maybe pending) token is its last by length."""
+        return (seq.num_completion_tokens >= seq.sampling_params.max_tokens
+                or seq.num_tokens >= self.max_model_len)
+
     def _finish_reason(self, seq: Sequence, token_id: int) -> str | None:
         sp = seq.sampling_params
         if (not sp.ignore_eos and token_id in self.eos_ids) or token_id in sp.stop_token_ids:
             return "stop"
-        if seq.num_completion_tokens >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+        # Count only known tokens: a later step may already have a pending one in flight.
+        known = seq.num_tokens - seq.num_pending
+        if known - seq.num_prompt_tokens >= sp.max_tokens or known >= self.max_model_len:
             return "length"
         return None
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.drop_pending()
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.block_manager.deallocate(seq)
@@ -159,8 +197,18 @@ class Scheduler:
             return
         if seq in self.waiting:
             self.waiting.remove(seq)
+            seq.drop_pending()
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = reason
             return
         self._finish(seq, reason)
         self.running = deque(s for s in self.running if s is not seq)
+
+
+class Launched:
+    """A step on its way: its sequences and which of them sample a real next token."""
+
+    __slots__ = ("seqs", "produced")
+
+    def __init__(self, seqs: list[Sequence], produced: list[bool]):
+        self.seqs, self.produced = seqs, produced

@@ -5,6 +5,10 @@ from itertools import count
 from nanovllm.sampling_params import SamplingParams
 
 
+# Stands in for a token sampled on the device whose value the host does not know yet.
+PLACEHOLDER = -1
+
+
 class SequenceStatus(Enum):
     """Where a sequence is in its life."""
 
@@ -32,6 +36,9 @@ class Sequence:
         # Tokens the current step computes (set by the scheduler, read by the model runner).
         self.num_scheduled_tokens = 0
         self.block_table: list[int] = []
+        # Trailing tokens sampled by steps still in flight (async scheduling): their values
+        # live on the device until the results come back; PLACEHOLDER stands in for them.
+        self.num_pending = 0
         self.finish_reason: str | None = None
         self.sampling_params = sampling_params or SamplingParams()
 
@@ -55,7 +62,8 @@ class Sequence:
 
     @property
     def completion_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        """Generated tokens whose values are known (not those still in flight)."""
+        return self.token_ids[self.num_prompt_tokens: self.num_tokens - self.num_pending]
 
     @property
     def num_cached_blocks(self) -> int:
@@ -78,6 +86,27 @@ class Sequence:
         self.token_ids.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1
+
+    def append_pending(self) -> None:
+        """A step that samples this sequence's next token is on its way."""
+        self.append_token(PLACEHOLDER)
+        self.num_pending += 1
+
+    def fill_pending(self, token_id: int) -> None:
+        """The oldest in-flight token's value has arrived."""
+        i = self.num_tokens - self.num_pending
+        self.token_ids[i] = token_id
+        self.num_pending -= 1
+        if i == self.num_tokens - 1:
+            self.last_token = token_id
+
+    def drop_pending(self) -> None:
+        """Forget in-flight tokens (the sequence ended before them)."""
+        if self.num_pending:
+            del self.token_ids[self.num_tokens - self.num_pending:]
+            self.num_tokens -= self.num_pending
+            self.num_pending = 0
+            self.last_token = self.token_ids[-1]
 
     def __getstate__(self):
         # Sent to tensor-parallel workers every step: ship only what the model runner reads.

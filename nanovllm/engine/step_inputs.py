@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 
 
 @dataclass
@@ -26,6 +26,9 @@ class StepInputs:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     has_cached_context: bool = False  # prefill: some sequence attends to cached tokens
+    # decode, async scheduling: [rows] row of the previous step's sampled ids that holds
+    # this row's input token (still on the device), -1 where input_ids has it; None = none.
+    feed_rows: np.ndarray | None = None
 
     @property
     def decode_meta(self) -> np.ndarray:
@@ -66,21 +69,27 @@ def prefill_inputs(seqs: list[Sequence], block_size: int, width: int) -> StepInp
         has_cached_context=any(s.num_cached_tokens for s in seqs))
 
 
-def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int) -> StepInputs:
+def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
+                  prev_rows: dict[int, int] | None = None) -> StepInputs:
     """One new token per sequence, padded to `rows` rows that attend to nothing and write
-    nowhere (a CUDA graph runs a fixed batch size)."""
+    nowhere (a CUDA graph runs a fixed batch size). A sequence whose input token is still
+    pending takes it from row prev_rows[seq_id] of the previous step's samples."""
     n = len(seqs)
+    feed = None
+    if any(s.last_token == PLACEHOLDER for s in seqs):
+        feed = np.full(rows, -1, dtype=np.int32)
+        feed[:n] = [prev_rows[s.seq_id] if s.last_token == PLACEHOLDER else -1 for s in seqs]
     lens = np.zeros(rows, dtype=np.int32)
     lens[:n] = np.fromiter((len(s) for s in seqs), np.int32, n)
     ids = np.zeros(rows, dtype=np.int32)
-    ids[:n] = np.fromiter((s.last_token for s in seqs), np.int32, n)
+    ids[:n] = np.fromiter((max(s.last_token, 0) for s in seqs), np.int32, n)
     slots = np.full(rows, -1, dtype=np.int32)
     slots[:n] = [s.block_table[(m - 1) // block_size] * block_size + (m - 1) % block_size
                  for s, m in zip(seqs, lens[:n].tolist())]
     positions = np.maximum(lens - 1, 0).astype(np.int32)
     return StepInputs(is_prefill=False, num_seqs=n, input_ids=ids, positions=positions,
                       slot_mapping=slots, block_tables=block_table_array(seqs, width, rows),
-                      context_lens=lens)
+                      context_lens=lens, feed_rows=feed)
 
 
 def _i32(values) -> np.ndarray:

@@ -23,12 +23,15 @@ def make_scheduler(cfg) -> Scheduler:
 
 
 def fake_model(seq: Sequence) -> int:
-    """Next token as a pure function of the tokens so far (like greedy decoding)."""
-    return (sum(seq.token_ids) * 31 + len(seq)) % 97
+    """Next token as a pure function of the known tokens so far (like greedy decoding); a
+    pending (in-flight) token's value depends only on the tokens before it."""
+    known = seq.token_ids[: seq.num_tokens - seq.num_pending]
+    return (sum(known) * 31 + len(known)) % 97
 
 
-def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000):
-    """Run the scheduler to completion, checking every step's invariants."""
+def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False):
+    """Run the scheduler to completion, checking every step's invariants. With lag, each
+    step's results arrive only after the next step was scheduled (async scheduling)."""
     for s in seqs:
         sched.add(s)
     computed = {s.seq_id: [] for s in seqs}  # positions computed since the last (re)start
@@ -40,15 +43,16 @@ def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000):
 
     sched.preempt = preempt
     waits = {s.seq_id: 0 for s in seqs}
+    in_flight = None
     for _ in range(max_steps):
-        if sched.is_finished():
+        if sched.is_finished() and in_flight is None:
             break
         batch, is_prefill = sched.schedule()
-        assert batch and len(batch) <= cfg.max_num_seqs
+        assert batch or in_flight, "nothing scheduled and nothing to wait for"
+        assert len(batch) <= cfg.max_num_seqs
         assert len({s.seq_id for s in batch}) == len(batch)
         assert sum(s.num_scheduled_tokens for s in batch) <= cfg.max_num_batched_tokens
         assert len(sched.running) <= cfg.max_num_seqs
-        tokens = []
         for s in batch:
             assert s.status == SequenceStatus.RUNNING
             assert len(s.block_table) == s.num_blocks, "every token needs a slot"
@@ -65,11 +69,13 @@ def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000):
                 first = covered[0]
                 assert covered == list(range(first, s.num_tokens))
                 assert first % s.block_size == 0
-            tokens.append(fake_model(s))
         for s in seqs:
             waits[s.seq_id] = 0 if s in batch or s.is_finished else waits[s.seq_id] + 1
             assert waits[s.seq_id] < 5000, "starved"
-        sched.postprocess(batch, tokens)
+        launched = sched.on_launch(batch) if batch else None
+        done, in_flight = (in_flight, launched) if lag else (launched, None)
+        if done is not None:
+            sched.on_result(done, [fake_model(s) for s in done.seqs])
         # Extra preemptions at random points (as memory pressure would cause).
         if rng is not None and rng.random() < 0.02 and sched.running:
             sched.preempt(sched.running.pop())
@@ -98,8 +104,9 @@ def make_seqs(rng, n, cfg, max_prompt=100, shared_prefix=True):
     return out
 
 
+@pytest.mark.parametrize("lag", [False, True], ids=["sync", "lag"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_runs_keep_invariants_and_tokens(seed):
+def test_random_runs_keep_invariants_and_tokens(seed, lag):
     rng = random.Random(seed)
     cfg = sched_config(
         max_num_seqs=rng.choice([1, 3, 8]),
@@ -110,7 +117,8 @@ def test_random_runs_keep_invariants_and_tokens(seed):
     )
     sched = make_scheduler(cfg)
     seqs = make_seqs(rng, 25, cfg)
-    simulate(sched, seqs, cfg, rng)
+    simulate(sched, seqs, cfg, rng, lag=lag)
+    assert sched.num_in_flight == 0
     for s in seqs:
         assert s.finish_reason == "length"
         # Preempted-and-recomputed sequences resume with exactly the same tokens.
