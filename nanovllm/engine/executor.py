@@ -60,7 +60,8 @@ class LocalExecutor:
         return self.runner.launch(seqs, is_prefill)
 
     def shutdown(self) -> None:
-        """Nothing to stop for a single in-process runner."""
+        """Drop the runner, so its weights and KV cache can be freed."""
+        self.runner = None
 
 
 def create_executor(config: Config) -> Executor:

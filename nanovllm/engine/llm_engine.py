@@ -93,6 +93,8 @@ class LLMEngine:
         return [self._output(seq) for seq in seqs], num_tokens
 
     def _step(self) -> tuple[list[Sequence], int]:
+        if self._closed:
+            raise RuntimeError("this LLM has been shut down; create a new one")
         seqs, is_prefill = self.scheduler.schedule()
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
         if not self.async_scheduling:

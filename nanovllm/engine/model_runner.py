@@ -1,6 +1,7 @@
 """ModelRunner: the only owner of the device. Loads weights, sizes the KV cache, turns a
 batch into tensors, runs the model (CUDA graphs for decode) and samples."""
 import logging
+from time import perf_counter
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         torch.manual_seed(config.seed)
 
+        clock = _Clock()
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -48,6 +50,7 @@ class ModelRunner:
         else:
             load_model(self.model, config.model)
         self.model.eval()
+        clock.lap("weights")
         self.sampler = Sampler()
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         backend = choose_backend(config.attention_backend, self.device, self.block_size)
@@ -66,17 +69,21 @@ class ModelRunner:
                            for _ in range(2)] if self.pinned else [])
         self._turn = 0
         self.warmup()
+        clock.lap("warm-up")
         self.kv_cache = allocate_kv_cache(config, self.attn_layers, self.dtype, self.device,
                                           self.max_blocks_per_seq, log=rank == 0)
         self.num_kvcache_blocks = self.kv_cache.size(2)
-        if rank == 0:
-            logger.info("attention: %s", self.backend_name)
+        clock.lap("KV cache")
         self.warmup_kernels()
+        clock.lap("kernel warm-up")
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(self.model, min(config.max_num_seqs, 512),
                                        self.max_blocks_per_seq, hf.hidden_size, self.dtype,
                                        self.device)
+            clock.lap("decode graphs")
+        if rank == 0:
+            logger.info("attention: %s; start-up %s", self.backend_name, clock)
 
     # -- set-up -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -229,3 +236,18 @@ class StepResult:
             self._done.synchronize()
             self._ids, self._done = self._ids.tolist(), None
         return self._ids
+
+
+class _Clock:
+    """Seconds spent in each start-up phase, for the log."""
+
+    def __init__(self):
+        self.t, self.laps = perf_counter(), []
+
+    def lap(self, name: str) -> None:
+        now = perf_counter()
+        self.laps.append(f"{name} {now - self.t:.1f}s")
+        self.t = now
+
+    def __str__(self) -> str:
+        return ", ".join(self.laps)

@@ -37,7 +37,9 @@ def outputs(path, async_scheduling, prompts, sps, **engine):
     assert bm.num_free_blocks == bm.num_blocks and llm.scheduler.num_in_flight == 0
     strip = [[{k: v for k, v in o.items() if k != "request_id"} for o in run]
              for run in (first, second)]
-    return strip, stats, llm
+    graphs = llm.executor.runner.graphs is not None
+    llm.shutdown()
+    return strip, stats, (llm.async_scheduling, graphs)
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -57,11 +59,10 @@ def test_same_tokens_as_synchronous(toy_models, engine, device):
     sps = params(3, len(prompts))
     kw = dict(engine, device=device, dtype="float32")
     want, want_stats, _ = outputs(toy_models[MODEL], False, prompts, sps, **kw)
-    got, got_stats, llm = outputs(toy_models[MODEL], True, prompts, sps, **kw)
-    if device == "cuda":
-        assert llm.executor.runner.graphs is not None
+    got, got_stats, (on, graphs) = outputs(toy_models[MODEL], True, prompts, sps, **kw)
+    assert graphs == (device == "cuda")
     assert got == want
-    assert llm.async_scheduling
+    assert on
     assert got_stats[1] > 0  # the prefix cache served tokens
     if engine["num_kvcache_blocks"] == 12:
         assert want_stats[0] > 0 and got_stats[0] > 0  # both preempted
@@ -69,7 +70,8 @@ def test_same_tokens_as_synchronous(toy_models, engine, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_stop_strings_and_the_step_api(toy_models, device):
-    kw = dict(device=device, dtype="float32", kvcache_block_size=16, max_model_len=256)
+    kw = dict(device=device, dtype="float32", kvcache_block_size=16, max_model_len=256,
+              num_kvcache_blocks=64)
     sync = LLM(toy_models[MODEL], async_scheduling=False, **kw)
     asyn = LLM(toy_models[MODEL], async_scheduling=True, **kw)
     _, stop, sp = greedy_with_stop(sync)
@@ -84,11 +86,14 @@ def test_stop_strings_and_the_step_api(toy_models, device):
         finished, _ = asyn.step()
         done.update((o["request_id"], o) for o in finished)
     assert done[rid]["token_ids"] == want[0]["token_ids"]
+    sync.shutdown()
+    asyn.shutdown()
 
 
 @pytest.mark.gpu
 def test_default_is_on_on_a_gpu(toy_models):
-    llm = LLM(toy_models[MODEL], device="cuda", kvcache_block_size=16, max_model_len=64)
+    llm = LLM(toy_models[MODEL], device="cuda", kvcache_block_size=16, max_model_len=64,
+              num_kvcache_blocks=16)
     assert llm.async_scheduling is True
     llm.shutdown()
 
