@@ -21,8 +21,12 @@ def main():
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--profile-steps", type=int, default=6)
     ap.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s for 'ideal'")
+    ap.add_argument("--single", action="store_true",
+                    help="instead: kernel profile of bs=1 decode (GPU time vs wall per step)")
     args = ap.parse_args()
     llm = LLM(dummy_model_dir(), load_format="dummy")
+    if args.single:
+        return profile_single(llm)
     seed(0)
     prompts = [[randint(0, 10000) for _ in range(randint(100, 1024))] for _ in range(args.num_seqs)]
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 1024))
@@ -95,6 +99,26 @@ def main():
             ideal = (ctx * kv_bytes + n * weights) / args.bandwidth
             print(f"{b:>8} {n:>6} {sec:>8.3f} {1e3 * sec / n:>8.2f} {ideal:>8.3f} "
                   f"{ctx * kv_bytes / sec / 1e12:>8.2f}")
+    llm.shutdown()
+
+
+def profile_single(llm, steps: int = 64):
+    """bs=1 decode: per-kernel GPU time per step next to the wall time per token."""
+    one = [list(range(100, 132))]
+    llm.generate(one, SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+    sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=steps)
+    t = time.perf_counter()
+    llm.generate(one, sp, use_tqdm=False)
+    wall = (time.perf_counter() - t) / steps
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        llm.generate(one, sp, use_tqdm=False)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu = sum(e.self_device_time_total for e in events) / steps / 1e3
+    print(f"bs=1: wall {1e3 * wall:.3f} ms/token, GPU kernels {gpu:.3f} ms/token")
+    print(f"{'kernel':70s} {'calls/tok':>9} {'us/tok':>8}")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
+        print(f"{e.key[:70]:70s} {e.count / steps:9.1f} {e.self_device_time_total / steps:8.1f}")
     llm.shutdown()
 
 

@@ -6,11 +6,15 @@ from nanovllm.utils.context import reset_context, set_context
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 16 up to max_bs (and max_bs itself)."""
-    sizes = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 16))
-    if sizes[-1] < max_bs:
-        sizes.append(max_bs)
-    return sizes
+    """1, 2, 4, 8, 16, 24, 32, then steps of 32 to 256 and of 64 beyond (and max_bs itself).
+
+    Each graph costs ~0.25 s of start-up. A batch runs in the smallest graph that holds it,
+    and the padding rows are nearly free: the matmuls are bound by reading the weights at
+    these sizes and padding rows attend to nothing. 19 sizes instead of 36 halve capture time.
+    """
+    steps = [1, 2, 4, 8, 16, 24, 32, 48, *range(64, 257, 32), *range(320, max(max_bs, 320) + 1, 64)]
+    sizes = [b for b in steps if b < max_bs]
+    return sizes + [max_bs]
 
 
 class DecodeGraphs:

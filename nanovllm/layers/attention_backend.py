@@ -1,6 +1,6 @@
 """The attention seam: three interchangeable implementations and the chooser.
 
-Every backend offers store_kv / prefill / decode over the paged cache layout
+Every backend offers rope_and_store / store_kv / prefill / decode over the paged cache layout
 [num_blocks, block_size, num_kv_heads, head_dim]; callers never branch on which one runs.
 """
 import importlib.util
@@ -15,6 +15,13 @@ class TorchBackend:
     """Plain-torch reference: the CPU path and the oracle the others are tested against."""
 
     name = "torch"
+
+    def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
+                       ctx: Context):
+        """Per-head q/k norm (when given), RoPE, then the K/V store; returns (q, k)."""
+        q, k = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
+        self.store_kv(k, v, k_cache, v_cache, ctx)
+        return q, k
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         torch_ref.store_kvcache_torch(k, v, k_cache, v_cache, ctx.slot_mapping)
@@ -32,13 +39,25 @@ class TritonBackend:
     """Our Triton paged kernels: the GPU default when flash-attn is absent."""
 
     name = "triton"
+    needs_new_k = False  # prefill reads the new keys back from the cache
 
     def __init__(self):
-        from nanovllm.kernels import triton_decode, triton_kv, triton_prefill
+        from nanovllm.kernels import triton_decode, triton_kv, triton_prefill, triton_rope
 
+        self._rope_store = triton_rope.norm_rope_store
         self._store = triton_kv.store_kvcache
         self._prefill = triton_prefill.prefill_attention
         self._decode = triton_decode.decode_attention
+
+    def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
+                       ctx: Context):
+        """The same as the torch path in one kernel (returned k is None unless prefill
+        needs it)."""
+        weights = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight,
+                                                             q_norm.eps)
+        out = self._rope_store(q, k, v, positions, rope.cos_sin_cache, *weights, k_cache,
+                               v_cache, ctx.slot_mapping, return_k=self.needs_new_k)
+        return out if self.needs_new_k else (out, None)
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         self._store(k, v, k_cache, v_cache, ctx.slot_mapping)
@@ -55,6 +74,7 @@ class FlashBackend(TritonBackend):
     """flash-attn's varlen and kv-cache kernels, called exactly as nano-vLLM calls them."""
 
     name = "flash"
+    needs_new_k = True  # varlen prefill without cached context attends to the new k/v
 
     def __init__(self, flash_attn=None):
         super().__init__()  # the KV-store stays our Triton kernel, as in nano-vLLM
@@ -77,6 +97,13 @@ class FlashBackend(TritonBackend):
             q.unsqueeze(1), k_cache, v_cache, cache_seqlens=ctx.context_lens,
             block_table=ctx.block_tables, softmax_scale=scale, causal=True)
         return o.squeeze(1)
+
+
+def norm_and_rotate(q, k, positions, rope, q_norm=None, k_norm=None):
+    """The unfused q/k norm + RoPE (modules of the model), as the torch path runs it."""
+    if q_norm is not None:
+        q, k = q_norm(q), k_norm(k)
+    return rope(positions, q, k)
 
 
 def flash_attn_available() -> bool:

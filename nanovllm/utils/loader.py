@@ -184,10 +184,15 @@ def _listing(names: list[str]) -> str:
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights (vLLM's load_format='dummy'): small uniform values, norms at one."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    gens = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
-        else:
-            # Generate on CPU in fp32 so every device and dtype gets the same numbers.
-            param.data.copy_(torch.empty(param.shape).uniform_(-0.02, 0.02, generator=g))
+            continue
+        # Drawn in fp32 on the parameter's own device: every dtype gets the same numbers, and
+        # a GPU fills 0.6B parameters in milliseconds where the CPU took seconds of start-up.
+        dev = param.device
+        if dev not in gens:
+            gens[dev] = torch.Generator(device=dev).manual_seed(seed)
+        noise = torch.empty(param.shape, dtype=torch.float32, device=dev)
+        param.data.copy_(noise.uniform_(-0.02, 0.02, generator=gens[dev]))

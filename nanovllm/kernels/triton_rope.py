@@ -1,0 +1,109 @@
+"""One Triton kernel for everything between the qkv projection and attention: per-head q/k
+RMSNorm (optional), rotary embedding (rotate-half layout) and the K/V store into the paged cache.
+
+Unfused this is six kernels per layer (two norms, the cos/sin gather, two rotations, the store),
+which at small batches cost more than the layer's matmuls: each is a few microseconds of launch
+and tail for a few kilobytes of work. The arithmetic follows the unfused torch path step by step,
+rounding to the activation dtype where it does (normed value, times weight, rotated value), so
+both paths give the same numbers to within float rounding.
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rotate(x1, x2, w_ptr, cos, sin, offs, eps,
+                 HALF: tl.constexpr, HAS_NORM: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Norm and rotate [H, HALF] halves (fp32); returns the two rotated halves (fp32)."""
+    if HAS_NORM:
+        var = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
+        r = (1.0 / tl.sqrt(var + eps))[:, None]
+        w1 = tl.load(w_ptr + offs).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)[None, :]
+        # The torch path rounds the normed value, then its product with the weight.
+        x1 = ((x1 * r).to(OUT_DTYPE).to(tl.float32) * w1).to(OUT_DTYPE).to(tl.float32)
+        x2 = ((x2 * r).to(OUT_DTYPE).to(tl.float32) * w2).to(OUT_DTYPE).to(tl.float32)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def _norm_rope_store_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, slot_ptr,
+    q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pos,
+    stride_cslot, stride_ch, eps,
+    HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
+    HALF: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_K: tl.constexpr,
+):
+    # One program per token: all its heads at once (a few KB), so a decode step is one wave.
+    t = tl.program_id(0)
+    out_dtype = q_out_ptr.dtype.element_ty
+    offs = tl.arange(0, HALF)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * stride_pos + offs)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_pos + HALF + offs)[None, :]
+
+    hq = tl.arange(0, HQ_PAD)[:, None]
+    mq = hq < HQ
+    src = q_ptr + t * stride_qt + hq * stride_qh + offs[None, :]
+    o1, o2 = _norm_rotate(tl.load(src, mask=mq).to(tl.float32),
+                          tl.load(src + HALF, mask=mq).to(tl.float32),
+                          qw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
+    q_dst = q_out_ptr + t * (HQ * 2 * HALF) + hq * (2 * HALF) + offs[None, :]
+    tl.store(q_dst, o1.to(out_dtype), mask=mq)
+    tl.store(q_dst + HALF, o2.to(out_dtype), mask=mq)
+
+    hk = tl.arange(0, HKV_PAD)[:, None]
+    mk = hk < HKV
+    k_src = k_ptr + t * stride_kt + hk * stride_kh + offs[None, :]
+    k1, k2 = _norm_rotate(tl.load(k_src, mask=mk).to(tl.float32),
+                          tl.load(k_src + HALF, mask=mk).to(tl.float32),
+                          kw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
+    k1, k2 = k1.to(out_dtype), k2.to(out_dtype)
+    if WRITE_K:
+        k_dst = k_out_ptr + t * (HKV * 2 * HALF) + hk * (2 * HALF) + offs[None, :]
+        tl.store(k_dst, k1, mask=mk)
+        tl.store(k_dst + HALF, k2, mask=mk)
+    slot = tl.load(slot_ptr + t).to(tl.int64)  # int64: slot * stride can exceed 2**31
+    if slot >= 0:
+        cache_ty = k_cache_ptr.dtype.element_ty
+        c_off = slot * stride_cslot + hk * stride_ch + offs[None, :]
+        tl.store(k_cache_ptr + c_off, k1.to(cache_ty), mask=mk)
+        tl.store(k_cache_ptr + c_off + HALF, k2.to(cache_ty), mask=mk)
+        v_src = v_ptr + t * stride_vt + hk * stride_vh + offs[None, :]
+        tl.store(v_cache_ptr + c_off, tl.load(v_src, mask=mk).to(cache_ty), mask=mk)
+        tl.store(v_cache_ptr + c_off + HALF, tl.load(v_src + HALF, mask=mk).to(cache_ty),
+                 mask=mk)
+
+
+def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
+                    k_cache, v_cache, slot_mapping, return_k: bool = False):
+    """q [T, Hq, D], k/v [T, Hkv, D] (strided views of the qkv output are fine) -> rotated q
+    [T, Hq, D] (and rotated k when return_k); stores rotated k and v at slot_mapping (-1 skips).
+    cos_sin_cache is [max_position, ..., D] float32 (cos half, then sin half); the norm
+    weights are [D] or both None (no q/k norm)."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    if head_dim % 2 or head_dim & (head_dim - 1):
+        raise ValueError(f"the fused RoPE kernel needs a power-of-two head_dim, got {head_dim}")
+    assert q.stride(2) == k.stride(2) == v.stride(2) == 1 and k_cache.stride(3) == 1
+    assert k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
+    has_norm = q_norm_weight is not None
+    q_out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(num_tokens if return_k else 0, num_kv_heads, head_dim, dtype=k.dtype,
+                        device=k.device)
+    if num_tokens == 0:
+        return (q_out, k_out) if return_k else q_out
+    cos_sin = cos_sin_cache.reshape(cos_sin_cache.shape[0], head_dim)
+    _norm_rope_store_kernel[(num_tokens,)](
+        q, k, v, positions, cos_sin, q_norm_weight if has_norm else q,
+        k_norm_weight if has_norm else k, slot_mapping, q_out, k_out, k_cache, v_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos_sin.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
+        HQ=num_heads, HKV=num_kv_heads, HQ_PAD=triton.next_power_of_2(num_heads),
+        HKV_PAD=triton.next_power_of_2(num_kv_heads), HALF=head_dim // 2,
+        HAS_NORM=has_norm, WRITE_K=return_k, num_warps=4,
+    )
+    return (q_out, k_out) if return_k else q_out
