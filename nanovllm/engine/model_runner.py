@@ -11,7 +11,7 @@ from nanovllm.engine.cuda_graph import DecodeGraphs, feed_tokens
 from nanovllm.engine.device import resolve_device, resolve_dtype
 from nanovllm.engine.kv_cache import allocate_kv_cache
 from nanovllm.engine.sequence import Sequence
-from nanovllm.engine.step_inputs import StepInputs, decode_inputs, prefill_inputs
+from nanovllm.engine.step_inputs import BlockTables, StepInputs, decode_inputs, prefill_inputs
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.layers.sampler import Sampler, SamplingTensors
@@ -59,6 +59,7 @@ class ModelRunner:
         self.backend_name = backend.name
         # Block tables always have this many columns: one kernel specialisation for every batch.
         self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
+        self.tables = BlockTables(2 * config.max_num_seqs, self.max_blocks_per_seq)
         self.pinned = self.device.type == "cuda"
 
         # The latest step's sampled ids stay here, on the device, for async scheduling: the
@@ -194,12 +195,13 @@ class ModelRunner:
         graphed = not is_prefill and self.graphs is not None and self.graphs.can_run(len(seqs))
         width = self.max_blocks_per_seq
         if is_prefill:
-            inputs = prefill_inputs(seqs, self.block_size, width)
+            inputs = prefill_inputs(seqs, self.block_size, width, self.tables)
         else:
             # Rows padded to a multiple of 4 (eager) keep every packed part 16-byte aligned;
             # a graph takes its full batch.
             rows = self.graphs.max_bs if graphed else -(-len(seqs) // 4) * 4
-            inputs = decode_inputs(seqs, self.block_size, width, rows, self._prev_rows)
+            inputs = decode_inputs(seqs, self.block_size, width, rows, self._prev_rows,
+                                   self.tables)
         st = None
         if self.rank == 0:
             st = SamplingTensors.from_params(

@@ -45,7 +45,59 @@ def block_table_array(seqs: list[Sequence], width: int, rows: int | None = None)
     return table
 
 
-def prefill_inputs(seqs: list[Sequence], block_size: int, width: int) -> StepInputs:
+class BlockTables:
+    """Block-table rows kept from step to step, one per sequence: a decode step copies only
+    the blocks a sequence gained since its last step (a block every block_size tokens), then
+    takes the batch's rows in one numpy gather. Per step that is O(batch), not
+    O(batch x context) as rebuilding every row was.
+
+    A sequence's blocks change only by appending, except when it is preempted or prefilled
+    again; prefill steps therefore rewrite their rows in full (refresh=True).
+    """
+
+    def __init__(self, capacity: int, width: int):
+        self.table = np.zeros((capacity + 1, width), dtype=np.int32)
+        self.pad_row = capacity  # stays all zeros: the rows of padding
+        self.row_of: dict[int, int] = {}
+        self.filled = [0] * capacity  # valid entries of each row
+        self.free = list(range(capacity - 1, -1, -1))
+
+    def gather(self, seqs: list[Sequence], rows: int | None = None,
+               refresh: bool = False) -> np.ndarray:
+        """[rows, width] block ids of seqs (zero rows after them), updating stored rows."""
+        idx = np.full(rows or len(seqs), self.pad_row, dtype=np.intp)
+        for i, s in enumerate(seqs):
+            r = self.row_of.get(s.seq_id)
+            if r is None:
+                r = self._new_row(s.seq_id, seqs)
+            bt, have = s.block_table, self.filled[r]
+            n = len(bt)
+            if refresh or n < have:
+                self.table[r, :n] = bt
+                self.table[r, n:have] = 0
+            elif n > have:
+                self.table[r, have:n] = bt[have:]
+            self.filled[r] = n
+            idx[i] = r
+        return self.table[idx]
+
+    def _new_row(self, seq_id: int, batch: list[Sequence]) -> int:
+        if not self.free:
+            # Rows of sequences outside this batch (finished, or waiting) are taken back;
+            # one that returns later is simply written afresh.
+            live = {s.seq_id for s in batch}
+            for sid in [sid for sid in self.row_of if sid not in live]:
+                r = self.row_of.pop(sid)
+                self.table[r, : self.filled[r]] = 0
+                self.filled[r] = 0
+                self.free.append(r)
+        r = self.free.pop()
+        self.row_of[seq_id] = r
+        return r
+
+
+def prefill_inputs(seqs: list[Sequence], block_size: int, width: int,
+                   tables: BlockTables | None = None) -> StepInputs:
     """Each sequence computes tokens [num_cached_tokens, + num_scheduled_tokens)."""
     ids, pos, slots, cu_q, cu_k = [], [], [], [0], [0]
     for s in seqs:
@@ -62,7 +114,8 @@ def prefill_inputs(seqs: list[Sequence], block_size: int, width: int) -> StepInp
     return StepInputs(
         is_prefill=True, num_seqs=len(seqs),
         input_ids=_i32(ids), positions=_i32(pos), slot_mapping=_i32(slots),
-        block_tables=block_table_array(seqs, width),
+        block_tables=(block_table_array(seqs, width) if tables is None
+                      else tables.gather(seqs, refresh=True)),
         cu_seqlens_q=_i32(cu_q), cu_seqlens_k=_i32(cu_k),
         max_seqlen_q=max(s.num_scheduled_tokens for s in seqs),
         max_seqlen_k=max(s.num_cached_tokens + s.num_scheduled_tokens for s in seqs),
@@ -70,7 +123,8 @@ def prefill_inputs(seqs: list[Sequence], block_size: int, width: int) -> StepInp
 
 
 def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
-                  prev_rows: dict[int, int] | None = None) -> StepInputs:
+                  prev_rows: dict[int, int] | None = None,
+                  tables: BlockTables | None = None) -> StepInputs:
     """One new token per sequence, padded to `rows` rows that attend to nothing and write
     nowhere (a CUDA graph runs a fixed batch size). A sequence whose input token is still
     pending takes it from row prev_rows[seq_id] of the previous step's samples."""
@@ -88,7 +142,9 @@ def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
                  for s, m in zip(seqs, lens[:n].tolist())]
     positions = np.maximum(lens - 1, 0).astype(np.int32)
     return StepInputs(is_prefill=False, num_seqs=n, input_ids=ids, positions=positions,
-                      slot_mapping=slots, block_tables=block_table_array(seqs, width, rows),
+                      slot_mapping=slots,
+                      block_tables=(block_table_array(seqs, width, rows) if tables is None
+                                    else tables.gather(seqs, rows)),
                       context_lens=lens, feed_rows=feed)
 
 

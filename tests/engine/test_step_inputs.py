@@ -47,3 +47,48 @@ def test_decode_rows_are_padded_to_write_nowhere_and_attend_to_nothing():
 def test_block_table_width_is_fixed():
     t = block_table_array([seq(range(5), [1, 2])], width=6, rows=3)
     assert t.shape == (3, 6) and t[0].tolist() == [1, 2, 0, 0, 0, 0]
+
+
+def test_persistent_block_tables_match_a_rebuild_through_appends_preemption_and_reuse():
+    import random
+
+    from nanovllm.engine.step_inputs import BlockTables
+
+    rng = random.Random(0)
+    width, capacity = 6, 8  # small capacity: rows get taken back and handed out again
+    tables = BlockTables(capacity, width)
+    pool = [Sequence([1, 2, 3]) for _ in range(12)]
+    for s in pool:
+        s.block_table = [rng.randrange(100)]
+    for _ in range(400):
+        batch = rng.sample(pool, rng.randint(1, capacity // 2))
+        prefill = rng.random() < 0.2
+        for s in batch:
+            event = rng.random()
+            if prefill or event < 0.1:
+                # Preempted and prefilled again: a new table, possibly shorter.
+                s.block_table = [rng.randrange(100) for _ in range(rng.randint(1, width))]
+                prefill = True
+            elif event < 0.4 and len(s.block_table) < width:
+                s.block_table.append(rng.randrange(100))  # decode crossed a block boundary
+        rows = len(batch) + rng.randint(0, 3)
+        got = tables.gather(batch, rows, refresh=prefill)
+        assert np.array_equal(got, block_table_array(batch, width, rows))
+
+
+def test_decode_inputs_with_persistent_tables_equal_the_plain_ones():
+    from nanovllm.engine.step_inputs import BlockTables
+
+    seqs = [Sequence(list(range(n))) for n in (5, 17, 33)]
+    for i, s in enumerate(seqs):
+        s.block_table = list(range(10 * i, 10 * i + -(-len(s) // 16)))
+    tables = BlockTables(4, 8)
+    for _ in range(3):
+        a = decode_inputs(seqs, 16, 8, 8)
+        b = decode_inputs(seqs, 16, 8, 8, tables=tables)
+        assert np.array_equal(a.block_tables, b.block_tables)
+        assert np.array_equal(a.slot_mapping, b.slot_mapping)
+        for s in seqs:
+            s.append_token(7)
+            if len(s.block_table) * 16 < len(s):
+                s.block_table.append(99)
