@@ -59,7 +59,10 @@ def _check(num_tokens, heads, kv_heads, head_dim, dtype, device, with_norm, rtol
     # Without return_k only q comes back, and the cache is written the same way.
     kc2, vc2 = torch.full_like(kc, 3.0), torch.full_like(vc, 3.0)
     q2 = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, *weights, kc2, vc2, slots)
-    assert torch.equal(q2, out_q) and torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    # Two compiled variants may contract multiply-adds differently: close, not bitwise.
+    for got, want in ((q2, ref_q), (kc2, ref_kc)):
+        torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
+    assert torch.equal(vc2, ref_vc)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test (CPU)")
