@@ -1,7 +1,10 @@
-"""Triton paged decode attention: split-K (flash-decoding) partial kernel + LSE reduce kernel.
+"""Triton paged decode attention: one split-K (flash-decoding) kernel with an in-kernel reduce.
 
 CUDA-graph safe: the grid depends only on shapes and python ints; each program derives its
-key range from context_lens in-kernel, so no host sync is ever needed.
+key range from context_lens in-kernel, so no host sync is ever needed. With several splits, the
+last program of a (sequence, kv head) to finish combines the splits' partial outputs (it learns
+it is last from an atomic counter), so a decode step is one kernel per layer, not two: at small
+batches each launch costs more than the work it does.
 """
 import torch
 import triton
@@ -22,14 +25,16 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
 
 @triton.jit
 def _decode_partial_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, ctx_ptr, bt_ptr, o_ptr, lse_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, ctx_ptr, bt_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr,
     qk_scale,
     stride_qb, stride_qh,
     stride_kblk, stride_kslot, stride_kh,
     stride_btb,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    NUM_SPLITS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    stride_outb, stride_outh,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
@@ -57,6 +62,9 @@ def _decode_partial_kernel(
         else:
             tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s,
                      tl.full([G_PAD], float("-inf"), tl.float32), mask=g_mask)
+            _split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, stride_ob, stride_oh, stride_os,
+                        stride_lb, stride_lh, stride_outb, stride_outh, NUM_SPLITS, SPLITS_PAD,
+                        NUM_KV_HEADS, G, HEAD_DIM)
         return
 
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -99,19 +107,33 @@ def _decode_partial_kernel(
     else:
         tl.store(o_ptr + o_off, out, mask=g_mask[:, None])
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, m_i + tl.log2(l_i), mask=g_mask)
+        _split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, stride_ob, stride_oh, stride_os,
+                    stride_lb, stride_lh, stride_outb, stride_outh, NUM_SPLITS, SPLITS_PAD,
+                    NUM_KV_HEADS, G, HEAD_DIM)
 
 
 @triton.jit
-def _decode_reduce_kernel(
-    po_ptr, lse_ptr, o_ptr,
-    stride_pb, stride_ph, stride_ps,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-):
-    # Program = (sequence, query head): o = sum_s 2^(lse_s - max) * o_s / sum_s 2^(lse_s - max).
-    b = tl.program_id(0)
-    h = tl.program_id(1)
+def _split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, b, kvh, stride_pb, stride_ph, stride_ps,
+                stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS: tl.constexpr,
+                SPLITS_PAD: tl.constexpr, NUM_KV_HEADS: tl.constexpr, G: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
+    """Count this split in; the last one of its (sequence, kv head) combines all of them."""
+    # acq_rel: every split's partial stores happen before its increment, and the last program
+    # reads them after its own, so it sees them all.
+    cnt = cnt_ptr + b * NUM_KV_HEADS + kvh
+    if tl.atomic_add(cnt, 1, sem="acq_rel") == NUM_SPLITS - 1:
+        for g in tl.static_range(G):
+            _combine_head(po_ptr, lse_ptr, o_ptr, b, kvh * G + g, stride_pb, stride_ph, stride_ps,
+                          stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS, SPLITS_PAD,
+                          HEAD_DIM)
+        tl.atomic_xchg(cnt, 0)  # ready for the next call (and the next graph replay)
+
+
+@triton.jit
+def _combine_head(po_ptr, lse_ptr, o_ptr, b, h, stride_pb, stride_ph, stride_ps, stride_lb,
+                  stride_lh, stride_ob, stride_oh, NUM_SPLITS: tl.constexpr,
+                  SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """o = sum_s 2^(lse_s - max) * o_s / sum_s 2^(lse_s - max) for one query head."""
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + offs_s,
@@ -121,8 +143,8 @@ def _decode_reduce_kernel(
     m = tl.where(m > float("-inf"), m, 0.0)  # all splits empty (ctx == 0): avoid -inf - -inf
     w = tl.where(valid, tl.exp2(lse - m), 0.0)
     # Empty splits never wrote their partial output: mask them out of the load (could be NaN).
-    part = tl.load(po_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                   mask=valid[:, None], other=0.0)
+    part = tl.load(po_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps
+                   + offs_d[None, :], mask=valid[:, None], other=0.0)
     denom = tl.sum(w, axis=0)
     out = tl.sum(part * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
     tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
@@ -174,6 +196,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         po, lse = o, o  # lse unused
         po_strides = (o.stride(0), o.stride(1), 0)
         lse_strides = (0, 0)
+        counters = o  # unused
     else:
         if workspace is None:
             workspace = alloc_decode_workspace(batch, num_heads, head_dim, num_splits, q.device)
@@ -183,24 +206,35 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         lse = lse_buf.view(-1)[:need].view(batch, num_heads, num_splits)
         po_strides = po.stride()[:3]
         lse_strides = lse.stride()[:2]
+        counters = _split_counters(q.device, batch * num_kv_heads)
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, context_lens, block_tables, po, lse,
+        q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
         scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         *po_strides, *lse_strides,
-        NUM_SPLITS=num_splits, G=group, G_PAD=g_pad, HEAD_DIM=head_dim,
+        o.stride(0), o.stride(1),
+        NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
+        NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=g_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if not direct:
-        _decode_reduce_kernel[(batch, num_heads)](
-            po, lse, o,
-            *po_strides, *lse_strides,
-            o.stride(0), o.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-            num_warps=4,
-        )
     return o
+
+
+_COUNTERS: dict = {}
+
+
+def _split_counters(device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per (sequence, kv head); each kernel call leaves them zero.
+
+    One buffer per device, made once outside any graph capture (splitting only happens while
+    batch * kv_heads is below the SM count, so the first size covers every later call). Calls
+    on one stream never overlap, which is what sharing the buffer needs."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf

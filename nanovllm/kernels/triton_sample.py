@@ -9,6 +9,21 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _fold(best, best_idx, logits_ptr, row, cols, vocab, stride_b, inv_t, greedy, u):
+    """Fold one quarter-block of scores into the running (max, argmax)."""
+    mask = cols < vocab
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_b + cols, mask=mask,
+                other=float("-inf")).to(tl.float32)
+    # Gumbel(0, 1) = -log(-log(u)); u == 0 gives -inf, which can never win.
+    g = -tl.log(-tl.log(u))
+    score = tl.where(greedy, x, x * inv_t + g)
+    score = tl.where(mask, score, float("-inf"))
+    # Strictly greater: an earlier (lower) index keeps a tie.
+    take = score > best
+    return tl.where(take, score, best), tl.where(take, cols, best_idx)
+
+
 @triton.jit(do_not_specialize=["seed"])
 def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, vocab, stride_b,
                           CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr):
@@ -18,22 +33,23 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, vocab, s
     temp = tl.load(temp_ptr + row)
     greedy = temp == 0
     inv_t = 1.0 / tl.where(greedy, 1.0, temp)
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK], tl.int32)
+    Q: tl.constexpr = BLOCK // 4
+    best = tl.full([Q], float("-inf"), tl.float32)
+    best_idx = tl.zeros([Q], tl.int32)
     lo = chunk * CHUNK
     for off in range(lo, lo + CHUNK, BLOCK):
-        cols = off + tl.arange(0, BLOCK)
-        mask = cols < vocab
-        x = tl.load(logits_ptr + row.to(tl.int64) * stride_b + cols, mask=mask,
-                    other=float("-inf")).to(tl.float32)
-        u = tl.rand(seed, row.to(tl.int64) * vocab + cols)
-        # Gumbel(0, 1) = -log(-log(u)); u == 0 gives -inf, which can never win.
-        g = -tl.log(-tl.log(u))
-        score = tl.where(greedy, x, x * inv_t + g)
-        score = tl.where(mask, score, float("-inf"))
-        take = score > best
-        best = tl.where(take, score, best)
-        best_idx = tl.where(take, cols, best_idx)
+        # One Philox call yields four uniforms: one per quarter of the block. Offsets
+        # row * vocab + off / 4 + j are distinct for every (row, block, j).
+        j = tl.arange(0, Q)
+        u0, u1, u2, u3 = tl.rand4x(seed, row.to(tl.int64) * vocab + off // 4 + j)
+        best, best_idx = _fold(best, best_idx, logits_ptr, row, off + j, vocab, stride_b,
+                               inv_t, greedy, u0)
+        best, best_idx = _fold(best, best_idx, logits_ptr, row, off + Q + j, vocab, stride_b,
+                               inv_t, greedy, u1)
+        best, best_idx = _fold(best, best_idx, logits_ptr, row, off + 2 * Q + j, vocab,
+                               stride_b, inv_t, greedy, u2)
+        best, best_idx = _fold(best, best_idx, logits_ptr, row, off + 3 * Q + j, vocab,
+                               stride_b, inv_t, greedy, u3)
     m = tl.max(best, 0)
     # Lowest index among the maxima keeps greedy ties deterministic.
     i = tl.min(tl.where(best == m, best_idx, 2147483647), 0)
