@@ -18,7 +18,7 @@ def main(path: str | None):
     }
     while not llm.is_finished():
         finished, num_tokens = llm.step()
-        for out in finished:  # the same output dicts generate() returns
+        for out in finished:  # the RequestOutputs generate() returns (dict access works)
             print(names[out["request_id"]], out["finish_reason"], repr(out["text"]))
     llm.shutdown()
 

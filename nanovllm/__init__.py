@@ -1,7 +1,8 @@
 """nanovllm: a compact, fast, tested LLM inference engine (nano-vLLM design)."""
+from nanovllm.outputs import CompletionOutput, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 
 def __getattr__(name):

@@ -1,6 +1,26 @@
 """The user-facing facade."""
 from nanovllm.engine.llm_engine import LLMEngine
+from nanovllm.engine.prompts import conversation_list
+from nanovllm.engine.tokenizer import render_chat
+from nanovllm.outputs import RequestOutput
 
 
 class LLM(LLMEngine):
     """`LLM(path, **config).generate(prompts, sampling_params)`, as in vLLM / nano-vLLM."""
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
+             chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of {"role", "content"} dicts) or a
+        list of conversations, through the chat template; one RequestOutput each."""
+        conversations = conversation_list(messages)
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise ValueError(f"chat_template must be None (the tokenizer's) or a Jinja template "
+                             f"string, got {type(chat_template).__name__}")
+        prompts = []
+        for conv in conversations:
+            text = render_chat(self.tokenizer, conv, chat_template, add_generation_prompt)
+            # The template already wrote every special token: add none while tokenizing.
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            prompts.append({"prompt_token_ids": ids, "prompt": text})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

@@ -1,16 +1,19 @@
 """LLMEngine: the step loop (schedule -> run -> postprocess), tokenizer and progress bar."""
 import atexit
 import logging
+from collections.abc import Iterable
 from numbers import Integral
 from time import perf_counter
 
 from tqdm.auto import tqdm
 
 from nanovllm.config import Config
+from nanovllm.engine.prompts import check_token_ids, parse_prompt, prompt_list
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.tokenizer import TextDecoder, load_tokenizer, resolve_eos_ids
 from nanovllm.engine.executor import create_executor
+from nanovllm.outputs import CompletionOutput, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -32,6 +35,7 @@ class LLMEngine:
         if self.async_scheduling is None:
             self.async_scheduling = config.tensor_parallel_size == 1 and self.executor.on_gpu
         self._in_flight = None  # (Launched, result handle) of the step on the device
+        self._aborted: list[Sequence] = []  # aborted requests whose output step() owes
         self._closed = False
         atexit.register(self.shutdown)
 
@@ -51,50 +55,67 @@ class LLMEngine:
         self.shutdown()
 
     # -- requests ---------------------------------------------------------------------------
-    def _make_sequence(self, prompt, sp: SamplingParams | None) -> Sequence:
+    def _make_sequence(self, prompt, sp: SamplingParams | None, priority=0) -> Sequence:
         """Tokenize and validate one request without touching engine state."""
         sp = SamplingParams() if sp is None else sp
         if not isinstance(sp, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
-        if isinstance(prompt, str):
+        if not isinstance(priority, Integral) or isinstance(priority, bool):
+            raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower is "
+                             f"scheduled first; default 0)")
+        text, token_ids = parse_prompt(prompt)
+        if token_ids is None:
             if self.tokenizer is None:
                 raise ValueError("this engine was created with skip_tokenizer_init=True: give "
-                                 "prompts as lists of token ids, not strings")
-            token_ids = self.tokenizer.encode(prompt)
-        elif _is_token_ids(prompt):
-            token_ids = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
-            vocab = self.config.hf_config.vocab_size
-            bad = [t for t in token_ids
-                   if not isinstance(t, Integral) or isinstance(t, bool) or not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
-            token_ids = [int(t) for t in token_ids]
+                                 "prompts as token ids (a list, or {'prompt_token_ids': [...]}), "
+                                 "not text")
+            token_ids = self.tokenizer.encode(text)
         else:
-            raise ValueError(f"a prompt must be a string or a list of token ids, got "
-                             f"{type(prompt).__name__}")
+            token_ids = check_token_ids(token_ids, self.config.hf_config.vocab_size)
         if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need the tokenizer, which skip_tokenizer_init=True "
                              "turned off: use stop_token_ids")
-        seq = Sequence(token_ids, sp, self.config.kvcache_block_size)
+        seq = Sequence(token_ids, sp, self.config.kvcache_block_size, priority=int(priority),
+                       prompt=text)
         self.scheduler.check(seq)
         return seq
 
-    def add_request(self, prompt: str | list[int],
-                    sampling_params: SamplingParams | None = None) -> int:
-        """Queue one request; returns its request id (the `request_id` of its output)."""
-        seq = self._make_sequence(prompt, sampling_params)
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None,
+                    priority: int = 0) -> int:
+        """Queue one request; returns its request id (the `request_id` of its output).
+        `prompt` takes any form generate() accepts for one prompt; a lower `priority` is
+        scheduled first (ties by arrival)."""
+        seq = self._make_sequence(prompt, sampling_params, priority)
         self.scheduler.add(seq)
         return seq.seq_id
 
-    def step(self) -> tuple[list[dict], int]:
-        """Run one step; returns (outputs of the requests that finished in it, tokens: > 0
-        prefill, < 0 decode). Outputs are the dicts `generate` returns, with `request_id`."""
+    def abort_request(self, request_id: int | Iterable[int]) -> None:
+        """Stop one request id or several now and free their KV blocks; each ends with
+        finish_reason "abort", its output returned by the next step(). Ids that are unknown
+        or already finished are ignored (as in vLLM)."""
+        ids = [request_id] if isinstance(request_id, Integral) else request_id
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise ValueError(f"request_id must be a request id (the int add_request returned) "
+                             f"or a list of them, got {type(request_id).__name__}")
+        ids = list(ids)
+        bad = [i for i in ids if not isinstance(i, Integral) or isinstance(i, bool)]
+        if bad:
+            raise ValueError(f"request ids are the ints add_request returned; got {bad[:5]!r}")
+        self._aborted += self.scheduler.abort({int(i) for i in ids})
+
+    def step(self) -> tuple[list[RequestOutput], int]:
+        """Run one step; returns (outputs of the requests that finished in it or were aborted
+        since the last step, tokens: > 0 prefill, < 0 decode). Outputs are the RequestOutputs
+        `generate` returns."""
         seqs, num_tokens = self._step()
+        seqs, self._aborted = self._aborted + seqs, []
         return [self._output(seq) for seq in seqs], num_tokens
 
     def _step(self) -> tuple[list[Sequence], int]:
         if self._closed:
             raise RuntimeError("this LLM has been shut down; create a new one")
+        if self.scheduler.is_finished() and self._in_flight is None:
+            return [], 0  # nothing to do (e.g. every request was aborted)
         seqs, is_prefill = self.scheduler.schedule()
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
         if not self.async_scheduling:
@@ -115,41 +136,51 @@ class LLMEngine:
         """Record a step's sampled tokens; returns the sequences that finished."""
         finished = self.scheduler.on_result(launched, token_ids)
         for seq in launched.seqs:
-            if seq.sampling_params.stop and not seq.is_finished and self.text.stop_string_hit(seq):
-                self.scheduler.finish(seq, "stop")
-                finished.append(seq)
+            if seq.sampling_params.stop and not seq.is_finished:
+                stop = self.text.stop_string_hit(seq)
+                if stop is not None:
+                    self.scheduler.finish(seq, "stop", stop)
+                    finished.append(seq)
         return finished
 
     def is_finished(self) -> bool:
-        """True when no request is waiting, running or in flight."""
-        return self.scheduler.is_finished() and self._in_flight is None
+        """True when no request is waiting, running or in flight, and step() owes no output."""
+        return self.scheduler.is_finished() and self._in_flight is None and not self._aborted
 
     # -- outputs ----------------------------------------------------------------------------
-    def _output(self, seq: Sequence) -> dict:
-        return {"request_id": seq.seq_id, "text": self.text.completion_text(seq),
-                "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason}
+    def _output(self, seq: Sequence) -> RequestOutput:
+        completion = CompletionOutput(
+            index=0, text=self.text.completion_text(seq), token_ids=seq.completion_token_ids,
+            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+        return RequestOutput(request_id=seq.seq_id, prompt=seq.prompt,
+                             prompt_token_ids=seq.prompt_token_ids, outputs=[completion],
+                             finished=seq.is_finished)
 
     # -- batch API --------------------------------------------------------------------------
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[dict]:
-        """Complete every prompt; returns dicts (request_id, text, token_ids, finish_reason) in
-        input order. `prompts` is one prompt or an iterable of them (strings or token-id
-        lists); `sampling_params` is one SamplingParams or a list with one per prompt."""
-        if not self.scheduler.is_finished():
-            pending = len(self.scheduler.waiting) + len(self.scheduler.running)
-            raise ValueError(f"{pending} request(s) queued with add_request() are still pending: "
-                             "finish them with step() until is_finished() (or abort_all()) "
-                             "before calling generate(), which would otherwise run them and "
-                             "drop their outputs")
-        prompts = _prompt_list(prompts)
-        if isinstance(sampling_params, (list, tuple)):
-            if len(sampling_params) != len(prompts):
-                raise ValueError(f"got {len(sampling_params)} sampling_params for "
-                                 f"{len(prompts)} prompts")
-            sps = list(sampling_params)
-        else:
-            sps = [sampling_params] * len(prompts)
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
+                 priority: list[int] | None = None) -> list[RequestOutput]:
+        """Complete every prompt; returns RequestOutputs in input order. `prompts` is one
+        prompt or an iterable of them (strings, token-id lists, {"prompt": ...} or
+        {"prompt_token_ids": ...} dicts); `sampling_params` is one SamplingParams or a list
+        with one per prompt; `priority` is None or a list with one int per prompt."""
+        if not self.is_finished():
+            pending = (len(self.scheduler.waiting) + len(self.scheduler.running)
+                       + len(self._aborted))
+            raise ValueError(f"{pending} request(s) queued with add_request() are still pending "
+                             "(an aborted one until step() has returned its output): finish "
+                             "them with step() until is_finished() (or abort_all()) before "
+                             "calling generate(), which would otherwise drop their outputs")
+        prompts = prompt_list(prompts)
+        sps = _per_prompt("sampling_params", sampling_params, len(prompts))
+        if priority is not None and (isinstance(priority, (str, bytes, Integral))
+                                     or not isinstance(priority, Iterable)):
+            raise ValueError(f"priority must be None or a list with one int per prompt, got "
+                             f"{type(priority).__name__}")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
         # Validate everything before queueing anything: a bad request leaves no trace.
-        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, sps)]
+        seqs = [self._make_sequence(p, sp, pr) for p, sp, pr in zip(prompts, sps, priorities)]
         for seq in seqs:
             self.scheduler.add(seq)
         bar = tqdm(total=len(seqs), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
@@ -175,30 +206,21 @@ class LLMEngine:
         return [self._output(seq) for seq in seqs]
 
     def abort_all(self) -> None:
-        """Drop every queued and running request, freeing their blocks."""
+        """Drop every queued and running request, freeing their blocks; unlike
+        abort_request, their outputs are dropped too (step() returns none of them)."""
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "abort")
+        self._aborted = []
         if self._in_flight is not None:  # its results would only land on finished requests
             self._in_flight = None
             self.scheduler.num_in_flight -= 1
 
 
-def _is_token_ids(prompt) -> bool:
-    """A list/tuple of ids, or a 1-D integer array (numpy or torch)."""
-    if isinstance(prompt, (list, tuple)):
-        return True
-    return getattr(prompt, "ndim", None) == 1 and hasattr(prompt, "tolist")
-
-
-def _prompt_list(prompts) -> list:
-    """generate()'s first argument as a list of prompts: one prompt, or any iterable."""
-    if isinstance(prompts, str):
-        return [prompts]  # one prompt, as vLLM accepts it: one output
-    if prompts is None or isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__iter__"):
-        raise ValueError(f"prompts must be a string or an iterable of prompts (strings or "
-                         f"token-id lists), got {type(prompts).__name__}")
-    prompts = list(prompts)
-    if prompts and isinstance(prompts[0], Integral):
-        raise ValueError("prompts is a flat list of token ids: pass a list of prompts, e.g. "
-                         "generate([token_ids]) for one token-id prompt")
-    return prompts
+def _per_prompt(name: str, value, n: int) -> list:
+    """One value for every prompt, or a list with one per prompt."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"got {len(value)} {name} for {n} prompts: give one, or one per "
+                             f"prompt")
+        return list(value)
+    return [value] * n

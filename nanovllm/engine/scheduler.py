@@ -1,13 +1,17 @@
 """Decides which sequences run each step. No torch here.
 
-Policy (nano-vLLM's, plus chunked prefill): a step is either all prefill or all decode.
-Prefill has priority: sequences whose prompt is only partly computed continue first, then
-waiting requests are admitted in arrival order while blocks, `max_num_seqs` and the
-`max_num_batched_tokens` budget allow; a prompt longer than the remaining budget is cut
-into chunks over several steps. When no prefill work fits, every running sequence decodes
-one token; if a block cannot be found, the most recently admitted sequence is preempted
-(its blocks freed; it is recomputed later from the front of the waiting queue).
+Policy (nano-vLLM's, plus chunked prefill and vLLM's request priorities): a step is either
+all prefill or all decode. Both queues are kept in (priority, arrival) order: a lower
+priority value first, ties by arrival; with every priority 0 (the default) that is plain
+arrival order. Prefill has precedence: sequences whose prompt is only partly computed
+continue first, then waiting requests are admitted in queue order while blocks,
+`max_num_seqs` and the `max_num_batched_tokens` budget allow; a prompt longer than the
+remaining budget is cut into chunks over several steps. When no prefill work fits, every
+running sequence decodes one token; if a block cannot be found, the last running sequence in
+that order (lowest priority, latest arrival) is preempted: its blocks are freed and it waits
+in its place in the waiting queue to be recomputed.
 """
+import bisect
 from collections import deque
 
 from nanovllm.engine.block_manager import BlockManager
@@ -39,7 +43,7 @@ class Scheduler:
         """Queue a request, rejecting one that could never complete."""
         self.check(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        _insert(self.waiting, seq)
 
     def check(self, seq: Sequence) -> None:
         """Raise ValueError if seq could never complete with this cache and max_model_len."""
@@ -94,7 +98,7 @@ class Scheduler:
             budget -= seq.num_scheduled_tokens
             seq.status = SequenceStatus.RUNNING
             self.waiting.popleft()
-            self.running.append(seq)
+            _insert(self.running, seq)
             scheduled.append(seq)
         return scheduled
 
@@ -106,6 +110,8 @@ class Scheduler:
             if seq.num_pending and self._length_done(seq):
                 kept.append(seq)  # its pending token is its last: it ends with its result
                 continue
+            # running is in priority order and seq came off its front: the sequences still
+            # in it rank lowest, so the victim is the last of them (or seq itself).
             while not self.block_manager.can_append(seq):
                 if self.running:
                     self.preempt(self.running.pop())
@@ -121,12 +127,13 @@ class Scheduler:
         return scheduled
 
     def preempt(self, seq: Sequence) -> None:
-        """Free seq's blocks and put it first in line to be recomputed."""
+        """Free seq's blocks and put it back in line (by priority and arrival, so with equal
+        priorities ahead of every request not yet admitted) to be recomputed."""
         seq.status = SequenceStatus.WAITING
         seq.num_scheduled_tokens = 0
         self.num_preemptions += 1
         self.block_manager.deallocate(seq)
-        self.waiting.appendleft(seq)
+        _insert(self.waiting, seq)
 
     # -- after the model ran ----------------------------------------------------------------
     def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
@@ -160,11 +167,11 @@ class Scheduler:
             self.block_manager.commit(seq)  # after the fill: every hashed token is known
             if not real:
                 continue
-            reason = self._finish_reason(seq, token_id)
+            reason, stop_reason = self._finish_reason(seq, token_id)
             if reason is not None:
                 if seq.status is SequenceStatus.WAITING:  # preempted while in flight
                     self.waiting.remove(seq)
-                self._finish(seq, reason)
+                self._finish(seq, reason, stop_reason)
                 finished.append(seq)
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
@@ -175,34 +182,56 @@ class Scheduler:
         return (seq.num_completion_tokens >= seq.sampling_params.max_tokens
                 or seq.num_tokens >= self.max_model_len)
 
-    def _finish_reason(self, seq: Sequence, token_id: int) -> str | None:
+    def _finish_reason(self, seq: Sequence, token_id: int) -> tuple[str | None, int | None]:
+        """(finish reason or None, stop reason): as in vLLM, an end token stops with stop
+        reason None and a stop token id with that id."""
         sp = seq.sampling_params
-        if (not sp.ignore_eos and token_id in self.eos_ids) or token_id in sp.stop_token_ids:
-            return "stop"
+        if not sp.ignore_eos and token_id in self.eos_ids:
+            return "stop", None
+        if token_id in sp.stop_token_ids:
+            return "stop", token_id
         # Count only known tokens: a later step may already have a pending one in flight.
         known = seq.num_tokens - seq.num_pending
         if known - seq.num_prompt_tokens >= sp.max_tokens or known >= self.max_model_len:
-            return "length"
-        return None
+            return "length", None
+        return None, None
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         seq.drop_pending()
         seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        self.block_manager.deallocate(seq)
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self.block_manager.deallocate(seq)  # a waiting sequence holds none: a no-op
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        """End a running or waiting sequence early (e.g. a stop string matched)."""
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """End a running or waiting sequence early (a stop string matched, or an abort)."""
         if seq.is_finished:
             return
-        if seq in self.waiting:
+        if seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-            seq.drop_pending()
-            seq.status = SequenceStatus.FINISHED
-            seq.finish_reason = reason
-            return
-        self._finish(seq, reason)
-        self.running = deque(s for s in self.running if s is not seq)
+        else:
+            self.running = deque(s for s in self.running if s is not seq)
+        self._finish(seq, reason, stop_reason)
+
+    def abort(self, request_ids: set[int]) -> list[Sequence]:
+        """Finish the waiting and running requests with these ids ("abort"), freeing their
+        blocks now; returns them. Ids of finished or unknown requests are ignored. A step in
+        flight that holds one of them is harmless: on_result skips finished sequences."""
+        seqs = [s for s in (*self.running, *self.waiting) if s.seq_id in request_ids]
+        for seq in seqs:
+            self.finish(seq, "abort")
+        return seqs
+
+
+def _insert(queue: deque[Sequence], seq: Sequence) -> None:
+    """Put seq in its place in a queue kept in sort_key order."""
+    key = seq.sort_key
+    # The common cases (all priorities equal: a new arrival, a preempted sequence) are O(1).
+    if not queue or queue[-1].sort_key <= key:
+        queue.append(seq)
+    elif key < queue[0].sort_key:
+        queue.appendleft(seq)
+    else:
+        queue.insert(bisect.bisect_right(queue, key, key=lambda s: s.sort_key), seq)
 
 
 class Launched:

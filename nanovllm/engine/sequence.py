@@ -23,8 +23,11 @@ class Sequence:
     counter = count()
 
     def __init__(self, token_ids: list[int], sampling_params: SamplingParams | None = None,
-                 block_size: int = 256):
+                 block_size: int = 256, *, priority: int = 0, prompt: str | None = None):
         self.seq_id = next(Sequence.counter)
+        # vLLM's rule: a lower value is scheduled first; ties go by arrival (seq_id).
+        self.priority = priority
+        self.prompt = prompt  # the prompt text, when it was given as text (for outputs)
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.last_token = self.token_ids[-1] if self.token_ids else -1
@@ -40,6 +43,8 @@ class Sequence:
         # live on the device until the results come back; PLACEHOLDER stands in for them.
         self.num_pending = 0
         self.finish_reason: str | None = None
+        # What ended a "stop": the stop token id or stop string (None for an end token).
+        self.stop_reason: int | str | None = None
         self.sampling_params = sampling_params or SamplingParams()
 
     def __len__(self) -> int:
@@ -51,6 +56,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        """Scheduling order: priority (lower first), then arrival."""
+        return self.priority, self.seq_id
 
     @property
     def num_completion_tokens(self) -> int:

@@ -53,15 +53,38 @@ class TextDecoder:
         n = len(self.tokenizer)
         return self.tokenizer.decode([t for t in token_ids if t < n], skip_special_tokens=True)
 
-    def stop_string_hit(self, seq: Sequence) -> bool:
-        """Whether the end of seq's completion contains one of its stop strings."""
+    def stop_string_hit(self, seq: Sequence) -> str | None:
+        """The stop string the end of seq's completion contains (the one that starts first,
+        where the text is cut), or None."""
         stops = seq.sampling_params.stop
         window = max(len(s) for s in stops) + 8
         tail = self.decode(seq.completion_token_ids[-window:])
-        return any(s in tail for s in stops)
+        found = [(tail.find(s), i) for i, s in enumerate(stops) if s in tail]
+        return stops[min(found)[1]] if found else None
 
     def completion_text(self, seq: Sequence) -> str:
         """seq's completion text, ending before the first stop string it contains."""
         text = self.decode(seq.completion_token_ids)
         cuts = [text.find(s) for s in seq.sampling_params.stop if s in text]
         return text[: min(cuts)] if cuts else text
+
+
+def render_chat(tokenizer, conversation: list[dict], chat_template: str | None,
+                add_generation_prompt: bool) -> str:
+    """One conversation as prompt text, through the tokenizer's (or the given) chat template."""
+    if tokenizer is None:
+        raise ValueError("chat() needs the tokenizer, which skip_tokenizer_init=True turned "
+                         "off: apply a chat template yourself and pass token ids to generate()")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template: pass one to chat() as "
+                         "chat_template=<a Jinja template string>, or use generate() with "
+                         "plain prompts")
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(conversation, chat_template=chat_template,
+                                             tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except TemplateError as e:
+        raise ValueError(f"the chat template failed on this conversation ({e}); check the "
+                         f"template and the messages' roles") from e

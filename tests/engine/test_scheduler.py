@@ -29,15 +29,19 @@ def fake_model(seq: Sequence) -> int:
     return (sum(known) * 31 + len(known)) % 97
 
 
-def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False):
+def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False,
+             abort_rate=0.0):
     """Run the scheduler to completion, checking every step's invariants. With lag, each
-    step's results arrive only after the next step was scheduled (async scheduling)."""
+    step's results arrive only after the next step was scheduled (async scheduling); with
+    abort_rate, a random live request is aborted after that share of the steps."""
     for s in seqs:
         sched.add(s)
     computed = {s.seq_id: [] for s in seqs}  # positions computed since the last (re)start
     original_preempt = sched.preempt
 
     def preempt(seq):
+        # The victim ranks lowest (largest (priority, arrival)) of what is still running.
+        assert all(seq.sort_key >= s.sort_key for s in sched.running)
         computed[seq.seq_id] = []
         original_preempt(seq)
 
@@ -47,8 +51,19 @@ def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False):
     for _ in range(max_steps):
         if sched.is_finished() and in_flight is None:
             break
+        if abort_rate and rng.random() < abort_rate:
+            live = [s for s in seqs if not s.is_finished]
+            if live:
+                victim = rng.choice(live)
+                assert sched.abort({victim.seq_id, -5}) == [victim]
+                assert victim.finish_reason == "abort" and not victim.block_table
+        if sched.is_finished() and in_flight is None:
+            break
         batch, is_prefill = sched.schedule()
         assert batch or in_flight, "nothing scheduled and nothing to wait for"
+        for queue in (sched.waiting, sched.running):
+            keys = [s.sort_key for s in queue]
+            assert keys == sorted(keys), "queues stay in (priority, arrival) order"
         assert len(batch) <= cfg.max_num_seqs
         assert len({s.seq_id for s in batch}) == len(batch)
         assert sum(s.num_scheduled_tokens for s in batch) <= cfg.max_num_batched_tokens
@@ -92,7 +107,7 @@ def expected_completion(prompt, max_tokens):
     return s.completion_token_ids
 
 
-def make_seqs(rng, n, cfg, max_prompt=100, shared_prefix=True):
+def make_seqs(rng, n, cfg, max_prompt=100, shared_prefix=True, priorities=(0,)):
     prefix = [rng.randrange(97) for _ in range(40)]
     out = []
     for _ in range(n):
@@ -100,13 +115,14 @@ def make_seqs(rng, n, cfg, max_prompt=100, shared_prefix=True):
         if shared_prefix and rng.random() < 0.5:
             p = prefix[: rng.randrange(1, 41)] + p
         out.append(Sequence(p, SamplingParams(max_tokens=rng.randrange(1, 40), ignore_eos=True),
-                            block_size=cfg.kvcache_block_size))
+                            block_size=cfg.kvcache_block_size, priority=rng.choice(priorities)))
     return out
 
 
 @pytest.mark.parametrize("lag", [False, True], ids=["sync", "lag"])
+@pytest.mark.parametrize("mix", ["fcfs", "priority+abort"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_runs_keep_invariants_and_tokens(seed, lag):
+def test_random_runs_keep_invariants_and_tokens(seed, mix, lag):
     rng = random.Random(seed)
     cfg = sched_config(
         max_num_seqs=rng.choice([1, 3, 8]),
@@ -116,14 +132,22 @@ def test_random_runs_keep_invariants_and_tokens(seed, lag):
         enable_prefix_caching=rng.random() < 0.7,
     )
     sched = make_scheduler(cfg)
-    seqs = make_seqs(rng, 25, cfg)
-    simulate(sched, seqs, cfg, rng, lag=lag)
+    mixed = mix != "fcfs"
+    seqs = make_seqs(rng, 25, cfg, priorities=(-3, 0, 0, 2, 7) if mixed else (0,))
+    simulate(sched, seqs, cfg, rng, lag=lag, abort_rate=0.03 if mixed else 0.0)
     assert sched.num_in_flight == 0
     for s in seqs:
+        want = expected_completion(s.prompt_token_ids, s.sampling_params.max_tokens)
+        if s.finish_reason == "abort":
+            # An abort keeps the tokens known so far; nothing in flight leaks into them.
+            assert want[: len(s.completion_token_ids)] == s.completion_token_ids
+            assert s.num_pending == 0
+            continue
         assert s.finish_reason == "length"
         # Preempted-and-recomputed sequences resume with exactly the same tokens.
-        assert s.completion_token_ids == expected_completion(s.prompt_token_ids,
-                                                             s.sampling_params.max_tokens)
+        assert s.completion_token_ids == want
+    if mixed:
+        assert any(s.finish_reason == "abort" for s in seqs)  # the aborts did happen
 
 
 def test_chunked_prefill_of_a_long_prompt_and_a_second_one():
@@ -178,11 +202,13 @@ def test_finish_reasons():
     batch, _ = sched.schedule()
     sched.postprocess(batch, [5, 9, 5, 5])
     assert (eos.finish_reason, stop.finish_reason) == ("stop", "stop")
+    assert (eos.stop_reason, stop.stop_reason) == (None, 9)  # vLLM: an end token has none
     assert ign.finish_reason is None and not ign.is_finished
     while not sched.is_finished():
         batch, _ = sched.schedule()
         sched.postprocess(batch, [5] * len(batch))
     assert ign.finish_reason == "length" and len(ign.completion_token_ids) == 3
+    assert ign.stop_reason is None
     assert longseq.finish_reason == "length" and len(longseq) == 20  # hit max_model_len
     assert sched.block_manager.num_free_blocks == 8
 
@@ -209,3 +235,76 @@ def test_prefix_hit_in_scheduler_skips_cached_tokens():
     sched.add(b)
     batch, _ = sched.schedule()
     assert batch == [b] and b.num_cached_tokens == 32 and b.num_scheduled_tokens == 9
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival():
+    cfg = sched_config(max_num_seqs=1, num_kvcache_blocks=16)
+    sched = make_scheduler(cfg)
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    seqs = {name: Sequence([i + 1, i + 2], one, block_size=16, priority=p)
+            for i, (name, p) in enumerate([("a", 0), ("b", -1), ("c", 0), ("d", -1), ("e", 3)])}
+    for s in seqs.values():
+        sched.add(s)
+    order = []
+    while not sched.is_finished():
+        batch, _ = sched.schedule()
+        order += [name for name, s in seqs.items() if s in batch]
+        sched.postprocess(batch, [0] * len(batch))
+    assert order == ["b", "d", "a", "c", "e"]
+
+
+def test_preemption_evicts_the_lowest_priority_even_if_it_came_first():
+    cfg = sched_config(num_kvcache_blocks=4, max_num_seqs=4)
+    sched = make_scheduler(cfg)
+    sp = SamplingParams(max_tokens=30, ignore_eos=True)
+    a = Sequence(list(range(16)), sp, block_size=16, priority=5)  # first, but lowest priority
+    b = Sequence(list(range(20, 36)), sp, block_size=16)
+    c = Sequence(list(range(40, 56)), sp, block_size=16)
+    for s in (a, b, c):
+        sched.add(s)
+    batch, is_prefill = sched.schedule()
+    assert is_prefill and batch == [b, c, a]  # admitted in priority order
+    sched.postprocess(batch, [1, 1, 1])
+    # One 40-token request (3 blocks) arrives with a middling priority: it cannot fit now.
+    d = Sequence(list(range(60, 100)), SamplingParams(max_tokens=8), block_size=16, priority=1)
+    sched.add(d)
+    # Each of a, b, c needs a second block for its 17th token; only one is free.
+    batch, is_prefill = sched.schedule()
+    assert not is_prefill and batch == [b, c]
+    assert a.status == SequenceStatus.WAITING and not a.block_table
+    # a waits behind d, which outranks it, though a arrived first.
+    assert list(sched.waiting) == [d, a]
+
+
+def test_equal_priorities_are_first_come_first_served():
+    cfg = sched_config(max_num_seqs=2, num_kvcache_blocks=16)
+    sched = make_scheduler(cfg)
+    seqs = [Sequence([7, i], SamplingParams(max_tokens=1), block_size=16, priority=4)
+            for i in range(5)]
+    for s in reversed(seqs):  # arrival is creation order (the request id), not add order
+        sched.add(s)
+    assert list(sched.waiting) == seqs
+
+
+def test_abort_frees_blocks_of_waiting_running_and_in_flight_requests():
+    cfg = sched_config(num_kvcache_blocks=8, max_num_seqs=2)
+    sched = make_scheduler(cfg)
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    run1, run2, wait = (Sequence(list(range(k, k + 20)), sp, block_size=16)
+                        for k in (0, 30, 60))
+    for s in (run1, run2, wait):
+        sched.add(s)
+    batch, _ = sched.schedule()
+    assert batch == [run1, run2]
+    launched = sched.on_launch(batch)  # in flight: each holds a pending token
+    assert sched.abort({wait.seq_id, run1.seq_id, 12345}) == [run1, wait]
+    assert [s.finish_reason for s in (run1, wait)] == ["abort", "abort"]
+    assert run1.num_pending == 0 and len(run1) == 20  # the in-flight token is dropped
+    assert list(sched.running) == [run2] and not sched.waiting
+    # The late result of the aborted request is ignored; the other one's is kept.
+    assert sched.on_result(launched, [3, 4]) == []
+    assert run1.completion_token_ids == [] and run2.completion_token_ids == [4]
+    assert sched.abort({run1.seq_id}) == []  # already finished: a no-op
+    sched.abort({run2.seq_id})
+    bm = sched.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and sched.is_finished()

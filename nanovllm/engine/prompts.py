@@ -1,0 +1,103 @@
+"""The prompt forms generate() and chat() accept, checked before anything is queued.
+
+A prompt is a string, a list (or 1-D array) of token ids, or one of vLLM's prompt dicts:
+{"prompt": text} or {"prompt_token_ids": ids} (optionally with "prompt": the text those ids
+came from, reported back in the output). No torch here.
+"""
+from collections.abc import Mapping
+from numbers import Integral
+
+ACCEPTED = ('a string, a list of token ids, {"prompt": str} or {"prompt_token_ids": '
+            '[int, ...]} (optionally with "prompt": the text those ids came from)')
+
+
+def prompt_list(prompts) -> list:
+    """generate()'s first argument as a list of prompts: one prompt, or any iterable."""
+    if isinstance(prompts, (str, Mapping)):
+        return [prompts]  # one prompt, as vLLM accepts it: one output
+    if prompts is None or isinstance(prompts, bytes) or not hasattr(prompts, "__iter__"):
+        raise ValueError(f"prompts must be one prompt or an iterable of prompts (each {ACCEPTED}"
+                         f"), got {type(prompts).__name__}")
+    prompts = list(prompts)
+    if prompts and isinstance(prompts[0], Integral):
+        raise ValueError("prompts is a flat list of token ids: pass a list of prompts, e.g. "
+                         "generate([token_ids]) or generate({'prompt_token_ids': token_ids}) "
+                         "for one token-id prompt")
+    return prompts
+
+
+def parse_prompt(prompt) -> tuple[str | None, list | None]:
+    """(text, token ids) of one prompt; token ids are None when the text must be tokenized,
+    text is None when only ids were given. The ids are not checked here (see check_token_ids)."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if _is_token_ids(prompt):
+        return None, list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
+    if not isinstance(prompt, Mapping):
+        raise ValueError(f"a prompt must be {ACCEPTED}; got {type(prompt).__name__}")
+    unknown = sorted(map(str, set(prompt) - {"prompt", "prompt_token_ids"}))
+    if unknown:
+        raise ValueError(f"prompt dict has unsupported key(s) {unknown}: a prompt must be "
+                         f"{ACCEPTED}")
+    text = prompt.get("prompt")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f'prompt dict: "prompt" must be a string, got {type(text).__name__}')
+    if "prompt_token_ids" not in prompt:
+        if text is None:
+            raise ValueError(f"prompt dict is empty: a prompt must be {ACCEPTED}")
+        return text, None
+    ids = prompt["prompt_token_ids"]
+    if not _is_token_ids(ids):
+        raise ValueError(f'prompt dict: "prompt_token_ids" must be a list of token ids, got '
+                         f"{type(ids).__name__}")
+    return text, list(ids.tolist() if hasattr(ids, "tolist") else ids)
+
+
+def check_token_ids(token_ids: list, vocab_size: int) -> list[int]:
+    """token_ids as plain ints, or ValueError naming the ones outside [0, vocab_size)."""
+    bad = [t for t in token_ids
+           if not isinstance(t, Integral) or isinstance(t, bool) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
+    return [int(t) for t in token_ids]
+
+
+def conversation_list(messages) -> list[list[dict]]:
+    """chat()'s first argument (one conversation, or a list of them) as a list of them."""
+    if isinstance(messages, Mapping) or isinstance(messages, (str, bytes)) or \
+            not hasattr(messages, "__iter__"):
+        raise ValueError(_chat_hint(f"got {type(messages).__name__}"))
+    messages = list(messages)
+    if not messages:
+        raise ValueError(_chat_hint("got an empty list"))
+    single = isinstance(messages[0], Mapping)
+    conversations = [messages] if single else [_as_list(c) for c in messages]
+    for i, conv in enumerate(conversations):
+        where = "" if single else f"conversation {i}: "
+        if not conv:
+            raise ValueError(_chat_hint(f"{where}it has no messages"))
+        for j, m in enumerate(conv):
+            if not isinstance(m, Mapping):
+                raise ValueError(_chat_hint(f"{where}message {j} is a {type(m).__name__}"))
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError(_chat_hint(f'{where}message {j} needs a string "role" and a '
+                                            f'string "content" (got {dict(m)!r:.80})'))
+    return [[dict(m) for m in conv] for conv in conversations]
+
+
+def _as_list(conv) -> list:
+    if isinstance(conv, (str, bytes, Mapping)) or not hasattr(conv, "__iter__"):
+        raise ValueError(_chat_hint(f"an item is a {type(conv).__name__}, not a conversation"))
+    return list(conv)
+
+
+def _chat_hint(problem: str) -> str:
+    return ('chat() takes one conversation (a list of {"role": ..., "content": ...} dicts) or '
+            f"a list of conversations; {problem}")
+
+
+def _is_token_ids(prompt) -> bool:
+    """A list/tuple of ids, or a 1-D integer array (numpy or torch)."""
+    if isinstance(prompt, (list, tuple)):
+        return True
+    return getattr(prompt, "ndim", None) == 1 and hasattr(prompt, "tolist")
