@@ -1,7 +1,7 @@
 """Per-request sampling settings, with vLLM's names and meanings."""
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
 
 
@@ -18,6 +18,9 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] | None = None
     stop: list[str] | str | None = None
+    # Completions per prompt. Last, unlike vLLM, so nano-vLLM's positional
+    # SamplingParams(temperature, ...) keeps its meaning.
+    n: int = 1
 
     def __post_init__(self):
         self.stop = self._as_list("stop", self.stop, str)
@@ -26,7 +29,7 @@ class SamplingParams:
         # Plain Python numbers from here on (numpy scalars are accepted above).
         self.temperature, self.top_p, self.min_p = (
             float(self.temperature), float(self.top_p), float(self.min_p))
-        self.top_k, self.max_tokens = int(self.top_k), int(self.max_tokens)
+        self.n, self.top_k, self.max_tokens = int(self.n), int(self.top_k), int(self.max_tokens)
         self.seed = None if self.seed is None else int(self.seed)
 
     @staticmethod
@@ -49,6 +52,8 @@ class SamplingParams:
         def bad(field, value, allowed):
             raise ValueError(f"SamplingParams.{field}={value!r} is invalid: must be {allowed}.")
 
+        if not _is_int(self.n) or self.n < 1:
+            bad("n", self.n, "an integer >= 1 (the number of completions per prompt)")
         if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
             bad("temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
@@ -67,6 +72,12 @@ class SamplingParams:
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", self.stop, "a string or a list of non-empty strings")
+
+    def for_sample(self, index: int) -> "SamplingParams":
+        """The params of parallel sample `index` (n=1): with a seed s, its seed is s + index,
+        as vLLM seeds the child requests of n > 1, so samples differ and are reproducible."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed)
 
     @property
     def greedy(self) -> bool:

@@ -129,6 +129,29 @@ class BlockManager:
         seq.num_cached_tokens = len(hits) * self.block_size
         self.num_hit_tokens += seq.num_cached_tokens
 
+    @staticmethod
+    def _num_fork_shared(child: Sequence) -> int:
+        """Prompt blocks a forked sample shares: those that end before the last prompt token,
+        whose K/V it would compute the same; the last token must be computed (for logits)."""
+        return (child.num_prompt_tokens - 1) // child.block_size
+
+    def can_fork(self, child: Sequence) -> bool:
+        """Whether fork(parent, child) finds its fresh blocks (one: the last prompt block's)."""
+        return child.num_blocks - self._num_fork_shared(child) <= self.num_free_blocks
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give child, a new sample of parent's request (holding only the prompt), parent's
+        computed prompt blocks before the last token's by reference, and fresh blocks for
+        the rest, which child computes itself (1..block_size tokens). Needs no prefix cache."""
+        assert not child.block_table, "sequence already holds blocks"
+        shared = self._num_fork_shared(child)
+        assert parent.num_cached_tokens >= shared * self.block_size, "parent prompt not computed"
+        for block_id in parent.block_table[:shared]:
+            self.blocks[block_id].ref_count += 1  # held by parent: never on the free list
+        fresh = [self._take_free_block() for _ in range(child.num_blocks - shared)]
+        child.block_table = parent.block_table[:shared] + fresh
+        child.num_cached_tokens = shared * self.block_size
+
     def deallocate(self, seq: Sequence) -> None:
         """Drop seq's references; blocks whose count hits zero go back to the free list."""
         # Last blocks first, so a prefix shared by many requests is the last to be evicted.

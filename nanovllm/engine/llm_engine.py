@@ -106,10 +106,10 @@ class LLMEngine:
     def step(self) -> tuple[list[RequestOutput], int]:
         """Run one step; returns (outputs of the requests that finished in it or were aborted
         since the last step, tokens: > 0 prefill, < 0 decode). Outputs are the RequestOutputs
-        `generate` returns."""
+        `generate` returns; a request with n > 1 comes back once, when its last sample ends."""
         seqs, num_tokens = self._step()
         seqs, self._aborted = self._aborted + seqs, []
-        return [self._output(seq) for seq in seqs], num_tokens
+        return [self._output(req) for req in _finished_requests(seqs)], num_tokens
 
     def _step(self) -> tuple[list[Sequence], int]:
         if self._closed:
@@ -148,13 +148,18 @@ class LLMEngine:
         return self.scheduler.is_finished() and self._in_flight is None and not self._aborted
 
     # -- outputs ----------------------------------------------------------------------------
-    def _output(self, seq: Sequence) -> RequestOutput:
-        completion = CompletionOutput(
-            index=0, text=self.text.completion_text(seq), token_ids=seq.completion_token_ids,
-            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
-        return RequestOutput(request_id=seq.seq_id, prompt=seq.prompt,
-                             prompt_token_ids=seq.prompt_token_ids, outputs=[completion],
-                             finished=seq.is_finished)
+    def _output(self, req: Sequence) -> RequestOutput:
+        """req's RequestOutput (req: a request's first sample), one completion per sample."""
+        completions = [CompletionOutput(
+            index=s.index, text=self.text.completion_text(s), token_ids=s.completion_token_ids,
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason) for s in req.samples]
+        # Samples never forked: the request was aborted before its prompt was computed.
+        completions += [CompletionOutput(index=i, text="", token_ids=[],
+                                         finish_reason=req.finish_reason)
+                        for i in range(len(req.samples), req.sampling_params.n)]
+        return RequestOutput(request_id=req.seq_id, prompt=req.prompt,
+                             prompt_token_ids=req.prompt_token_ids, outputs=completions,
+                             finished=req.request_finished)
 
     # -- batch API --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
@@ -164,8 +169,8 @@ class LLMEngine:
         {"prompt_token_ids": ...} dicts); `sampling_params` is one SamplingParams or a list
         with one per prompt; `priority` is None or a list with one int per prompt."""
         if not self.is_finished():
-            pending = (len(self.scheduler.waiting) + len(self.scheduler.running)
-                       + len(self._aborted))
+            live = (*self.scheduler.waiting, *self.scheduler.running, *self._aborted)
+            pending = len({s.request_id for s in live})
             raise ValueError(f"{pending} request(s) queued with add_request() are still pending "
                              "(an aborted one until step() has returned its output): finish "
                              "them with step() until is_finished() (or abort_all()) before "
@@ -197,7 +202,7 @@ class LLMEngine:
                 # refresh=False: redraw at tqdm's own pace, not on every step.
                 bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s",
                                 refresh=False)
-                bar.update(len(finished))
+                bar.update(len(_finished_requests(finished)))
         except BaseException:
             self.abort_all()
             raise
@@ -214,6 +219,13 @@ class LLMEngine:
         if self._in_flight is not None:  # its results would only land on finished requests
             self._in_flight = None
             self.scheduler.num_in_flight -= 1
+
+
+def _finished_requests(seqs: list[Sequence]) -> list[Sequence]:
+    """The requests (first samples), in order of first mention, that seqs, the samples that
+    just ended, completed: each request once, when its last sample ends."""
+    reqs = {s.request_id: s.request for s in seqs if s.request_finished}
+    return list(reqs.values())
 
 
 def _per_prompt(name: str, value, n: int) -> list:

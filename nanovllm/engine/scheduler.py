@@ -10,6 +10,13 @@ remaining budget is cut into chunks over several steps. When no prefill work fit
 running sequence decodes one token; if a block cannot be found, the last running sequence in
 that order (lowest priority, latest arrival) is preempted: its blocks are freed and it waits
 in its place in the waiting queue to be recomputed.
+
+Parallel sampling (SamplingParams.n > 1): a request is admitted and prefilled as one
+sequence, its first sample. The step that computes the end of its prompt forks the other
+n - 1 (see _fork): each shares, by reference count, the prompt's blocks before the last
+token's and computes only the rest of the prompt (1..block_size tokens) to sample its own
+first token. From then on every sample is an ordinary sequence (preempted, recomputed,
+finished and aborted like any other); the request ends when all its samples have.
 """
 import bisect
 from collections import deque
@@ -81,6 +88,9 @@ class Scheduler:
     def _schedule_prefill(self) -> list[Sequence]:
         budget = self.max_num_batched_tokens
         scheduled = []
+        # Samples that requests with n > 1 fork when this step completes their prompt: each
+        # takes a running slot and one block (see _fork), which later admissions leave free.
+        promised = 0
         # Finish prompts that earlier steps only chunked.
         for seq in self.running:
             remaining = seq.num_tokens - seq.num_cached_tokens
@@ -88,19 +98,38 @@ class Scheduler:
                 seq.num_scheduled_tokens = min(remaining, budget)
                 budget -= seq.num_scheduled_tokens
                 scheduled.append(seq)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                if seq.num_scheduled_tokens == remaining:
+                    promised += self._num_forks(seq)
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
             # A sequence preempted with a token in flight is recomputed once it is known.
-            if seq.num_pending or not self.block_manager.can_allocate(seq):
+            if seq.num_pending:
+                break
+            # A request with n > 1 waits for room for its samples too, unless nothing runs:
+            # then it must start alone (samples that do not fit wait, see _fork).
+            forks = self._num_forks(seq)
+            want = promised + (forks if self.running else 0)
+            if (len(self.running) + want >= self.max_num_seqs
+                    or self.block_manager.blocks_needed(seq) + want
+                    > self.block_manager.num_free_blocks):
                 break
             self.block_manager.allocate(seq)
-            seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_cached_tokens, budget)
+            remaining = seq.num_tokens - seq.num_cached_tokens
+            seq.num_scheduled_tokens = min(remaining, budget)
             budget -= seq.num_scheduled_tokens
+            if seq.num_scheduled_tokens == remaining:
+                promised += forks
             seq.status = SequenceStatus.RUNNING
             self.waiting.popleft()
             _insert(self.running, seq)
             scheduled.append(seq)
         return scheduled
+
+    def _num_forks(self, seq: Sequence) -> int:
+        """Samples seq forks when its prompt completes that can run beside it at once."""
+        if not seq.needs_fork:
+            return 0
+        return min(seq.sampling_params.n - len(seq.samples), self.max_num_seqs - 1)
 
     def _schedule_decode(self) -> list[Sequence]:
         scheduled, kept = [], []
@@ -151,9 +180,26 @@ class Scheduler:
             real = seq.num_cached_tokens >= seq.num_tokens
             if real:
                 seq.append_pending()
+                if seq.needs_fork:
+                    self._fork(seq)
             produced.append(real)
         self.num_in_flight += 1
         return Launched(seqs, produced)
+
+    def _fork(self, parent: Sequence) -> None:
+        """Make the other samples of parent's request, whose prompt this step computes. A
+        sample that finds a running slot and a block starts now, sharing the prompt's blocks
+        (launched before any step of its own, so on the device they are written first); one
+        that does not waits in line, to be computed like a preempted sequence (with prefix
+        caching on, still mostly from the shared blocks)."""
+        while parent.needs_fork:
+            child = parent.spawn_sample()
+            if len(self.running) < self.max_num_seqs and self.block_manager.can_fork(child):
+                self.block_manager.fork(parent, child)
+                child.status = SequenceStatus.RUNNING
+                _insert(self.running, child)
+            else:
+                _insert(self.waiting, child)
 
     def on_result(self, launched: "Launched", token_ids: list[int]) -> list[Sequence]:
         """A launched step's sampled tokens arrived; returns the sequences that finished."""
@@ -213,10 +259,11 @@ class Scheduler:
         self._finish(seq, reason, stop_reason)
 
     def abort(self, request_ids: set[int]) -> list[Sequence]:
-        """Finish the waiting and running requests with these ids ("abort"), freeing their
-        blocks now; returns them. Ids of finished or unknown requests are ignored. A step in
-        flight that holds one of them is harmless: on_result skips finished sequences."""
-        seqs = [s for s in (*self.running, *self.waiting) if s.seq_id in request_ids]
+        """Finish every waiting and running sample of the requests with these ids ("abort"),
+        freeing their blocks now; returns them. Ids of finished or unknown requests are
+        ignored. A step in flight that holds one of them is harmless: on_result skips
+        finished sequences, and a request's unforked samples are never made."""
+        seqs = [s for s in (*self.running, *self.waiting) if s.request_id in request_ids]
         for seq in seqs:
             self.finish(seq, "abort")
         return seqs

@@ -46,6 +46,11 @@ class Sequence:
         # What ended a "stop": the stop token id or stop string (None for an end token).
         self.stop_reason: int | str | None = None
         self.sampling_params = sampling_params or SamplingParams()
+        # Parallel sampling (n > 1): a request is its first sample (this sequence, index 0);
+        # the others are forked from it once its prompt is computed (see spawn_sample).
+        self.request: Sequence = self
+        self.index = 0
+        self.samples: list[Sequence] = [self]  # the request's samples made so far (on index 0)
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -58,9 +63,35 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     @property
-    def sort_key(self) -> tuple[int, int]:
-        """Scheduling order: priority (lower first), then arrival."""
-        return self.priority, self.seq_id
+    def sort_key(self) -> tuple[int, int, int]:
+        """Scheduling order: priority (lower first), then arrival of the request, then the
+        sample's index (a request's samples stay together, right behind its first)."""
+        return self.priority, self.request.seq_id, self.index
+
+    @property
+    def request_id(self) -> int:
+        """The id of this sample's request: its first sample's seq_id."""
+        return self.request.seq_id
+
+    @property
+    def needs_fork(self) -> bool:
+        """Whether this is a request's first sample and some of its n samples are not made."""
+        return self.index == 0 and len(self.samples) < self.sampling_params.n
+
+    @property
+    def request_finished(self) -> bool:
+        """Whether every sample of this sequence's request has ended."""
+        return all(s.is_finished for s in self.request.samples)
+
+    def spawn_sample(self) -> "Sequence":
+        """The request's next sample: a new sequence holding the same prompt, with its own
+        params (seed + index; see SamplingParams.for_sample). Blocks are the caller's job."""
+        index = len(self.samples)
+        child = Sequence(self.prompt_token_ids, self.sampling_params.for_sample(index),
+                         self.block_size, priority=self.priority, prompt=self.prompt)
+        child.request, child.index, child.samples = self, index, []
+        self.samples.append(child)
+        return child
 
     @property
     def num_completion_tokens(self) -> int:

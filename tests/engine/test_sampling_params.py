@@ -46,6 +46,12 @@ def test_invalid_values_name_the_field(kw, field):
     (dict(ignore_eos="no"), "ignore_eos"),
     (dict(ignore_eos=1), "ignore_eos"),
     (dict(max_tokens=True), "max_tokens"),
+    (dict(n=0), "n"),
+    (dict(n=-2), "n"),
+    (dict(n=2.0), "n"),
+    (dict(n="2"), "n"),
+    (dict(n=True), "n"),
+    (dict(n=None), "n"),
 ])
 def test_wrong_types_and_nan_are_value_errors(kw, field):
     # The README promises ValueError for every bad field, never a TypeError or silent accept.
@@ -62,3 +68,13 @@ def test_numpy_numbers_and_single_ids_are_accepted():
     assert type(sp.max_tokens) is int and type(sp.temperature) is float
     assert SamplingParams(stop_token_ids=9).stop_token_ids == [9]
     assert SamplingParams(stop=("a", "b")).stop == ["a", "b"]
+
+
+def test_n_and_the_params_of_each_sample():
+    np = pytest.importorskip("numpy")
+    sp = SamplingParams(n=np.int64(3), seed=40, temperature=0.5)
+    assert sp.n == 3 and type(sp.n) is int and SamplingParams().n == 1
+    # vLLM seeds sample i with seed + i; each sample is one completion.
+    assert [(p.n, p.seed) for p in map(sp.for_sample, range(3))] == [(1, 40), (1, 41), (1, 42)]
+    assert sp.for_sample(2).temperature == 0.5 and sp.n == 3  # sp itself is unchanged
+    assert SamplingParams(n=2).for_sample(1).seed is None  # unseeded: independent draws

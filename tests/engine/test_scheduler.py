@@ -1,4 +1,5 @@
 import random
+from collections import Counter, defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -33,10 +34,11 @@ def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False,
              abort_rate=0.0):
     """Run the scheduler to completion, checking every step's invariants. With lag, each
     step's results arrive only after the next step was scheduled (async scheduling); with
-    abort_rate, a random live request is aborted after that share of the steps."""
+    abort_rate, a random live request is aborted after that share of the steps. Requests
+    with n > 1 fork their other samples on the way: those are checked like the rest."""
     for s in seqs:
         sched.add(s)
-    computed = {s.seq_id: [] for s in seqs}  # positions computed since the last (re)start
+    computed = defaultdict(list)  # positions computed since the last (re)start, by seq_id
     original_preempt = sched.preempt
 
     def preempt(seq):
@@ -46,17 +48,18 @@ def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False,
         original_preempt(seq)
 
     sched.preempt = preempt
-    waits = {s.seq_id: 0 for s in seqs}
+    waits = defaultdict(int)
     in_flight = None
     for _ in range(max_steps):
         if sched.is_finished() and in_flight is None:
             break
         if abort_rate and rng.random() < abort_rate:
-            live = [s for s in seqs if not s.is_finished]
+            live = [s for s in seqs if not s.request_finished]
             if live:
                 victim = rng.choice(live)
-                assert sched.abort({victim.seq_id, -5}) == [victim]
-                assert victim.finish_reason == "abort" and not victim.block_table
+                samples = {x for x in victim.samples if not x.is_finished}
+                assert set(sched.abort({victim.request_id, -5})) == samples
+                assert all(x.finish_reason == "abort" and not x.block_table for x in samples)
         if sched.is_finished() and in_flight is None:
             break
         batch, is_prefill = sched.schedule()
@@ -84,9 +87,14 @@ def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False,
                 first = covered[0]
                 assert covered == list(range(first, s.num_tokens))
                 assert first % s.block_size == 0
-        for s in seqs:
+        for s in (x for r in seqs for x in r.samples):
             waits[s.seq_id] = 0 if s in batch or s.is_finished else waits[s.seq_id] + 1
             assert waits[s.seq_id] < 5000, "starved"
+        # Every reference to a block is a running sequence's (waiting ones hold none), and
+        # each block's count says how many: so each block is freed exactly once.
+        assert not any(s.block_table for s in sched.waiting)
+        refs = Counter(b for s in sched.running for b in s.block_table)
+        assert all(b.ref_count == refs[b.block_id] for b in sched.block_manager.blocks)
         launched = sched.on_launch(batch) if batch else None
         done, in_flight = (in_flight, launched) if lag else (launched, None)
         if done is not None:
@@ -107,20 +115,22 @@ def expected_completion(prompt, max_tokens):
     return s.completion_token_ids
 
 
-def make_seqs(rng, n, cfg, max_prompt=100, shared_prefix=True, priorities=(0,)):
+def make_seqs(rng, n, cfg, max_prompt=100, shared_prefix=True, priorities=(0,), samples=(1,)):
     prefix = [rng.randrange(97) for _ in range(40)]
     out = []
     for _ in range(n):
         p = [rng.randrange(97) for _ in range(rng.randrange(1, max_prompt))]
         if shared_prefix and rng.random() < 0.5:
             p = prefix[: rng.randrange(1, 41)] + p
-        out.append(Sequence(p, SamplingParams(max_tokens=rng.randrange(1, 40), ignore_eos=True),
-                            block_size=cfg.kvcache_block_size, priority=rng.choice(priorities)))
+        sp = SamplingParams(max_tokens=rng.randrange(1, 40), ignore_eos=True,
+                            n=rng.choice(samples))
+        out.append(Sequence(p, sp, block_size=cfg.kvcache_block_size,
+                            priority=rng.choice(priorities)))
     return out
 
 
 @pytest.mark.parametrize("lag", [False, True], ids=["sync", "lag"])
-@pytest.mark.parametrize("mix", ["fcfs", "priority+abort"])
+@pytest.mark.parametrize("mix", ["fcfs", "priority+abort", "n>1+priority+abort"])
 @pytest.mark.parametrize("seed", range(12))
 def test_random_runs_keep_invariants_and_tokens(seed, mix, lag):
     rng = random.Random(seed)
@@ -133,10 +143,13 @@ def test_random_runs_keep_invariants_and_tokens(seed, mix, lag):
     )
     sched = make_scheduler(cfg)
     mixed = mix != "fcfs"
-    seqs = make_seqs(rng, 25, cfg, priorities=(-3, 0, 0, 2, 7) if mixed else (0,))
+    samples = (1, 2, 3, 5) if mix.startswith("n>1") else (1,)
+    seqs = make_seqs(rng, 25, cfg, priorities=(-3, 0, 0, 2, 7) if mixed else (0,),
+                     samples=samples)
     simulate(sched, seqs, cfg, rng, lag=lag, abort_rate=0.03 if mixed else 0.0)
     assert sched.num_in_flight == 0
-    for s in seqs:
+    for s in (x for r in seqs for x in r.samples):
+        # fake_model is deterministic: every sample of a request has the same tokens.
         want = expected_completion(s.prompt_token_ids, s.sampling_params.max_tokens)
         if s.finish_reason == "abort":
             # An abort keeps the tokens known so far; nothing in flight leaks into them.
@@ -148,6 +161,10 @@ def test_random_runs_keep_invariants_and_tokens(seed, mix, lag):
         assert s.completion_token_ids == want
     if mixed:
         assert any(s.finish_reason == "abort" for s in seqs)  # the aborts did happen
+    for r in seqs:
+        # All n samples exist, or the request was aborted before its prompt was computed.
+        assert len(r.samples) == r.sampling_params.n or r.finish_reason == "abort"
+        assert [x.index for x in r.samples] == list(range(len(r.samples)))
 
 
 def test_chunked_prefill_of_a_long_prompt_and_a_second_one():
