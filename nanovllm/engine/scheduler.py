@@ -18,11 +18,11 @@ token's and computes only the rest of the prompt (1..block_size tokens) to sampl
 first token. From then on every sample is an ordinary sequence (preempted, recomputed,
 finished and aborted like any other); the request ends when all its samples have.
 """
-import bisect
 from collections import deque
 
 from nanovllm.engine.block_manager import BlockManager
-from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.sequence import Sequence, SequenceStatus, insert_in_order
+from nanovllm.engine.stop_rules import finish_reason, length_done
 
 
 class Scheduler:
@@ -50,7 +50,7 @@ class Scheduler:
         """Queue a request, rejecting one that could never complete."""
         self.check(seq)
         seq.status = SequenceStatus.WAITING
-        _insert(self.waiting, seq)
+        insert_in_order(self.waiting, seq)
 
     def check(self, seq: Sequence) -> None:
         """Raise ValueError if seq could never complete with this cache and max_model_len."""
@@ -121,7 +121,7 @@ class Scheduler:
                 promised += forks
             seq.status = SequenceStatus.RUNNING
             self.waiting.popleft()
-            _insert(self.running, seq)
+            insert_in_order(self.running, seq)
             scheduled.append(seq)
         return scheduled
 
@@ -136,7 +136,7 @@ class Scheduler:
         limit = min(self.max_num_seqs, self.max_num_batched_tokens)
         while self.running and len(scheduled) < limit:
             seq = self.running.popleft()
-            if seq.num_pending and self._length_done(seq):
+            if seq.num_pending and length_done(seq, self.max_model_len):
                 kept.append(seq)  # its pending token is its last: it ends with its result
                 continue
             # running is in priority order and seq came off its front: the sequences still
@@ -162,7 +162,7 @@ class Scheduler:
         seq.num_scheduled_tokens = 0
         self.num_preemptions += 1
         self.block_manager.deallocate(seq)
-        _insert(self.waiting, seq)
+        insert_in_order(self.waiting, seq)
 
     # -- after the model ran ----------------------------------------------------------------
     def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
@@ -197,9 +197,9 @@ class Scheduler:
             if len(self.running) < self.max_num_seqs and self.block_manager.can_fork(child):
                 self.block_manager.fork(parent, child)
                 child.status = SequenceStatus.RUNNING
-                _insert(self.running, child)
+                insert_in_order(self.running, child)
             else:
-                _insert(self.waiting, child)
+                insert_in_order(self.waiting, child)
 
     def on_result(self, launched: "Launched", token_ids: list[int]) -> list[Sequence]:
         """A launched step's sampled tokens arrived; returns the sequences that finished."""
@@ -213,7 +213,8 @@ class Scheduler:
             self.block_manager.commit(seq)  # after the fill: every hashed token is known
             if not real:
                 continue
-            reason, stop_reason = self._finish_reason(seq, token_id)
+            reason, stop_reason = finish_reason(seq, token_id, self.eos_ids,
+                                                self.max_model_len)
             if reason is not None:
                 if seq.status is SequenceStatus.WAITING:  # preempted while in flight
                     self.waiting.remove(seq)
@@ -222,25 +223,6 @@ class Scheduler:
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
         return finished
-
-    def _length_done(self, seq: Sequence) -> bool:
-        """Whether seq's newest (maybe pending) token is its last by length."""
-        return (seq.num_completion_tokens >= seq.sampling_params.max_tokens
-                or seq.num_tokens >= self.max_model_len)
-
-    def _finish_reason(self, seq: Sequence, token_id: int) -> tuple[str | None, int | None]:
-        """(finish reason or None, stop reason): as in vLLM, an end token stops with stop
-        reason None and a stop token id with that id."""
-        sp = seq.sampling_params
-        if not sp.ignore_eos and token_id in self.eos_ids:
-            return "stop", None
-        if token_id in sp.stop_token_ids:
-            return "stop", token_id
-        # Count only known tokens: a later step may already have a pending one in flight.
-        known = seq.num_tokens - seq.num_pending
-        if known - seq.num_prompt_tokens >= sp.max_tokens or known >= self.max_model_len:
-            return "length", None
-        return None, None
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         seq.drop_pending()
@@ -267,18 +249,6 @@ class Scheduler:
         for seq in seqs:
             self.finish(seq, "abort")
         return seqs
-
-
-def _insert(queue: deque[Sequence], seq: Sequence) -> None:
-    """Put seq in its place in a queue kept in sort_key order."""
-    key = seq.sort_key
-    # The common cases (all priorities equal: a new arrival, a preempted sequence) are O(1).
-    if not queue or queue[-1].sort_key <= key:
-        queue.append(seq)
-    elif key < queue[0].sort_key:
-        queue.appendleft(seq)
-    else:
-        queue.insert(bisect.bisect_right(queue, key, key=lambda s: s.sort_key), seq)
 
 
 class Launched:

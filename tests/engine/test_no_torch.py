@@ -7,7 +7,8 @@ def test_control_plane_and_engine_loop_import_no_torch():
     # when it is created; the scheduler, the step inputs and the engine itself never do.
     code = ("import sys\n"
             "import nanovllm.engine.sequence, nanovllm.engine.block_manager, "
-            "nanovllm.engine.scheduler, nanovllm.sampling_params, nanovllm.config, "
+            "nanovllm.engine.scheduler, nanovllm.engine.stop_rules, nanovllm.sampling_params, "
+            "nanovllm.config, "
             "nanovllm.engine.step_inputs, nanovllm.engine.executor, nanovllm.engine.tokenizer, "
             "nanovllm.engine.llm_engine, nanovllm.engine.prompts, nanovllm.outputs, nanovllm\n"
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\n"
