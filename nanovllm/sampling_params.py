@@ -21,6 +21,14 @@ class SamplingParams:
     # Completions per prompt. Last, unlike vLLM, so nano-vLLM's positional
     # SamplingParams(temperature, ...) keeps its meaning.
     n: int = 1
+    # Penalties and min_tokens, vLLM's (after n, for the same reason). Repetition scales the
+    # logits of tokens seen in the prompt or the output; frequency and presence subtract from
+    # those of tokens in the output (per occurrence, and once).
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # End tokens and stop ids cannot be sampled (nor stop strings match) before this many.
+    min_tokens: int = 0
 
     def __post_init__(self):
         self.stop = self._as_list("stop", self.stop, str)
@@ -29,7 +37,11 @@ class SamplingParams:
         # Plain Python numbers from here on (numpy scalars are accepted above).
         self.temperature, self.top_p, self.min_p = (
             float(self.temperature), float(self.top_p), float(self.min_p))
+        self.repetition_penalty, self.presence_penalty, self.frequency_penalty = (
+            float(self.repetition_penalty), float(self.presence_penalty),
+            float(self.frequency_penalty))
         self.n, self.top_k, self.max_tokens = int(self.n), int(self.top_k), int(self.max_tokens)
+        self.min_tokens = int(self.min_tokens)
         self.seed = None if self.seed is None else int(self.seed)
 
     @staticmethod
@@ -64,6 +76,14 @@ class SamplingParams:
             bad("min_p", self.min_p, "in [0, 1]")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             bad("max_tokens", self.max_tokens, "an integer >= 1")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            bad("min_tokens", self.min_tokens, f"an integer in [0, max_tokens={self.max_tokens}]")
+        if (not _is_real(self.repetition_penalty)
+                or not 0 < self.repetition_penalty < math.inf):
+            bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 = off)")
+        for field in ("presence_penalty", "frequency_penalty"):
+            if not _is_real(getattr(self, field)) or not -2 <= getattr(self, field) <= 2:
+                bad(field, getattr(self, field), "in [-2, 2] (0 = off)")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", self.ignore_eos, "True or False")
         if self.seed is not None and not _is_int(self.seed):
@@ -78,6 +98,12 @@ class SamplingParams:
         as vLLM seeds the child requests of n > 1, so samples differ and are reproducible."""
         seed = None if self.seed is None else self.seed + index
         return replace(self, n=1, seed=seed)
+
+    @property
+    def penalized(self) -> bool:
+        """True when some penalty is on (the logits need the token history)."""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0
+                or self.frequency_penalty != 0)
 
     @property
     def greedy(self) -> bool:

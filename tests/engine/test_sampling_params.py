@@ -8,6 +8,8 @@ def test_defaults_match_vllm():
     assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.max_tokens) == (1.0, 1.0, -1, 0.0, 64)
     assert sp.ignore_eos is False and sp.seed is None
     assert sp.stop_token_ids == [] and sp.stop == []
+    assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (1.0, 0.0, 0.0)
+    assert sp.min_tokens == 0 and not sp.penalized
 
 
 def test_stop_string_becomes_list():
@@ -27,6 +29,14 @@ def test_stop_string_becomes_list():
     (dict(seed="x"), "seed"),
     (dict(stop_token_ids=[-1]), "stop_token_ids"),
     (dict(stop=[""]), "stop"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"),
+    (dict(repetition_penalty=-1.0), "repetition_penalty"),
+    (dict(presence_penalty=-2.01), "presence_penalty"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=-3), "frequency_penalty"),
+    (dict(frequency_penalty=2.01), "frequency_penalty"),
+    (dict(min_tokens=-1), "min_tokens"),
+    (dict(min_tokens=11, max_tokens=10), "min_tokens"),
 ])
 def test_invalid_values_name_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
@@ -52,6 +62,16 @@ def test_invalid_values_name_the_field(kw, field):
     (dict(n="2"), "n"),
     (dict(n=True), "n"),
     (dict(n=None), "n"),
+    (dict(repetition_penalty=float("nan")), "repetition_penalty"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+    (dict(repetition_penalty="1.1"), "repetition_penalty"),
+    (dict(presence_penalty=float("nan")), "presence_penalty"),
+    (dict(presence_penalty=None), "presence_penalty"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+    (dict(frequency_penalty=True), "frequency_penalty"),
+    (dict(min_tokens=1.5), "min_tokens"),
+    (dict(min_tokens=True), "min_tokens"),
+    (dict(min_tokens=None), "min_tokens"),
 ])
 def test_wrong_types_and_nan_are_value_errors(kw, field):
     # The README promises ValueError for every bad field, never a TypeError or silent accept.
@@ -78,3 +98,17 @@ def test_n_and_the_params_of_each_sample():
     assert [(p.n, p.seed) for p in map(sp.for_sample, range(3))] == [(1, 40), (1, 41), (1, 42)]
     assert sp.for_sample(2).temperature == 0.5 and sp.n == 3  # sp itself is unchanged
     assert SamplingParams(n=2).for_sample(1).seed is None  # unseeded: independent draws
+
+
+def test_penalties_and_min_tokens_take_vllm_ranges_and_numpy_numbers():
+    np = pytest.importorskip("numpy")
+    sp = SamplingParams(repetition_penalty=np.float32(1.5), presence_penalty=np.float64(-2.0),
+                        frequency_penalty=2, min_tokens=np.int64(4), max_tokens=4)
+    assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (1.5, -2.0, 2.0)
+    assert sp.min_tokens == 4 and type(sp.min_tokens) is int and sp.penalized
+    assert all(type(v) is float for v in (sp.repetition_penalty, sp.presence_penalty,
+                                          sp.frequency_penalty))
+    assert SamplingParams(repetition_penalty=0.01).penalized  # any value > 0 (vLLM)
+    assert not SamplingParams(min_tokens=3).penalized  # min_tokens needs no token history
+    with pytest.raises(ValueError, match=r"min_tokens=5 .*max_tokens=4"):
+        SamplingParams(min_tokens=5, max_tokens=4)
