@@ -1,7 +1,6 @@
 """ModelRunner: the only owner of the device. Loads weights, sizes the KV cache, turns a
 batch into tensors, runs the model (CUDA graphs for decode) and samples."""
 import logging
-from time import perf_counter
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import MODELS
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.utils.loader import init_dummy_weights, load_model
 
@@ -37,7 +37,7 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         torch.manual_seed(config.seed)
 
-        clock = _Clock()
+        clock = Clock()
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -239,17 +239,3 @@ class StepResult:
             self._ids, self._done = self._ids.tolist(), None
         return self._ids
 
-
-class _Clock:
-    """Seconds spent in each start-up phase, for the log."""
-
-    def __init__(self):
-        self.t, self.laps = perf_counter(), []
-
-    def lap(self, name: str) -> None:
-        now = perf_counter()
-        self.laps.append(f"{name} {now - self.t:.1f}s")
-        self.t = now
-
-    def __str__(self) -> str:
-        return ", ".join(self.laps)
