@@ -14,14 +14,19 @@ def length_done(seq: Sequence, max_model_len: int) -> bool:
 def finish_reason(seq: Sequence, token_id: int, eos_ids: set[int],
                   max_model_len: int) -> tuple[str | None, int | None]:
     """(finish reason or None, stop reason) after seq sampled token_id: as in vLLM, an end
-    token stops with stop reason None and a stop token id with that id."""
+    token stops with stop reason None and a stop token id with that id, once seq has
+    min_tokens."""
     sp = seq.sampling_params
-    if not sp.ignore_eos and token_id in eos_ids:
-        return "stop", None
-    if token_id in sp.stop_token_ids:
-        return "stop", token_id
     # Count only known tokens: a later step may already have a pending one in flight.
     known = seq.num_tokens - seq.num_pending
-    if known - seq.num_prompt_tokens >= sp.max_tokens or known >= max_model_len:
+    generated = known - seq.num_prompt_tokens
+    # vLLM's rule: no end token or stop id ends a sequence short of min_tokens (the sampler
+    # already keeps them out; this holds even if one slipped through).
+    if generated >= sp.min_tokens:
+        if not sp.ignore_eos and token_id in eos_ids:
+            return "stop", None
+        if token_id in sp.stop_token_ids:
+            return "stop", token_id
+    if generated >= sp.max_tokens or known >= max_model_len:
         return "length", None
     return None, None

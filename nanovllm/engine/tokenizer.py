@@ -57,17 +57,31 @@ class TextDecoder:
         """The stop string the end of seq's completion contains (the one that starts first,
         where the text is cut), or None."""
         stops = seq.sampling_params.stop
-        window = max(len(s) for s in stops) + 8
-        tail = self.decode(seq.completion_token_ids[-window:])
-        found = [(tail.find(s), i) for i, s in enumerate(stops) if s in tail]
-        return stops[min(found)[1]] if found else None
+        tokens = seq.completion_token_ids
+        start = max(len(tokens) - max(len(s) for s in stops) - 8, 0)
+        hit = self._first_stop(seq, self.decode(tokens[start:]), tokens, start)
+        return None if hit is None else stops[hit[1]]
 
     def completion_text(self, seq: Sequence) -> str:
         """seq's completion text, ending before the first stop string it contains."""
-        text = self.decode(seq.completion_token_ids)
-        cuts = [text.find(s) for s in seq.sampling_params.stop if s in text]
-        return text[: min(cuts)] if cuts else text
+        tokens = seq.completion_token_ids
+        text = self.decode(tokens)
+        hit = self._first_stop(seq, text, tokens, 0) if seq.sampling_params.stop else None
+        return text if hit is None else text[: hit[0]]
 
+    def _first_stop(self, seq: Sequence, text: str, tokens: list[int],
+                    start: int) -> tuple[int, int] | None:
+        """(where, which) of the first of seq's stop strings in `text`, the text of
+        tokens[start:], or None. As in vLLM, a match counts only if it ends in the text of
+        the tokens after the first min_tokens."""
+        head = seq.sampling_params.min_tokens
+        floor = len(self.decode(tokens[start:head])) if head > start else 0
+        found = []
+        for i, s in enumerate(seq.sampling_params.stop):
+            at = text.find(s, max(floor - len(s) + 1, 0))
+            if at != -1:
+                found.append((at, i))
+        return min(found) if found else None
 
 def render_chat(tokenizer, conversation: list[dict], chat_template: str | None,
                 add_generation_prompt: bool) -> str:

@@ -230,6 +230,29 @@ def test_finish_reasons():
     assert sched.block_manager.num_free_blocks == 8
 
 
+@pytest.mark.parametrize("lag", [False, True])
+def test_end_tokens_and_stop_ids_do_not_stop_before_min_tokens(lag):
+    # The sampler keeps them out; should one arrive anyway, it does not end the sequence
+    # until min_tokens tokens are there (vLLM's rule), counting only known tokens.
+    sched = make_scheduler(sched_config(eos=5))
+    eos = Sequence([1, 2], SamplingParams(max_tokens=10, min_tokens=3), block_size=16)
+    stop = Sequence([1, 2], SamplingParams(max_tokens=10, min_tokens=3, stop_token_ids=[9]),
+                    block_size=16)
+    for s in (eos, stop):
+        sched.add(s)
+    in_flight = None
+    while not sched.is_finished() or in_flight is not None:
+        batch, _ = sched.schedule() if not sched.is_finished() else ([], True)
+        launched = sched.on_launch(batch) if batch else None
+        if lag:
+            launched, in_flight = in_flight, launched
+        if launched is not None:
+            sched.on_result(launched, [5 if s is eos else 9 for s in launched.seqs])
+    for s, token, reason in ((eos, 5, None), (stop, 9, 9)):
+        assert s.finish_reason == "stop" and s.stop_reason == reason
+        assert s.completion_token_ids == [token] * 3
+
+
 def test_requests_that_cannot_fit_are_rejected():
     cfg = sched_config(max_model_len=64, num_kvcache_blocks=2)
     sched = make_scheduler(cfg)
