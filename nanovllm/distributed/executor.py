@@ -110,6 +110,10 @@ class MultiprocExecutor:
             raise RuntimeError("an earlier step failed part-way, leaving the tensor-parallel "
                                "ranks out of step; shut this LLM down and create a new one")
 
+    def set_eos_ids(self, eos_ids: set[int]) -> None:
+        """Tell rank 0's runner, the one that samples, the end tokens (for min_tokens)."""
+        self.runner.eos_ids = frozenset(eos_ids)
+
     # -- steps ------------------------------------------------------------------------------
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """Run one step on every rank; returns rank 0's sampled token ids."""

@@ -15,6 +15,9 @@ class Executor(Protocol):
     def num_kvcache_blocks(self) -> int:
         """KV-cache blocks allocated (the same on every rank)."""
 
+    def set_eos_ids(self, eos_ids: set[int]) -> None:
+        """The end tokens, which min_tokens keeps from being sampled (rank 0 samples)."""
+
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One step: returns the token sampled for each sequence."""
 
@@ -50,6 +53,10 @@ class LocalExecutor:
     def on_gpu(self) -> bool:
         """Whether the runner's device is a GPU."""
         return self.runner.device.type == "cuda"
+
+    def set_eos_ids(self, eos_ids: set[int]) -> None:
+        """Tell the runner the end tokens (for min_tokens)."""
+        self.runner.eos_ids = frozenset(eos_ids)
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One step on the one runner."""

@@ -28,8 +28,9 @@ class LLMEngine:
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
         self.text = TextDecoder(self.tokenizer)
         self.executor = create_executor(config)
-        self.scheduler = Scheduler(config, self.executor.num_kvcache_blocks,
-                                   resolve_eos_ids(config, self.tokenizer))
+        eos_ids = resolve_eos_ids(config, self.tokenizer)
+        self.scheduler = Scheduler(config, self.executor.num_kvcache_blocks, eos_ids)
+        self.executor.set_eos_ids(eos_ids)
         # Overlap host and device work (on by default where it pays: one GPU).
         self.async_scheduling = config.async_scheduling
         if self.async_scheduling is None:
@@ -136,7 +137,10 @@ class LLMEngine:
         """Record a step's sampled tokens; returns the sequences that finished."""
         finished = self.scheduler.on_result(launched, token_ids)
         for seq in launched.seqs:
-            if seq.sampling_params.stop and not seq.is_finished:
+            sp = seq.sampling_params
+            # vLLM's rule: no stop string ends a sequence until it has more than min_tokens.
+            if (sp.stop and not seq.is_finished
+                    and seq.num_completion_tokens - seq.num_pending > sp.min_tokens):
                 stop = self.text.stop_string_hit(seq)
                 if stop is not None:
                     self.scheduler.finish(seq, "stop", stop)

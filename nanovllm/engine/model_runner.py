@@ -13,6 +13,7 @@ from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import BlockTables, StepInputs, decode_inputs, prefill_inputs
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend
+from nanovllm.layers.penalties import apply_penalties, penalty_tensors
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import MODELS
 from nanovllm.sampling_params import SamplingParams
@@ -66,6 +67,8 @@ class ModelRunner:
         # next step reads pending input tokens from them (row of each sequence: _prev_rows).
         self.sampled = torch.zeros(config.max_num_seqs, dtype=torch.int32, device=self.device)
         self._prev_rows: dict[int, int] = {}
+        # The end tokens min_tokens holds back (rank 0 samples); the engine sets them.
+        self.eos_ids: frozenset[int] = frozenset()
         self._id_hosts = ([torch.zeros(config.max_num_seqs, dtype=torch.int32).pin_memory()
                            for _ in range(2)] if self.pinned else [])
         self._turn = 0
@@ -204,9 +207,13 @@ class ModelRunner:
                                    self.tables)
         st = None
         if self.rank == 0:
+            vocab = self.config.hf_config.vocab_size
             st = SamplingTensors.from_params(
                 [s.sampling_params for s in seqs], [s.num_completion_tokens for s in seqs],
-                self.config.hf_config.vocab_size, self.device)
+                vocab, self.device)
+            # Now, while self.sampled still holds the tokens that are pending on the host.
+            st.penalties = penalty_tensors(seqs, self.eos_ids, self._prev_rows, self.sampled,
+                                           vocab)
         hidden = self.graphs.run(inputs, self.sampled) if graphed else self.forward(inputs)
         logits = self.model.compute_logits(hidden)
         reset_context()
@@ -214,6 +221,8 @@ class ModelRunner:
         if self.rank != 0:
             return StepResult(None)
         n = len(seqs)
+        if st.penalties is not None:
+            logits = apply_penalties(logits, st.penalties)
         self.sampled[:n].copy_(self.sampler(logits, st))
         if not self.pinned:
             return StepResult(self.sampled[:n].tolist())

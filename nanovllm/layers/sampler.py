@@ -4,6 +4,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nanovllm.layers.penalties import PenaltyTensors
 from nanovllm.sampling_params import SamplingParams
 
 
@@ -17,6 +18,9 @@ class SamplingTensors:
     min_ps: torch.Tensor | None = None   # [B] float; 0 = off
     seeds: list[tuple[int, int, int]] | None = None  # (row, seed, step) for seeded rows
     all_greedy: bool = False
+    # Penalties and min_tokens: applied to the logits before sampling (see layers/penalties.py);
+    # None, the usual case, when no row uses them.
+    penalties: PenaltyTensors | None = None
 
     @classmethod
     def from_params(cls, params: list[SamplingParams], steps: list[int], vocab_size: int,

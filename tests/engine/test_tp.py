@@ -18,6 +18,10 @@ from nanovllm.distributed.executor import State
 from tests.support.prompts import make_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+# Only rank 0 samples: penalties and min_tokens (end tokens included) are its work alone.
+PENALIZED = [SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.5,
+                            frequency_penalty=0.5, min_tokens=8),
+             SamplingParams(temperature=0.8, seed=7, max_tokens=24, presence_penalty=1.0)]
 # 8 heads / 2 kv heads: TP=2 splits every projection.
 MODEL = "tied_gqa4_d16_l4"
 # Prompt block tables need up to 9 blocks of 16: twelve blocks force decode to preempt.
@@ -52,18 +56,20 @@ def assert_cleaned_up(llm, group_released=True):
 
 @pytest.fixture(scope="module")
 def reference(toy_models):
-    """TP=1 greedy tokens: twice the same batch (the second run hits the prefix cache)."""
+    """TP=1 greedy tokens: twice the same batch (the second run hits the prefix cache); and
+    the tokens with penalties."""
     llm = LLM(toy_models[MODEL], **ENGINE)
     prompts = make_prompts(0, n=10, shared=SHARED)
     out = tokens(llm, prompts), tokens(llm, prompts)
     assert llm.scheduler.num_preemptions > 0
-    return prompts, out
+    return prompts, out, tokens(llm, prompts, PENALIZED * 5)
 
 
 def test_tp2_matches_tp1_with_preemption_and_prefix_cache(toy_models, reference):
-    prompts, expected = reference
+    prompts, expected, penalized = reference
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE)
     assert (tokens(llm, prompts), tokens(llm, prompts)) == expected
+    assert tokens(llm, prompts, PENALIZED * 5) == penalized
     assert llm.scheduler.num_preemptions > 0
     assert llm.scheduler.block_manager.num_hit_tokens > 0
     bm = llm.scheduler.block_manager
@@ -74,7 +80,7 @@ def test_tp2_matches_tp1_with_preemption_and_prefix_cache(toy_models, reference)
 def test_messages_bigger_than_the_segment_grow_it(toy_models, reference, monkeypatch):
     # A 128-byte first segment: prefill batches' pickles outgrow it (several times).
     monkeypatch.setattr(channel_module, "SHM_BYTES", 128)
-    prompts, expected = reference
+    prompts, expected, _ = reference
     with LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE) as llm:
         first = llm.executor.channel.name
         assert tokens(llm, prompts) == expected[0]
