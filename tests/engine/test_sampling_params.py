@@ -78,3 +78,21 @@ def test_n_and_the_params_of_each_sample():
     assert [(p.n, p.seed) for p in map(sp.for_sample, range(3))] == [(1, 40), (1, 41), (1, 42)]
     assert sp.for_sample(2).temperature == 0.5 and sp.n == 3  # sp itself is unchanged
     assert SamplingParams(n=2).for_sample(1).seed is None  # unseeded: independent draws
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+@pytest.mark.parametrize("value", [-1, 21, 2.0, "3", True, [1]])
+def test_logprob_counts_are_0_to_20(field, value):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}=.*\[0, 20\]"):
+        SamplingParams(**{field: value})
+
+
+def test_logprob_counts_are_plain_ints_or_none():
+    np = pytest.importorskip("numpy")
+    sp = SamplingParams(logprobs=np.int64(0), prompt_logprobs=20)
+    assert (sp.logprobs, sp.prompt_logprobs) == (0, 20) and type(sp.logprobs) is int
+    assert SamplingParams().logprobs is None and SamplingParams().prompt_logprobs is None
+    # Prompt logprobs belong to the request (sample 0); every sample has its own logprobs.
+    sp = SamplingParams(n=2, logprobs=3, prompt_logprobs=1)
+    assert [(p.logprobs, p.prompt_logprobs) for p in map(sp.for_sample, range(2))] == \
+        [(3, 1), (3, None)]
