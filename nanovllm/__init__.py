@@ -1,8 +1,8 @@
 """nanovllm: a compact, fast, tested LLM inference engine (nano-vLLM design)."""
-from nanovllm.outputs import CompletionOutput, RequestOutput
+from nanovllm.outputs import CompletionOutput, Logprob, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
 
 def __getattr__(name):

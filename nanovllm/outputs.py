@@ -2,9 +2,25 @@
 
 A RequestOutput also reads like nano-vLLM's output dict: out["text"], out["token_ids"],
 out["finish_reason"] and out["request_id"] (the first three from its first completion).
+
+Logprobs follow vLLM: one {token id: Logprob} dict per position, holding the chosen token
+(the sampled one, or the prompt's) first, then the top-k tokens; k or k + 1 entries.
 """
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class Logprob:
+    """One token's log probability under the model's raw distribution, and its rank there."""
+
+    logprob: float
+    rank: int | None = None  # 1 = the most likely token
+    decoded_token: str | None = None  # None without a tokenizer (skip_tokenizer_init=True)
+
+
+# One position's logprobs: the chosen token's and the top-k tokens', by token id.
+PositionLogprobs = dict[int, Logprob]
 
 
 @dataclass
@@ -14,8 +30,10 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    cumulative_logprob: float | None = None  # not computed yet
-    logprobs: None = None  # not computed yet
+    # The sum of the generated tokens' logprobs, and one dict per generated token; both None
+    # unless SamplingParams.logprobs was set.
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None  # "stop", "length", "abort", or None while running
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
@@ -37,6 +55,9 @@ class RequestOutput(Mapping):
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (it
+    # has no context) and a dict for each other; else None.
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
     # -- nano-vLLM's dict view (Mapping gives keys/items/values/get/in/==) -------------------
     def __getitem__(self, key: str):

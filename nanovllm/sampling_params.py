@@ -4,10 +4,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
 
+# The most top tokens logprobs / prompt_logprobs may ask for (vLLM's default max_logprobs).
+MAX_LOGPROBS = 20
+
 
 @dataclass
 class SamplingParams:
-    """How to pick the next token and when to stop; `temperature=0` means greedy."""
+    """How to pick the next token, when to stop and which logprobs to return;
+    `temperature=0` means greedy."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -29,6 +33,12 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     # End tokens and stop ids cannot be sampled (nor stop strings match) before this many.
     min_tokens: int = 0
+    # Log probabilities, as vLLM returns them: of the model's raw distribution (log_softmax of
+    # its logits, before temperature, top-k/top-p/min-p and penalties). logprobs=k: for each
+    # generated token, its logprob and rank plus the k most likely tokens' (0: just its own);
+    # prompt_logprobs=k: the same for every prompt token after the first.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         self.stop = self._as_list("stop", self.stop, str)
@@ -43,6 +53,8 @@ class SamplingParams:
         self.n, self.top_k, self.max_tokens = int(self.n), int(self.top_k), int(self.max_tokens)
         self.min_tokens = int(self.min_tokens)
         self.seed = None if self.seed is None else int(self.seed)
+        self.logprobs = None if self.logprobs is None else int(self.logprobs)
+        self.prompt_logprobs = None if self.prompt_logprobs is None else int(self.prompt_logprobs)
 
     @staticmethod
     def _as_list(field: str, value, kind: type) -> list:
@@ -92,12 +104,19 @@ class SamplingParams:
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", self.stop, "a string or a list of non-empty strings")
+        for field in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, field)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                bad(field, value, f"None or an integer in [0, {MAX_LOGPROBS}] (how many of the "
+                                  f"most likely tokens to return besides the chosen one)")
 
     def for_sample(self, index: int) -> "SamplingParams":
         """The params of parallel sample `index` (n=1): with a seed s, its seed is s + index,
-        as vLLM seeds the child requests of n > 1, so samples differ and are reproducible."""
+        as vLLM seeds the child requests of n > 1, so samples differ and are reproducible.
+        Prompt logprobs belong to the request, which sample 0 carries: the others skip them."""
         seed = None if self.seed is None else self.seed + index
-        return replace(self, n=1, seed=seed)
+        prompt_logprobs = self.prompt_logprobs if index == 0 else None
+        return replace(self, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
     @property
     def penalized(self) -> bool:

@@ -42,3 +42,23 @@ def test_equality_with_outputs_and_dicts():
     assert make() != {"request_id": 7, "text": "other", "token_ids": [5, 6],
                       "finish_reason": "stop"}
     assert make() != "hi there"
+
+
+def test_logprob_fields_and_equality():
+    from nanovllm import Logprob
+
+    lp = {5: Logprob(-0.25, 1, "hi")}
+    out = make(logprobs=[lp], cumulative_logprob=-0.25)
+    out.prompt_logprobs = [None, {3: Logprob(-1.5, 4, None)}]
+    c = out.outputs[0]
+    assert c.logprobs[0][5].rank == 1 and c.logprobs[0][5].decoded_token == "hi"
+    assert make().prompt_logprobs is None  # not asked for
+    same = make(logprobs=[{5: Logprob(-0.25, 1, "hi")}], cumulative_logprob=-0.25)
+    same.prompt_logprobs = [None, {3: Logprob(-1.5, 4, None)}]
+    assert out == same
+    same.prompt_logprobs = [None, {3: Logprob(-1.0, 4, None)}]
+    assert out != same
+    # The nano-vLLM dict view is unchanged by logprobs.
+    assert set(out) == {"request_id", "text", "token_ids", "finish_reason"}
+    assert out == {"request_id": 7, "text": "hi there", "token_ids": [5, 6],
+                   "finish_reason": "stop"}

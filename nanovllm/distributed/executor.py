@@ -20,6 +20,7 @@ from nanovllm.distributed.worker import RunStep, Stop
 from nanovllm.engine.device import resolve_device
 from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.step_output import StepResult
 from nanovllm.utils.loader import check_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -117,12 +118,18 @@ class MultiprocExecutor:
     # -- steps ------------------------------------------------------------------------------
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """Run one step on every rank; returns rank 0's sampled token ids."""
+        return self.launch(seqs, is_prefill).result()
+
+    def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
+        """Run one step on every rank, to the end; returns rank 0's result handle (ids and
+        logprobs already on the host)."""
         self._refuse_unless_ready()
         self.channel.send(RunStep(seqs, is_prefill))
         self._set(State.RUNNING)
         try:
             self.workers.wake()
-            result = self.runner.run(seqs, is_prefill)
+            result = self.runner.launch(seqs, is_prefill)
+            result.result()
             self.workers.wait("running a step", self._known_failure)
         except Exception as e:
             self._set(State.OUT_OF_STEP, only_from=State.RUNNING)

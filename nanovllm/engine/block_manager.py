@@ -57,7 +57,8 @@ class BlockManager:
     # -- prefix cache -----------------------------------------------------------------------
     def _match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks equal to seq's leading full blocks, verified token by token."""
-        if not self.enable_prefix_caching:
+        # A prompt that still needs prompt logprobs computes every position, as in vLLM.
+        if not self.enable_prefix_caching or seq.needs_prompt_logits:
             return []
         hits: list[int] = []
         h, parent = -1, (-1, -1)

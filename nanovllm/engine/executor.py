@@ -21,19 +21,20 @@ class Executor(Protocol):
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One step: returns the token sampled for each sequence."""
 
+    def launch(self, seqs: list[Sequence], is_prefill: bool):
+        """Start one step (or run it, for an executor that cannot overlap); returns a handle
+        whose result() gives the sampled token ids, and then .logprobs the step's logprobs."""
+
     def shutdown(self) -> None:
         """Release workers, process groups and shared memory (idempotent)."""
 
 
 class AsyncExecutor(Executor, Protocol):
-    """An executor that can start a step and hand its result back later (async scheduling)."""
+    """An executor whose launch() returns before the step ends (async scheduling)."""
 
     @property
     def on_gpu(self) -> bool:
         """Whether the steps run on a GPU (where overlapping host and device work pays)."""
-
-    def launch(self, seqs: list[Sequence], is_prefill: bool):
-        """Start one step; returns a handle whose result() gives the sampled token ids."""
 
 
 class LocalExecutor:
@@ -63,7 +64,7 @@ class LocalExecutor:
         return self.runner.run(seqs, is_prefill)
 
     def launch(self, seqs: list[Sequence], is_prefill: bool):
-        """Start one step; the handle's result() waits for its sampled ids."""
+        """Start one step; the handle's result() waits for its sampled ids (and logprobs)."""
         return self.runner.launch(seqs, is_prefill)
 
     def shutdown(self) -> None:

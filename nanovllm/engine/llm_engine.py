@@ -8,6 +8,7 @@ from time import perf_counter
 from tqdm.auto import tqdm
 
 from nanovllm.config import Config
+from nanovllm.engine import logprobs
 from nanovllm.engine.prompts import check_token_ids, parse_prompt, prompt_list
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
@@ -120,8 +121,8 @@ class LLMEngine:
         seqs, is_prefill = self.scheduler.schedule()
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
         if not self.async_scheduling:
-            token_ids = self.executor.run(seqs, is_prefill)
-            return self._results(self.scheduler.on_launch(seqs), token_ids), num_tokens
+            handle = self.executor.launch(seqs, is_prefill)
+            return self._results(self.scheduler.on_launch(seqs), handle), num_tokens
         # Async: start this step, then take the previous step's results while the device
         # works; the control plane learns each token one step late.
         launched = None
@@ -131,10 +132,13 @@ class LLMEngine:
         previous, self._in_flight = self._in_flight, launched
         if previous is None:
             return [], num_tokens
-        return self._results(previous[0], previous[1].result()), num_tokens
+        return self._results(*previous), num_tokens
 
-    def _results(self, launched, token_ids: list[int]) -> list[Sequence]:
-        """Record a step's sampled tokens; returns the sequences that finished."""
+    def _results(self, launched, handle) -> list[Sequence]:
+        """Record a step's sampled tokens (and logprobs); returns the sequences that ended."""
+        token_ids = handle.result()
+        if handle.logprobs is not None:
+            logprobs.record(launched.seqs, handle.logprobs)
         finished = self.scheduler.on_result(launched, token_ids)
         for seq in launched.seqs:
             sp = seq.sampling_params
@@ -154,16 +158,21 @@ class LLMEngine:
     # -- outputs ----------------------------------------------------------------------------
     def _output(self, req: Sequence) -> RequestOutput:
         """req's RequestOutput (req: a request's first sample), one completion per sample."""
+        decode = self.text.token_text
         completions = [CompletionOutput(
             index=s.index, text=self.text.completion_text(s), token_ids=s.completion_token_ids,
-            finish_reason=s.finish_reason, stop_reason=s.stop_reason) for s in req.samples]
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason,
+            **logprobs.completion_fields(s.logprobs, s.completion_token_ids, decode))
+            for s in req.samples]
         # Samples never forked: the request was aborted before its prompt was computed.
+        unforked = logprobs.completion_fields(None if req.logprobs is None else [], [], decode)
         completions += [CompletionOutput(index=i, text="", token_ids=[],
-                                         finish_reason=req.finish_reason)
+                                         finish_reason=req.finish_reason, **unforked)
                         for i in range(len(req.samples), req.sampling_params.n)]
         return RequestOutput(request_id=req.seq_id, prompt=req.prompt,
                              prompt_token_ids=req.prompt_token_ids, outputs=completions,
-                             finished=req.request_finished)
+                             finished=req.request_finished,
+                             prompt_logprobs=logprobs.prompt_logprobs(req, decode))
 
     # -- batch API --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,

@@ -11,6 +11,7 @@ from nanovllm.engine.device import resolve_device, resolve_dtype
 from nanovllm.engine.kv_cache import allocate_kv_cache
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import BlockTables, StepInputs, decode_inputs, prefill_inputs
+from nanovllm.engine.step_output import LogprobsStep, StepResult, prompt_pass
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.layers.penalties import apply_penalties, penalty_tensors
@@ -205,7 +206,7 @@ class ModelRunner:
             rows = self.graphs.max_bs if graphed else -(-len(seqs) // 4) * 4
             inputs = decode_inputs(seqs, self.block_size, width, rows, self._prev_rows,
                                    self.tables)
-        st = None
+        st = lp = None
         if self.rank == 0:
             vocab = self.config.hf_config.vocab_size
             st = SamplingTensors.from_params(
@@ -214,37 +215,30 @@ class ModelRunner:
             # Now, while self.sampled still holds the tokens that are pending on the host.
             st.penalties = penalty_tensors(seqs, self.eos_ids, self._prev_rows, self.sampled,
                                            vocab)
+            lp = LogprobsStep.plan(seqs, is_prefill, inputs.prompt_rows, self._upload)
         hidden = self.graphs.run(inputs, self.sampled) if graphed else self.forward(inputs)
         logits = self.model.compute_logits(hidden)
+        if inputs.prompt_rows is not None:  # on every rank: the LM head gathers across ranks
+            prompt_pass(self.model, hidden, inputs.prompt_rows, lp, self._upload)
         reset_context()
         self._prev_rows = {s.seq_id: i for i, s in enumerate(seqs)}
         if self.rank != 0:
             return StepResult(None)
         n = len(seqs)
+        if lp is not None:  # logprobs of the raw logits (vLLM's default): before any change
+            lp.take_raw(logits)
         if st.penalties is not None:
             logits = apply_penalties(logits, st.penalties)
         self.sampled[:n].copy_(self.sampler(logits, st))
+        if lp is not None:
+            lp.finish(self.sampled[:n], self.pinned)
         if not self.pinned:
-            return StepResult(self.sampled[:n].tolist())
-        # The one device->host transfer of the step, waited for only when asked.
+            return StepResult(self.sampled[:n].tolist(), logprobs=lp)
+        # The step's device->host transfer (ids, and logprobs if any), waited for when asked.
         host = self._id_hosts[self._turn]
         self._turn ^= 1
         host[:n].copy_(self.sampled[:n], non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return StepResult(host[:n], done)
-
-
-class StepResult:
-    """The sampled ids of a launched step: ready now, or once the device gets there."""
-
-    def __init__(self, ids, done=None):
-        self._ids, self._done = ids, done
-
-    def result(self) -> list[int] | None:
-        """The ids (None on ranks other than 0), waiting for the device if needed."""
-        if self._done is not None:
-            self._done.synchronize()
-            self._ids, self._done = self._ids.tolist(), None
-        return self._ids
+        return StepResult(host[:n], done, lp)
 

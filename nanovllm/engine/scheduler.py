@@ -174,8 +174,7 @@ class Scheduler:
         prompt is now complete gets a pending token (its value comes with on_result)."""
         produced = []
         for seq in seqs:
-            seq.num_cached_tokens += seq.num_scheduled_tokens
-            seq.num_scheduled_tokens = 0
+            seq.launch_scheduled()
             # A prefill chunk that leaves part of the prompt uncomputed samples nothing real.
             real = seq.num_cached_tokens >= seq.num_tokens
             if real:

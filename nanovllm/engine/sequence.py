@@ -53,6 +53,16 @@ class Sequence:
         self.request: Sequence = self
         self.index = 0
         self.samples: list[Sequence] = [self]  # the request's samples made so far (on index 0)
+        # Logprobs, in plain Python as results arrive (None when not asked for): entries
+        # (logprob, rank, top-k ids, top-k logprobs), one per generated token, and one per
+        # prompt token after a leading None (the first prompt token has no context).
+        sp = self.sampling_params
+        self.logprobs: list[tuple] | None = None if sp.logprobs is None else []
+        self.prompt_logprobs: list[tuple | None] | None = (
+            None if sp.prompt_logprobs is None else [None])
+        # The next prompt position whose logits a step must compute for prompt logprobs
+        # (position p's give token p + 1's); None when they are not asked for.
+        self.prompt_logits_next: int | None = None if sp.prompt_logprobs is None else 0
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -94,6 +104,33 @@ class Sequence:
         child.request, child.index, child.samples = self, index, []
         self.samples.append(child)
         return child
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Whether prompt positions still need their logits computed for prompt logprobs (if
+        so, nothing is read from the prefix cache: cached positions get no logits)."""
+        nxt = self.prompt_logits_next
+        return nxt is not None and nxt < self.num_prompt_tokens - 1
+
+    def prompt_logit_rows(self) -> tuple[int, int]:
+        """(first, count): the scheduled positions, counted from num_cached_tokens, whose
+        logits give prompt logprobs in this step (count 0: none)."""
+        if self.prompt_logits_next is None:
+            return 0, 0
+        start = self.num_cached_tokens
+        first = max(start, self.prompt_logits_next)  # a recomputed prompt gives none again
+        end = min(start + self.num_scheduled_tokens, self.num_prompt_tokens - 1)
+        return first - start, max(0, end - first)
+
+    def launch_scheduled(self) -> None:
+        """The scheduled tokens are on their way: they count as computed, and the prompt
+        logprobs they give as taken care of."""
+        if self.prompt_logits_next is not None:  # rarely: keep the per-step path cheap
+            first, count = self.prompt_logit_rows()
+            if count:
+                self.prompt_logits_next = self.num_cached_tokens + first + count
+        self.num_cached_tokens += self.num_scheduled_tokens
+        self.num_scheduled_tokens = 0
 
     @property
     def num_completion_tokens(self) -> int:
@@ -159,13 +196,14 @@ class Sequence:
             tokens = None
         else:
             tokens = self.token_ids[start:start + n]
+        # prompt_logits_next: every rank must pick the same rows for the LM head's gather.
         return (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.block_size,
-                start, n, self.block_table, self.last_token, tokens)
+                start, n, self.block_table, self.last_token, tokens, self.prompt_logits_next)
 
     def __setstate__(self, state):
         (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.block_size,
          self.num_cached_tokens, self.num_scheduled_tokens, self.block_table,
-         self.last_token, tokens) = state
+         self.last_token, tokens, self.prompt_logits_next) = state
         # Workers only see the scheduled slice; pad the front so absolute indexing still works.
         self.token_ids = None if tokens is None else _Window(self.num_cached_tokens, tokens)
         self.status = SequenceStatus.RUNNING

@@ -29,6 +29,8 @@ class StepInputs:
     # decode, async scheduling: [rows] row of the previous step's sampled ids that holds
     # this row's input token (still on the device), -1 where input_ids has it; None = none.
     feed_rows: np.ndarray | None = None
+    # prefill: rows (of the step's tokens) whose logits give prompt logprobs; None = none.
+    prompt_rows: np.ndarray | None = None
 
     @property
     def decode_meta(self) -> np.ndarray:
@@ -99,9 +101,12 @@ class BlockTables:
 def prefill_inputs(seqs: list[Sequence], block_size: int, width: int,
                    tables: BlockTables | None = None) -> StepInputs:
     """Each sequence computes tokens [num_cached_tokens, + num_scheduled_tokens)."""
-    ids, pos, slots, cu_q, cu_k = [], [], [], [0], [0]
+    ids, pos, slots, cu_q, cu_k, prompt_rows = [], [], [], [0], [0], []
     for s in seqs:
         start, n = s.num_cached_tokens, s.num_scheduled_tokens
+        first, count = s.prompt_logit_rows()
+        if count:
+            prompt_rows += range(cu_q[-1] + first, cu_q[-1] + first + count)
         ids += s.scheduled_token_ids()
         pos += range(start, start + n)
         cu_q.append(cu_q[-1] + n)
@@ -119,7 +124,8 @@ def prefill_inputs(seqs: list[Sequence], block_size: int, width: int,
         cu_seqlens_q=_i32(cu_q), cu_seqlens_k=_i32(cu_k),
         max_seqlen_q=max(s.num_scheduled_tokens for s in seqs),
         max_seqlen_k=max(s.num_cached_tokens + s.num_scheduled_tokens for s in seqs),
-        has_cached_context=any(s.num_cached_tokens for s in seqs))
+        has_cached_context=any(s.num_cached_tokens for s in seqs),
+        prompt_rows=_i32(prompt_rows) if prompt_rows else None)
 
 
 def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,

@@ -44,6 +44,19 @@ class TextDecoder:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self._token_texts: dict[int, str] = {}  # at most one entry per vocabulary id
+
+    def token_text(self, token_id: int) -> str | None:
+        """One token's text on its own, as vLLM's Logprob.decoded_token has it (special
+        tokens kept); "" for an id the tokenizer lacks, None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        text = self._token_texts.get(token_id)
+        if text is None:
+            known = token_id < len(self.tokenizer)
+            text = self.tokenizer.decode([token_id]) if known else ""
+            self._token_texts[token_id] = text
+        return text
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of token ids, special tokens dropped ("" without a tokenizer)."""

@@ -48,6 +48,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         ctx = get_context()
         if ctx.is_prefill:
             x = x[ctx.cu_seqlens_q[1:] - 1]  # only the last position of each sequence samples
+        return self.project(x)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Logits of every row of x, gathered on rank 0 (None on the other ranks)."""
         logits = F.linear(x, self.weight)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None

@@ -114,3 +114,7 @@ class Qwen3ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits of the sampling positions (None on TP ranks other than 0)."""
         return self.lm_head(hidden)
+
+    def compute_all_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits of every row of hidden, e.g. prompt positions (None on ranks other than 0)."""
+        return self.lm_head.project(hidden)

@@ -10,7 +10,8 @@ def test_control_plane_and_engine_loop_import_no_torch():
             "nanovllm.engine.scheduler, nanovllm.engine.stop_rules, nanovllm.sampling_params, "
             "nanovllm.config, "
             "nanovllm.engine.step_inputs, nanovllm.engine.executor, nanovllm.engine.tokenizer, "
-            "nanovllm.engine.llm_engine, nanovllm.engine.prompts, nanovllm.outputs, nanovllm\n"
+            "nanovllm.engine.llm_engine, nanovllm.engine.prompts, nanovllm.engine.logprobs, "
+            "nanovllm.outputs, nanovllm\n"
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)

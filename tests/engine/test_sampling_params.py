@@ -112,3 +112,21 @@ def test_penalties_and_min_tokens_take_vllm_ranges_and_numpy_numbers():
     assert not SamplingParams(min_tokens=3).penalized  # min_tokens needs no token history
     with pytest.raises(ValueError, match=r"min_tokens=5 .*max_tokens=4"):
         SamplingParams(min_tokens=5, max_tokens=4)
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+@pytest.mark.parametrize("value", [-1, 21, 2.0, "3", True, [1]])
+def test_logprob_counts_are_0_to_20(field, value):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}=.*\[0, 20\]"):
+        SamplingParams(**{field: value})
+
+
+def test_logprob_counts_are_plain_ints_or_none():
+    np = pytest.importorskip("numpy")
+    sp = SamplingParams(logprobs=np.int64(0), prompt_logprobs=20)
+    assert (sp.logprobs, sp.prompt_logprobs) == (0, 20) and type(sp.logprobs) is int
+    assert SamplingParams().logprobs is None and SamplingParams().prompt_logprobs is None
+    # Prompt logprobs belong to the request (sample 0); every sample has its own logprobs.
+    sp = SamplingParams(n=2, logprobs=3, prompt_logprobs=1)
+    assert [(p.logprobs, p.prompt_logprobs) for p in map(sp.for_sample, range(2))] == \
+        [(3, 1), (3, None)]
