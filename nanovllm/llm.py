@@ -1,7 +1,7 @@
 """The user-facing facade."""
 from nanovllm.engine.llm_engine import LLMEngine
 from nanovllm.engine.prompts import conversation_list
-from nanovllm.engine.tokenizer import render_chat
+from nanovllm.engine.tokenizer import chat_prompt
 from nanovllm.outputs import RequestOutput
 
 
@@ -17,10 +17,6 @@ class LLM(LLMEngine):
         if chat_template is not None and not isinstance(chat_template, str):
             raise ValueError(f"chat_template must be None (the tokenizer's) or a Jinja template "
                              f"string, got {type(chat_template).__name__}")
-        prompts = []
-        for conv in conversations:
-            text = render_chat(self.tokenizer, conv, chat_template, add_generation_prompt)
-            # The template already wrote every special token: add none while tokenizing.
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            prompts.append({"prompt_token_ids": ids, "prompt": text})
+        prompts = [chat_prompt(self.tokenizer, conv, chat_template, add_generation_prompt)
+                   for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

@@ -38,6 +38,7 @@ class LLMEngine:
             self.async_scheduling = config.tensor_parallel_size == 1 and self.executor.on_gpu
         self._in_flight = None  # (Launched, result handle) of the step on the device
         self._aborted: list[Sequence] = []  # aborted requests whose output step() owes
+        self._updated: list[Sequence] = []  # samples whose tokens the last step learned
         self._closed = False
         atexit.register(self.shutdown)
 
@@ -113,9 +114,18 @@ class LLMEngine:
         seqs, self._aborted = self._aborted + seqs, []
         return [self._output(req) for req in _finished_requests(seqs)], num_tokens
 
+    def step_updates(self) -> tuple[list[Sequence], list[Sequence]]:
+        """Run one step for a streaming front end (AsyncLLM); returns (the samples whose
+        known tokens grew in it, the requests that ended in it or were aborted since the last
+        step). The sequences are the engine's own: read them on the engine's thread only."""
+        finished, _ = self._step()
+        finished, self._aborted = self._aborted + finished, []
+        return self._updated, _finished_requests(finished)
+
     def _step(self) -> tuple[list[Sequence], int]:
         if self._closed:
             raise RuntimeError("this LLM has been shut down; create a new one")
+        self._updated = []
         if self.scheduler.is_finished() and self._in_flight is None:
             return [], 0  # nothing to do (e.g. every request was aborted)
         seqs, is_prefill = self.scheduler.schedule()
@@ -140,6 +150,7 @@ class LLMEngine:
         if handle.logprobs is not None:
             logprobs.record(launched.seqs, handle.logprobs)
         finished = self.scheduler.on_result(launched, token_ids)
+        self._updated += launched.seqs
         for seq in launched.seqs:
             sp = seq.sampling_params
             # vLLM's rule: no stop string ends a sequence until it has more than min_tokens.

@@ -115,3 +115,11 @@ def render_chat(tokenizer, conversation: list[dict], chat_template: str | None,
     except TemplateError as e:
         raise ValueError(f"the chat template failed on this conversation ({e}); check the "
                          f"template and the messages' roles") from e
+
+
+def chat_prompt(tokenizer, conversation, chat_template: str | None = None,
+                add_generation_prompt: bool = True) -> dict:
+    """One conversation as a prompt dict: its token ids (the template writes every special
+    token, so tokenizing adds none) and its text."""
+    text = render_chat(tokenizer, conversation, chat_template, add_generation_prompt)
+    return {"prompt_token_ids": tokenizer.encode(text, add_special_tokens=False), "prompt": text}
