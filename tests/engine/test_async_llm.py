@@ -1,0 +1,194 @@
+"""AsyncLLM: concurrent streamed requests add up to exactly the offline outputs; a consumer
+that leaves aborts its request and frees its blocks; bad requests fail alone."""
+import asyncio
+
+import pytest
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine.async_llm import AsyncLLM, EngineDeadError
+
+MODEL = "tied_gqa4_d16_l4"
+KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model_len=256,
+          num_kvcache_blocks=48, max_num_seqs=4)
+PROMPTS = ["The quick brown fox", "Hello, world!", "def fibonacci(n):", "Paged attention",
+           "List all prime numbers", "0123456789", "What is the capital of France?"]
+
+
+def params(i: int) -> SamplingParams:
+    """A mix: greedy, seeded, n=2, stop strings, logprobs, ignore_eos."""
+    return [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+            SamplingParams(temperature=0.8, seed=7, max_tokens=16),
+            SamplingParams(temperature=1.0, seed=3, n=2, max_tokens=12, ignore_eos=True),
+            SamplingParams(temperature=0, max_tokens=24, stop=["e", "o w"], ignore_eos=True),
+            SamplingParams(temperature=0, max_tokens=10, logprobs=2, ignore_eos=True),
+            SamplingParams(temperature=0.7, seed=1, max_tokens=30, ignore_eos=True),
+            SamplingParams(temperature=0, max_tokens=8, min_tokens=4)][i % 7]
+
+
+@pytest.fixture(scope="module")
+def offline(toy_models):
+    llm = LLM(toy_models[MODEL], **KW)
+    outs = llm.generate(PROMPTS, [params(i) for i in range(len(PROMPTS))], use_tqdm=False)
+    llm.shutdown()
+    return outs
+
+
+@pytest.fixture
+def engine(toy_models):
+    llm = AsyncLLM(toy_models[MODEL], **KW)
+    yield llm
+    llm.shutdown()
+
+
+async def collect(llm, prompt, sp, request_id=None):
+    """Concatenate a stream's deltas per sample; returns (samples, number of deltas)."""
+    samples, n = {}, 0
+    async for out in llm.generate(prompt, sp, request_id):
+        n += 1
+        for c in out.outputs:
+            s = samples.setdefault(c.index, dict(text="", ids=[], reason=None, lps=[],
+                                                 stop=None, cum=None))
+            s["text"] += c.text
+            s["ids"] += c.token_ids
+            s["lps"] += c.logprobs or []
+            s["reason"], s["stop"] = c.finish_reason or s["reason"], c.stop_reason or s["stop"]
+            s["cum"] = c.cumulative_logprob
+    # The last delta ends the request, and every sample has ended by then.
+    assert out.finished and all(s["reason"] for s in samples.values())
+    return samples, n
+
+
+def all_free(llm) -> bool:
+    bm = llm.engine.scheduler.block_manager
+    return bm.num_free_blocks == bm.num_blocks
+
+
+async def wait_idle(llm):
+    for _ in range(200):
+        if llm.engine.is_finished() and all_free(llm):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the engine did not go idle")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_concurrent_streams_equal_the_offline_outputs(toy_models, offline, async_scheduling):
+    engine = AsyncLLM(toy_models[MODEL], async_scheduling=async_scheduling, **KW)
+
+    async def main():
+        return await asyncio.gather(*(collect(engine, p, params(i))
+                                      for i, p in enumerate(PROMPTS)))
+
+    results = asyncio.run(main())
+    for ref, (samples, _) in zip(offline, results):
+        assert sorted(samples) == [c.index for c in ref.outputs]
+        for c in ref.outputs:
+            s = samples[c.index]
+            assert (s["text"], s["ids"], s["reason"], s["stop"]) == \
+                (c.text, c.token_ids, c.finish_reason, c.stop_reason)
+            if c.logprobs is not None:
+                # Same tokens and ranks; values to float32 noise (batches differ in shape).
+                assert [{t: (v.rank, v.decoded_token) for t, v in d.items()} for d in s["lps"]] \
+                    == [{t: (v.rank, v.decoded_token) for t, v in d.items()} for d in c.logprobs]
+                assert [v.logprob for d in s["lps"] for v in d.values()] == pytest.approx(
+                    [v.logprob for d in c.logprobs for v in d.values()], abs=1e-5)
+                assert s["cum"] == pytest.approx(c.cumulative_logprob)
+    assert engine.engine.is_finished() and all_free(engine)
+    engine.shutdown()
+
+
+def test_leaving_the_stream_aborts_and_frees_blocks(engine, offline):
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+
+    async def leave_early():
+        async for out in engine.generate(PROMPTS[0], long):
+            # Streamed: the first delta comes long before the 200th token (the engine thread
+            # yields the GIL every few ms; 200 CPU steps take far longer).
+            assert not out.finished and len(out.outputs[0].token_ids) < 200
+            break
+
+    async def cancelled():
+        task = asyncio.create_task(collect(engine, PROMPTS[1], long))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def main():
+        # Others keep going while these leave; then everything is free.
+        other = asyncio.create_task(collect(engine, PROMPTS[0], params(0)))
+        await asyncio.gather(leave_early(), cancelled())
+        samples, _ = await other
+        await wait_idle(engine)
+        return samples
+
+    samples = asyncio.run(main())
+    assert samples[0]["ids"] == offline[0].outputs[0].token_ids
+
+
+def test_abort_by_request_id(engine):
+    async def main():
+        long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        task = asyncio.create_task(collect(engine, PROMPTS[2], long, request_id="r1"))
+        await asyncio.sleep(0.05)
+        await engine.abort("r1")
+        await engine.abort("never-seen")  # unknown ids: a no-op, as in vLLM
+        samples, _ = await task
+        await wait_idle(engine)
+        return samples
+
+    samples = asyncio.run(main())
+    assert samples[0]["reason"] == "abort" and len(samples[0]["ids"]) < 200
+
+
+def test_bad_requests_fail_alone_and_the_engine_keeps_serving(engine, offline):
+    async def main():
+        with pytest.raises(ValueError, match="empty"):
+            await collect(engine, "", params(0))
+        with pytest.raises(ValueError, match="max_model_len"):
+            await collect(engine, list(range(3, 300)), params(0))
+        with pytest.raises(ValueError, match="sampling_params"):
+            await collect(engine, "hi", "not params")
+        long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+        first = asyncio.create_task(collect(engine, "x", long, request_id="dup"))
+        await asyncio.sleep(0)
+        with pytest.raises(ValueError, match="already in use"):
+            await collect(engine, "y", long, request_id="dup")
+        await first
+        with pytest.raises(ValueError, match="one conversation"):
+            async for _ in engine.chat([[{"role": "user", "content": "a"}]] * 2):
+                pass
+        return await collect(engine, PROMPTS[0], params(0))
+
+    samples, _ = asyncio.run(main())
+    assert samples[0]["text"] == offline[0].outputs[0].text
+
+
+def test_chat_streams_the_offline_chat_reply(toy_models, engine):
+    conv = [{"role": "user", "content": "Introduce yourself."}]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm = LLM(toy_models[MODEL], **KW)
+    ref = llm.chat(conv, sp, use_tqdm=False)[0]
+    llm.shutdown()
+
+    async def main():
+        text = ""
+        async for out in engine.chat(conv, sp):
+            text += out.outputs[0].text if out.outputs else ""
+        return text
+
+    assert asyncio.run(main()) == ref.outputs[0].text
+
+
+def test_after_shutdown_requests_fail_clearly(toy_models):
+    llm = AsyncLLM(toy_models[MODEL], **KW)
+    assert llm.is_running
+    llm.shutdown()
+    llm.shutdown()  # idempotent
+    assert not llm.is_running
+
+    async def main():
+        await collect(llm, "hi", params(0))
+
+    with pytest.raises(EngineDeadError, match="shut down"):
+        asyncio.run(main())
