@@ -1,0 +1,188 @@
+"""Online serving benchmark: bench.py's workload (256 random prompts, temperature 0.6,
+ignore_eos) sent as concurrent streaming requests.
+
+    python tools/bench_serve.py --mode async   # AsyncLLM in this process, no HTTP
+    python tools/bench_serve.py --mode http    # the OpenAI server in a child process,
+                                               # streaming clients in --clients processes
+
+Reports output tok/s over the whole run, time to first token (TTFT) and time per output
+token after the first (TPOT = (last - first) / (tokens - 1), per request) at p50/p99.
+"""
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+from random import randint, seed
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def workload(n: int, max_in: int, max_out: int) -> list[tuple[list[int], int]]:
+    """bench.py's prompts and output lengths (same seed, same draws)."""
+    seed(0)
+    prompts = [[randint(0, 10000) for _ in range(randint(100, max_in))] for _ in range(n)]
+    return [(p, randint(100, max_out)) for p in prompts]
+
+
+def summary(records: list[tuple[float, float, float, int]], elapsed: float) -> dict:
+    """records: (start, first token, last token, tokens) per request."""
+    def pct(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+    ttft = [f - s for s, f, _, _ in records]
+    tpot = [(last - f) / (n - 1) for _, f, last, n in records if n > 1]
+    total = sum(n for *_, n in records)
+    return {"requests": len(records), "output_tokens": total, "seconds": round(elapsed, 3),
+            "throughput_tok_s": round(total / elapsed, 1),
+            "ttft_ms_p50": round(1e3 * pct(ttft, 0.5), 1), "ttft_ms_p99": round(1e3 * pct(ttft, 0.99), 1),
+            "tpot_ms_p50": round(1e3 * pct(tpot, 0.5), 2), "tpot_ms_p99": round(1e3 * pct(tpot, 0.99), 2)}
+
+
+# -- in-process AsyncLLM ---------------------------------------------------------------------
+def run_async(path: str, load_format: str, work) -> dict:
+    from nanovllm import SamplingParams
+    from nanovllm.engine.async_llm import AsyncLLM
+
+    llm = AsyncLLM(path, load_format=load_format, max_model_len=4096)
+
+    async def one(prompt, max_tokens):
+        sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=max_tokens)
+        start, first, n = time.perf_counter(), None, 0
+        async for out in llm.generate({"prompt_token_ids": prompt}, sp):
+            got = sum(len(c.token_ids) for c in out.outputs)
+            if got and first is None:
+                first = time.perf_counter()
+            n += got
+        return start, first, time.perf_counter(), n
+
+    async def main():
+        await one([1, 2, 3], 16)  # warm-up
+        t = time.perf_counter()
+        records = await asyncio.gather(*(one(p, m) for p, m in work))
+        return records, time.perf_counter() - t
+
+    records, elapsed = asyncio.run(main())
+    llm.shutdown()
+    return summary(records, elapsed)
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(path: str, load_format: str, port: int) -> None:
+    from nanovllm.server.app import run_server
+
+    run_server(path, host="127.0.0.1", port=port, served_model_name="bench",
+               load_format=load_format, max_model_len=4096)
+
+
+def client_proc(port: int, work, start_at: float, queue) -> None:
+    import httpx
+
+    async def one(client, prompt, max_tokens):
+        body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.6,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        start, first, n = time.perf_counter(), None, 0
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    n = chunk["usage"]["completion_tokens"]
+                elif first is None and chunk.get("choices"):
+                    first = time.perf_counter()
+        return start, first or time.perf_counter(), time.perf_counter(), n
+
+    async def main():
+        limits = httpx.Limits(max_connections=len(work) + 4)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600,
+                                     limits=limits) as client:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            return await asyncio.gather(*(one(client, p, m) for p, m in work))
+
+    queue.put(asyncio.run(main()))
+
+
+def run_http(path: str, load_format: str, work, clients: int) -> dict:
+    import httpx
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve-only", str(port),
+                               "--model", path, "--load-format", load_format])
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None:
+                raise RuntimeError("the server exited during start-up")
+            time.sleep(0.5)
+        warm = {"model": "bench", "prompt": [1, 2, 3], "max_tokens": 16}
+        httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=warm, timeout=120)
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        start_at = time.time() + 3.0  # every client process connected and waiting
+        procs = [ctx.Process(target=client_proc, args=(port, work[i::clients], start_at, queue))
+                 for i in range(clients)]
+        for p in procs:
+            p.start()
+        records = [r for _ in procs for r in queue.get()]
+        for p in procs:
+            p.join()
+        # perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process of the host.
+        elapsed = max(r[2] for r in records) - min(r[0] for r in records)
+        return summary(records, elapsed)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--mode", choices=["async", "http"], default="http")
+    ap.add_argument("--model", help="Hugging Face Qwen3 directory (default: dummy Qwen3-0.6B)")
+    ap.add_argument("--load-format", default=None)
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--max-input-len", type=int, default=1024)
+    ap.add_argument("--max-output-len", type=int, default=1024)
+    ap.add_argument("--clients", type=int, default=4, help="client processes (http mode)")
+    ap.add_argument("--serve-only", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--json", help="write the results to this file")
+    args = ap.parse_args()
+    if args.model is None:
+        from bench import dummy_model_dir
+
+        args.model, args.load_format = dummy_model_dir(), args.load_format or "dummy"
+    load_format = args.load_format or "auto"
+    if args.serve_only:
+        serve(args.model, load_format, args.serve_only)
+        return
+    work = workload(args.num_seqs, args.max_input_len, args.max_output_len)
+    if args.mode == "async":
+        result = run_async(args.model, load_format, work)
+    else:
+        result = run_http(args.model, load_format, work, args.clients)
+    result["mode"] = args.mode
+    print(json.dumps(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
