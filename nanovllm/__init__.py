@@ -2,7 +2,7 @@
 from nanovllm.outputs import CompletionOutput, Logprob, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
 
 def __getattr__(name):
@@ -11,4 +11,8 @@ def __getattr__(name):
         from nanovllm.llm import LLM
 
         return LLM
+    if name == "AsyncLLM":
+        from nanovllm.engine.async_llm import AsyncLLM
+
+        return AsyncLLM
     raise AttributeError(name)
