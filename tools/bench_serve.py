@@ -79,8 +79,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(path: str, load_format: str, port: int) -> None:
+def serve(path: str, load_format: str, port: int, switch: float | None) -> None:
     from nanovllm.server.app import run_server
+
+    if switch:
+        sys.setswitchinterval(switch)
 
     run_server(path, host="127.0.0.1", port=port, served_model_name="bench",
                load_format=load_format, max_model_len=4096)
@@ -115,12 +118,13 @@ def client_proc(port: int, work, start_at: float, queue) -> None:
     queue.put(asyncio.run(main()))
 
 
-def run_http(path: str, load_format: str, work, clients: int) -> dict:
+def run_http(path: str, load_format: str, work, clients: int, switch: float | None) -> dict:
     import httpx
 
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-only", str(port),
-                               "--model", path, "--load-format", load_format])
+                               "--model", path, "--load-format", load_format]
+                              + (["--switch-interval", str(switch)] if switch else []))
     try:
         for _ in range(600):
             try:
@@ -161,6 +165,8 @@ def main():
     ap.add_argument("--max-input-len", type=int, default=1024)
     ap.add_argument("--max-output-len", type=int, default=1024)
     ap.add_argument("--clients", type=int, default=4, help="client processes (http mode)")
+    ap.add_argument("--switch-interval", type=float,
+                    help="sys.setswitchinterval for the engine's process (default: Python's 5 ms)")
     ap.add_argument("--serve-only", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
@@ -170,14 +176,17 @@ def main():
         args.model, args.load_format = dummy_model_dir(), args.load_format or "dummy"
     load_format = args.load_format or "auto"
     if args.serve_only:
-        serve(args.model, load_format, args.serve_only)
+        serve(args.model, load_format, args.serve_only, args.switch_interval)
         return
     work = workload(args.num_seqs, args.max_input_len, args.max_output_len)
     if args.mode == "async":
+        if args.switch_interval:
+            sys.setswitchinterval(args.switch_interval)
         result = run_async(args.model, load_format, work)
     else:
-        result = run_http(args.model, load_format, work, args.clients)
-    result["mode"] = args.mode
+        result = run_http(args.model, load_format, work, args.clients, args.switch_interval)
+    result["mode"], result["switch_interval"] = args.mode, sys.getswitchinterval() \
+        if args.mode == "async" else args.switch_interval
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:

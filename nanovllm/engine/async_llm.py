@@ -224,7 +224,9 @@ class _Stream:
         req = seq.request
         self._prompt = (req.prompt, req.prompt_token_ids)
         start = self._copied.get(seq.index, 0)
-        ids = seq.completion_token_ids[start:]
+        # Only the new ids: slicing completion_token_ids first would copy the whole output.
+        base = seq.num_prompt_tokens
+        ids = seq.token_ids[base + start: seq.num_tokens - seq.num_pending]
         self._copied[seq.index] = start + len(ids)
         entries = None if seq.logprobs is None else seq.logprobs[start:start + len(ids)]
         stops = seq.sampling_params.stop
