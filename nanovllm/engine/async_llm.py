@@ -12,7 +12,10 @@ import asyncio
 import itertools
 import logging
 import queue
+import sys
 import threading
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 
 from nanovllm.engine import logprobs as lp
@@ -25,6 +28,18 @@ from nanovllm.outputs import CompletionOutput, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+# Waking a stream costs its consumer ~100 us of Python (a RequestOutput, a detokenizing
+# window) on the thread that shares the GIL with the engine. Waking every stream every step
+# would, at a few hundred streams, keep that thread busy for longer than the step takes and
+# starve the engine, so streams are woken at most every DELTA_COST_S x (live streams),
+# capped at MAX_WAKE_INTERVAL_S: every step at low load, a few steps' tokens per delta at
+# high load (the idea of vLLM's stream_interval, sized automatically).
+DELTA_COST_S = 1e-4
+MAX_WAKE_INTERVAL_S = 0.05
+# Python hands the GIL over every 5 ms by default: the engine thread, back from the device,
+# could wait that long for it at every step while a consumer decodes. 1 ms bounds the wait.
+SWITCH_INTERVAL_S = 0.001
 
 
 class EngineDeadError(RuntimeError):
@@ -46,6 +61,11 @@ class AsyncLLM:
         self._auto_ids = itertools.count()
         self.error: BaseException | None = None  # why the engine thread stopped, if it did
         self._stopping = False
+        # Streams with news that were not woken yet, by event loop; when they last were.
+        self._to_wake: dict[asyncio.AbstractEventLoop, dict[int, _Stream]] = {}
+        self._last_wake = 0.0
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._thread = threading.Thread(target=self._run, name="nanovllm-engine", daemon=True)
         self._thread.start()
 
@@ -129,8 +149,13 @@ class AsyncLLM:
         engine = self.engine
         try:
             while True:
-                # Idle: sleep until a command comes; busy: take what is there and step.
-                cmd = self._inbox.get() if engine.is_finished() else _get_nowait(self._inbox)
+                # Idle: wake the streams with news, then sleep until a command comes; busy:
+                # take what is there and step.
+                if engine.is_finished():
+                    self._wake()
+                    cmd = self._inbox.get()
+                else:
+                    cmd = _get_nowait(self._inbox)
                 while cmd is not None:
                     if cmd[0] == "stop":
                         return
@@ -160,25 +185,30 @@ class AsyncLLM:
         stream.loop.call_soon_threadsafe(_settle, reply, engine_id, None)
 
     def _publish(self, updated: list[Sequence], finished: list[Sequence]) -> None:
-        """Copy what the step's requests learned into their streams; wake each loop once."""
-        touched: dict[int, _Stream] = {}
+        """Copy what the step's requests learned into their streams; wake them when due."""
         for seq in updated:
             stream = self._streams.get(seq.request_id)
             if stream is not None:
                 stream.push(seq, self.engine)
-                touched[seq.request_id] = stream
+                self._to_wake.setdefault(stream.loop, {})[seq.request_id] = stream
         for req in finished:
             stream = self._streams.pop(req.seq_id, None)
             if stream is not None:
                 stream.push_end(req, self.engine)
-                touched[req.seq_id] = stream
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Stream]] = {}
-        for stream in touched.values():
-            by_loop.setdefault(stream.loop, []).append(stream)
-        for loop, streams in by_loop.items():
-            _wake_soon(loop, streams)
+                self._to_wake.setdefault(stream.loop, {})[req.seq_id] = stream
+        due = min(DELTA_COST_S * len(self._streams), MAX_WAKE_INTERVAL_S)
+        if time.perf_counter() - self._last_wake >= due:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake every stream with news: one cross-thread call per event loop."""
+        for loop, streams in self._to_wake.items():
+            _wake_soon(loop, list(streams.values()))
+        self._to_wake = {}
+        self._last_wake = time.perf_counter()
 
     def _fail_all(self, error: BaseException) -> None:
+        self._wake()  # ended streams not woken yet get their last outputs first
         streams, self._streams = self._streams, {}
         while True:  # requests still queued: their callers wait for a reply
             cmd = _get_nowait(self._inbox)
@@ -204,7 +234,9 @@ class _Stream:
         self.engine_id = -1  # set on the engine thread once the request is added
         self._text = text  # the engine's TextDecoder
         self._event = asyncio.Event()
-        self._items: list[tuple] = []  # what the engine thread sent since the last read
+        # What the engine thread sent since the last read (deque: appends and pops are atomic
+        # under the GIL, a list swap is not).
+        self._items: deque = deque()
         self.done = False  # the engine has nothing more for this request
         self._error: BaseException | None = None
         # Engine-thread state: per sample, how many tokens were copied; samples that ended.
@@ -263,7 +295,7 @@ class _Stream:
             await self._event.wait()
         if self._error is not None and not self._items:
             raise self._error
-        items, self._items = self._items, []
+        items = [self._items.popleft() for _ in range(len(self._items))]
         return self._delta(items)
 
     def _delta(self, items: list) -> RequestOutput:
