@@ -45,11 +45,17 @@ def summary(records: list[tuple[float, float, float, int]], elapsed: float) -> d
 
 
 # -- in-process AsyncLLM ---------------------------------------------------------------------
-def run_async(path: str, load_format: str, work) -> dict:
+def run_async(path: str, load_format: str, work, switch, delta_cost) -> dict:
     from nanovllm import SamplingParams
     from nanovllm.engine.async_llm import AsyncLLM
 
     llm = AsyncLLM(path, load_format=load_format, max_model_len=4096)
+    if switch:  # after AsyncLLM, which lowers Python's default itself
+        sys.setswitchinterval(switch)
+    if delta_cost is not None:
+        import nanovllm.engine.async_llm as async_llm
+
+        async_llm.DELTA_COST_S = delta_cost
 
     async def one(prompt, max_tokens):
         sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=max_tokens)
@@ -167,6 +173,8 @@ def main():
     ap.add_argument("--clients", type=int, default=4, help="client processes (http mode)")
     ap.add_argument("--switch-interval", type=float,
                     help="sys.setswitchinterval for the engine's process (default: Python's 5 ms)")
+    ap.add_argument("--delta-cost", type=float,
+                    help="async mode: AsyncLLM's DELTA_COST_S (0: wake streams every step)")
     ap.add_argument("--serve-only", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
@@ -180,13 +188,11 @@ def main():
         return
     work = workload(args.num_seqs, args.max_input_len, args.max_output_len)
     if args.mode == "async":
-        if args.switch_interval:
-            sys.setswitchinterval(args.switch_interval)
-        result = run_async(args.model, load_format, work)
+        result = run_async(args.model, load_format, work, args.switch_interval, args.delta_cost)
     else:
         result = run_http(args.model, load_format, work, args.clients, args.switch_interval)
-    result["mode"], result["switch_interval"] = args.mode, sys.getswitchinterval() \
-        if args.mode == "async" else args.switch_interval
+    result.update(mode=args.mode, switch_interval=args.switch_interval,
+                  delta_cost=args.delta_cost)
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:
