@@ -44,10 +44,13 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 def from_validation(error: ValidationError | RequestValidationError) -> APIError:
     """pydantic's first complaint as a 400 naming the field (OpenAI sends 400, not 422)."""
     first = error.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    raw = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [p for p in raw if not _is_union_tag(p)]
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":
         message = f"{param!r} is not a supported field of this request"
+    elif len(loc) < len(raw):  # a union: the first member's complaint would mislead
+        message = f"{param}: {_short(first.get('input'))} is none of the accepted forms"
     else:
         message = f"{param or 'request body'}: {first.get('msg', 'invalid value')}"
         if "input" in first and param is not None and first.get("type") != "missing":
@@ -77,6 +80,12 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException):
         code = "not_found" if exc.status_code == 404 else None
         return APIError(exc.status_code, str(exc.detail), code=code).response()
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic names the union member it tried in the error location (str, list[int],
+    TextPart): not a field, so not part of the param."""
+    return "[" in part or part in ("str", "int", "float", "bool") or part[:1].isupper()
 
 
 def _short(value, limit: int = 80) -> str:
