@@ -21,7 +21,6 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
 
 
 class _Sampling(BaseModel):

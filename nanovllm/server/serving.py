@@ -29,31 +29,29 @@ async def respond(request: Request, engine: AsyncLLM, model: str, prompts: list[
     prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
     outputs = merge([engine.generate(p, sp, request_id=f"{rid}-{i}")
                      for i, p in enumerate(prompts)])
-    # The first delta before any header: a request the engine refuses gets a plain 400.
-    try:
-        first = await outputs.__anext__()
-    except Exception as e:
-        await outputs.aclose()
-        raise _as_api_error(e) from e
-    except BaseException:
-        await outputs.aclose()
-        raise
 
     def take(item) -> list[dict]:
         i, out = item
         return [choices[i * sp.n + c.index].add(c) for c in out.outputs]
 
     if stream:
+        # The first delta before any header: a request the engine refuses gets a plain 400.
+        try:
+            first = await outputs.__anext__()
+        except Exception as e:
+            await outputs.aclose()
+            raise _as_api_error(e) from e
+        except BaseException:
+            await outputs.aclose()
+            raise
         chunk_kind = kind + ".chunk"
         return EventStream(_events(outputs, first, take, choices, chat, include_usage,
                                    lambda: envelope(rid, chunk_kind, model, created),
                                    prompt_tokens))
 
     async def collect() -> None:
-        item = first
-        while item is not None:
+        async for item in outputs:
             take(item)
-            item = await anext(outputs, None)
 
     try:
         if not await _unless_client_leaves(request, collect()):
@@ -104,7 +102,9 @@ async def _events(outputs: AsyncIterator, first, take, choices: list[Choice], ch
 def _says_something(part: dict) -> bool:
     """Skip deltas that carry nothing (text held back for a split UTF-8 character)."""
     text = part["delta"].get("content") if "delta" in part else part["text"]
-    return bool(text) or part["finish_reason"] is not None or part["logprobs"] is not None
+    logprobs = part["logprobs"] or {}
+    return (bool(text) or part["finish_reason"] is not None
+            or bool(logprobs.get("content") or logprobs.get("tokens")))
 
 
 async def _unless_client_leaves(request: Request, work) -> bool:

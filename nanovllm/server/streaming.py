@@ -14,8 +14,11 @@ async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object
     """(position, item) from several async iterators as items arrive. Closing this generator
     cancels the readers, which closes each stream (AsyncLLM aborts its request then)."""
     if len(streams) == 1:  # the common case needs no tasks
-        async for item in streams[0]:
-            yield 0, item
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            await streams[0].aclose()  # now, not whenever the garbage collector gets to it
         return
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -42,6 +45,8 @@ async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
 
 
 def sse(payload: dict | str) -> str:
