@@ -21,7 +21,7 @@ MAX_TOKENS = (4, 12, 24)
 CLIENTS = 200
 
 
-async def read_stream(client: httpx.AsyncClient, prompt: str, max_tokens: int,
+async def read_stream(client: httpx.AsyncClient, prompt, max_tokens: int,
                       leave_after: int | None) -> str | None:
     """The concatenated text of one streamed completion; None if we left after a few
     chunks (closing the response drops the connection)."""
@@ -105,21 +105,25 @@ def test_200_streaming_clients(live_server, offline, aborts):
     assert elapsed < 60
 
 
-def test_streamed_disconnect_aborts(live_server, aborts):
+@pytest.mark.parametrize("num_prompts", [1, 3])
+def test_streamed_disconnect_aborts(live_server, aborts, num_prompts):
     live_server.wait_idle()
+    prompt = PROMPTS[0] if num_prompts == 1 else PROMPTS[:num_prompts]
 
     async def leave_early():
         async with httpx.AsyncClient(base_url=live_server.url, timeout=30) as client:
-            return await read_stream(client, PROMPTS[0], 240, leave_after=2)
+            return await read_stream(client, prompt, 240, leave_after=2)
 
     assert asyncio.run(leave_early()) is None
     live_server.wait_idle(timeout=5)
-    assert len(aborts) == 1  # stopped, not run to its 240 tokens
+    assert len(aborts) == num_prompts  # stopped, not run to their 240 tokens
 
 
-def test_unstreamed_disconnect_aborts(live_server, aborts):
+@pytest.mark.parametrize("num_prompts", [1, 3])
+def test_unstreamed_disconnect_aborts(live_server, aborts, num_prompts):
     live_server.wait_idle()
-    body = json.dumps({"model": NAME, "prompt": PROMPTS[1], "max_tokens": 240,
+    prompt = PROMPTS[1] if num_prompts == 1 else PROMPTS[:num_prompts]
+    body = json.dumps({"model": NAME, "prompt": prompt, "max_tokens": 240,
                        "temperature": 0, "ignore_eos": True}).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
             f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
@@ -131,4 +135,4 @@ def test_unstreamed_disconnect_aborts(live_server, aborts):
             assert time.monotonic() < deadline
             time.sleep(0.005)
     live_server.wait_idle(timeout=5)
-    assert len(aborts) == 1
+    assert len(aborts) == num_prompts
