@@ -34,9 +34,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     from nanovllm.server import run_server
 
-    run_server(args.model, host=args.host, port=args.port, api_key=args.api_key,
-               served_model_name=args.served_model_name, chat_template=template,
-               **engine_kwargs)
+    try:
+        run_server(args.model, host=args.host, port=args.port, api_key=args.api_key,
+                   served_model_name=args.served_model_name, chat_template=template,
+                   **engine_kwargs)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has stopped cleanly
+        pass
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """The OpenAI-compatible HTTP app: routes, API key, request parsing, prompt preparation.
 
-build_app wraps an AsyncLLM it does not own; run_server owns one: it builds the engine, serves
-until uvicorn stops on SIGINT/SIGTERM, then shuts the engine down.
+build_app wraps an AsyncLLM (and stops it with the server only if told it owns it); run_server
+builds one, serves until uvicorn stops on SIGINT/SIGTERM, and the engine stops with it.
 """
+import asyncio
 import hmac
 import json
 import time
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,10 +21,21 @@ from nanovllm.server.serving import respond
 
 
 def build_app(engine: AsyncLLM, served_model_name: str, api_key: str | None = None,
-              chat_template: str | None = None) -> FastAPI:
+              chat_template: str | None = None, owns_engine: bool = False) -> FastAPI:
     """A FastAPI app serving `engine` under the model name `served_model_name`; with
-    `api_key`, every /v1 route wants `Authorization: Bearer <api_key>`."""
-    app = FastAPI(title="nanovllm", docs_url=None, redoc_url=None, openapi_url=None)
+    `api_key`, every /v1 route wants `Authorization: Bearer <api_key>`; with `owns_engine`,
+    the engine is shut down when the app's server stops."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        if owns_engine:
+            # Here, not after uvicorn's run() returns: on SIGTERM uvicorn re-raises the
+            # signal once it has stopped, and the process dies before any code after run().
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="nanovllm", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
     install_handlers(app)
     created = int(time.time())
     max_len = engine.config.max_model_len
@@ -128,8 +141,10 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000,
 
     engine = AsyncLLM(model, **engine_kwargs)
     try:
-        app = build_app(engine, served_model_name or model, api_key, chat_template)
-        # uvicorn installs the SIGINT/SIGTERM handlers and returns from run() on either.
+        app = build_app(engine, served_model_name or model, api_key, chat_template,
+                        owns_engine=True)
+        # uvicorn handles SIGINT/SIGTERM: it drains the connections, runs the app's
+        # shutdown (which stops the engine), then returns or re-raises the signal.
         uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
     finally:
-        engine.shutdown()
+        engine.shutdown()  # idempotent; covers a server that failed to start
