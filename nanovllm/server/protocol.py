@@ -138,7 +138,10 @@ class ChatMessage(BaseModel):
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content or ""}
+        message = {"role": self.role, "content": content or ""}
+        if self.name is not None:  # templates that know the field may use it
+            message["name"] = self.name
+        return message
 
 
 class ChatCompletionRequest(_Sampling):
