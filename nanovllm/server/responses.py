@@ -44,8 +44,8 @@ class Choice:
         """top_logprobs: None when logprobs are off, else how many top tokens to list."""
         self.index, self.chat, self.k = index, chat, top_logprobs
         self.text, self.num_tokens, self.finish_reason = "", 0, None
+        self.stop_reason: int | str | None = None  # vLLM's extra: the stop string or id hit
         self.logprobs: list = []  # OpenAI-shaped per-token items (chat) or rows (completions)
-        self.text_len_at_delta = 0  # completions' text_offset: where the last delta began
 
     def add(self, out: CompletionOutput) -> dict:
         """Take one delta; returns the chunk choice for it (streaming)."""
@@ -54,6 +54,7 @@ class Choice:
         self.num_tokens += len(out.token_ids)
         if out.finish_reason is not None:
             self.finish_reason = _openai_reason(out.finish_reason)
+            self.stop_reason = out.stop_reason
         items = None
         if out.logprobs is not None:
             items = self._logprob_items(out.logprobs, out.token_ids, start)
@@ -92,7 +93,8 @@ class Choice:
             body = {"text": text}
             logprobs = None if items is None else _completion_logprobs(items)
         return {"index": self.index, **body, "logprobs": logprobs,
-                "finish_reason": finish_reason}
+                "finish_reason": finish_reason,
+                "stop_reason": self.stop_reason if finish_reason else None}
 
 
 def _completion_logprobs(rows: list[tuple]) -> dict:

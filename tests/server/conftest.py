@@ -13,7 +13,7 @@ ENGINE_KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model
 class LiveServer:
     """uvicorn serving build_app(engine) on 127.0.0.1 from a thread; stop() joins it."""
 
-    def __init__(self, engine, api_key: str | None = None):
+    def __init__(self, engine, api_key: str | None = None, chat_template: str | None = None):
         import uvicorn
 
         from nanovllm.server import build_app
@@ -24,7 +24,7 @@ class LiveServer:
         self.sock.bind(("127.0.0.1", 0))  # port 0: the OS picks a free one, no race
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        app = build_app(engine, NAME, api_key=api_key)
+        app = build_app(engine, NAME, api_key=api_key, chat_template=chat_template)
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},

@@ -5,7 +5,7 @@ import openai
 import pytest
 
 from nanovllm import SamplingParams
-from tests.server.conftest import NAME
+from tests.server.conftest import NAME, LiveServer
 
 ENGINE_OVERRIDES = dict(num_kvcache_blocks=64, max_num_seqs=8)
 PROMPTS = ["The quick brown fox", "Hello, world! nanovllm", "What is the capital of"]
@@ -113,6 +113,7 @@ def test_stop_string(client, offline, stream):
     else:
         choice = client.completions.create(**kw).choices[0]
         assert (choice.text, choice.finish_reason) == (want.text, "stop")
+        assert choice.model_extra["stop_reason"] == stop  # vLLM's extra field
 
 
 def test_completion_logprobs(client, offline):
@@ -161,3 +162,22 @@ def test_models_and_usage_chunk(client):
                                             extra_body={"ignore_eos": True}))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
     assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_template_option(live_server, offline):
+    """A server given its own chat template uses it (a second server on the same engine)."""
+    template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                "[assistant] ")
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = offline.chat(MESSAGES, sp, use_tqdm=False, chat_template=template)[0]
+    default = offline.chat(MESSAGES, sp, use_tqdm=False)[0]
+    assert want.prompt_token_ids != default.prompt_token_ids
+    other = LiveServer(live_server.engine, chat_template=template)
+    try:
+        client = openai.OpenAI(base_url=f"{other.url}/v1", api_key="unused", max_retries=0)
+        resp = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=8,
+                                              temperature=0, extra_body={"ignore_eos": True})
+    finally:
+        other.stop()
+    assert resp.choices[0].message.content == want.outputs[0].text
+    assert resp.usage.prompt_tokens == len(want.prompt_token_ids)
