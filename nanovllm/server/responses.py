@@ -46,10 +46,12 @@ class Choice:
         self.text, self.num_tokens, self.finish_reason = "", 0, None
         self.stop_reason: int | str | None = None  # vLLM's extra: the stop string or id hit
         self.logprobs: list = []  # OpenAI-shaped per-token items (chat) or rows (completions)
+        # text_offset counts the tokens' own texts (as vLLM does): the visible text can be
+        # shorter (a cut stop string) or lag (a split UTF-8 character held back).
+        self.token_chars = 0
 
     def add(self, out: CompletionOutput) -> dict:
         """Take one delta; returns the chunk choice for it (streaming)."""
-        start = len(self.text)
         self.text += out.text
         self.num_tokens += len(out.token_ids)
         if out.finish_reason is not None:
@@ -57,7 +59,7 @@ class Choice:
             self.stop_reason = out.stop_reason
         items = None
         if out.logprobs is not None:
-            items = self._logprob_items(out.logprobs, out.token_ids, start)
+            items = self._logprob_items(out.logprobs, out.token_ids)
             self.logprobs += items
         return self._render(out.text, items, self.finish_reason if out.finish_reason else None)
 
@@ -66,10 +68,8 @@ class Choice:
         items = self.logprobs if self.k is not None else None
         return self._render(self.text, items, self.finish_reason, whole=True)
 
-    def _logprob_items(self, entries: list[PositionLogprobs], ids: list[int], start: int
-                       ) -> list:
+    def _logprob_items(self, entries: list[PositionLogprobs], ids: list[int]) -> list:
         items = []
-        offset = start
         for entry, tid in zip(entries, ids):
             text, logprob = _token(entry, tid)
             if self.chat:
@@ -80,8 +80,8 @@ class Choice:
                               "top_logprobs": top})
             else:
                 top = {_text(t, lp): lp.logprob for t, lp in entry.items()}
-                items.append((text, logprob, top, offset))
-                offset += len(text)
+                items.append((text, logprob, top, self.token_chars))
+                self.token_chars += len(text)
         return items
 
     def _render(self, text: str, items, finish_reason, whole: bool = False) -> dict:

@@ -116,13 +116,21 @@ def test_stop_string(client, offline, stream):
         assert choice.model_extra["stop_reason"] == stop  # vLLM's extra field
 
 
-def test_completion_logprobs(client, offline):
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_logprobs(client, offline, stream):
     want = reference(offline, PROMPTS[2], temperature=0, max_tokens=6, ignore_eos=True,
                      logprobs=3)[0]
-    resp = client.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=6,
-                                     temperature=0, logprobs=3,
-                                     extra_body={"ignore_eos": True})
-    lp = resp.choices[0].logprobs
+    kw = dict(model=NAME, prompt=PROMPTS[2], max_tokens=6, temperature=0, logprobs=3,
+              extra_body={"ignore_eos": True})
+    if stream:  # the chunks' lists, concatenated, are the whole response's
+        parts = [c.choices[0].logprobs for c in client.completions.create(stream=True, **kw)
+                 if c.choices[0].logprobs]
+        lp = parts[0]
+        for part in parts[1:]:
+            for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                getattr(lp, field).extend(getattr(part, field))
+    else:
+        lp = client.completions.create(**kw).choices[0].logprobs
     chosen = [pos[t] for pos, t in zip(want.logprobs, want.token_ids)]
     assert lp.tokens == [c.decoded_token for c in chosen]
     assert lp.token_logprobs == pytest.approx([c.logprob for c in chosen], abs=1e-5)
