@@ -1,5 +1,8 @@
 """Bad requests get a 4xx with OpenAI's error shape and the server keeps serving; a wrong
 or missing API key gets a 401; a dead engine gives 503s."""
+import json
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import openai
 import pytest
@@ -141,9 +144,30 @@ def test_openai_client_errors(live_server):
     assert client.completions.create(model=NAME, prompt="Hi", max_tokens=2).choices
 
 
-def test_dead_engine_is_503(live_server, http):
-    """Last in the module: it stops the engine."""
-    live_server.engine.shutdown()
+def test_engine_failure_mid_stream_then_503(live_server, http, monkeypatch):
+    """Last in the module: it kills the engine. Requests under way (a stream and an
+    unstreamed one) end with an error event and [DONE], and a 503; then /health and every
+    new request answer 503."""
+    engine = live_server.engine.engine
+    original = engine.step_updates
+
+    def failing_step():
+        if len(engine.scheduler.running) >= 2:  # once both requests run
+            raise RuntimeError("boom")
+        return original()
+
+    monkeypatch.setattr(engine, "step_updates", failing_step)
+    body = {**CMPL, "max_tokens": 60, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool:
+        unstreamed = pool.submit(http.post, "/v1/completions", json=body)
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+            assert resp.status_code == 200
+            events = [line[len("data: "):] for line in resp.iter_lines()
+                      if line.startswith("data: ")]
+        assert "boom" in assert_error(unstreamed.result(), 503)["message"]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert "boom" in error["message"] and error["code"] == "engine_dead"
     assert_error(http.get("/health"), 503)
     for route, body in (("/v1/completions", CMPL), ("/v1/chat/completions", CHAT)):
         for stream in (False, True):
