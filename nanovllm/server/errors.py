@@ -4,6 +4,8 @@ Every error the server sends reads {"error": {"message", "type", "param", "code"
 the openai client parses into its APIError classes, whatever went wrong (a bad field, a bad
 key, an unknown route, a dead engine).
 """
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -11,6 +13,8 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nanovllm.engine.async_llm import EngineDeadError
+
+logger = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -59,9 +63,11 @@ def from_validation(error: ValidationError | RequestValidationError) -> APIError
 
 
 def engine_error(error: BaseException) -> APIError:
-    """An engine failure: 503 when the engine is gone, 500 for anything else."""
+    """An engine failure: 503 when the engine is gone, 500 for anything else (logged: the
+    client sees one line, the operator needs the traceback)."""
     if isinstance(error, EngineDeadError):
         return APIError(503, str(error), code="engine_dead")
+    logger.error("request failed", exc_info=error)
     return APIError(500, f"internal error: {type(error).__name__}: {error}")
 
 
@@ -75,6 +81,11 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
         return from_validation(exc).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        # A bug, not a bad request: still JSON in OpenAI's shape (uvicorn logs the traceback).
+        return engine_error(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
