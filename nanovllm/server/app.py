@@ -25,6 +25,9 @@ def build_app(engine: AsyncLLM, served_model_name: str, api_key: str | None = No
     """A FastAPI app serving `engine` under the model name `served_model_name`; with
     `api_key`, every /v1 route wants `Authorization: Bearer <api_key>`; with `owns_engine`,
     the engine is shut down when the app's server stops."""
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        raise ValueError(f"api_key must be None (no key) or a non-empty string, got "
+                         f"{api_key!r}")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):

@@ -4,6 +4,7 @@ import asyncio
 from types import SimpleNamespace
 
 import httpx
+import pytest
 
 from nanovllm.server import build_app
 
@@ -39,3 +40,9 @@ def test_health_follows_the_engine():
     assert call(build_app(fake_engine(True), "toy"), "GET", "/health").status_code == 200
     resp = call(build_app(fake_engine(False), "toy"), "GET", "/health")
     assert resp.status_code == 503 and resp.json()["error"]["code"] == "engine_dead"
+
+
+@pytest.mark.parametrize("key", ["", "  ", 123])
+def test_empty_api_key_is_refused(key):
+    with pytest.raises(ValueError, match="api_key"):
+        build_app(fake_engine(), "toy", api_key=key)
