@@ -67,6 +67,10 @@ class AsyncLLM:
         self._last_wake = 0.0
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
+        # Set (under the lock) once the engine thread takes no more commands: an "add" put
+        # after its last drain would wait forever, so the check and the put share the lock.
+        self._closed = False
+        self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="nanovllm-engine", daemon=True)
         self._thread.start()
 
@@ -135,7 +139,11 @@ class AsyncLLM:
         stream = _Stream(loop, request_id, self.engine.text)
         self._live[request_id] = stream
         reply = loop.create_future()
-        self._inbox.put(("add", (prompt, sp, priority, stream, reply)))
+        with self._close_lock:
+            if self._closed:
+                del self._live[request_id]
+                raise EngineDeadError(_dead_message(self.error))
+            self._inbox.put(("add", (prompt, sp, priority, stream, reply)))
         try:
             await reply
         except BaseException:
@@ -211,13 +219,15 @@ class AsyncLLM:
     def _fail_all(self, error: BaseException) -> None:
         self._wake()  # ended streams not woken yet get their last outputs first
         streams, self._streams = self._streams, {}
-        while True:  # requests still queued: their callers wait for a reply
-            cmd = _get_nowait(self._inbox)
-            if cmd is None:
-                break
-            if cmd[0] == "add":
-                _prompt, _sp, _priority, stream, reply = cmd[1]
-                stream.loop.call_soon_threadsafe(_settle, reply, None, error)
+        with self._close_lock:
+            self._closed = True
+            while True:  # requests still queued: their callers wait for a reply
+                cmd = _get_nowait(self._inbox)
+                if cmd is None:
+                    break
+                if cmd[0] == "add":
+                    _prompt, _sp, _priority, stream, reply = cmd[1]
+                    stream.loop.call_soon_threadsafe(_settle, reply, None, error)
         for stream in streams.values():
             stream.fail(error)
         by_loop: dict = {}

@@ -1,0 +1,193 @@
+"""The OpenAI request bodies the server accepts, and their mapping to SamplingParams.
+
+Fields follow OpenAI's API (plus vLLM's sampling extras: top_k, min_p, repetition_penalty,
+min_tokens, ignore_eos, stop_token_ids). Unknown fields are refused with a 400 rather than
+ignored, so a client never believes a setting took effect when it did not; the few OpenAI
+fields that exist but are not implemented (echo, suffix, best_of > n, logit_bias, tools,
+response_format other than text) are refused by name.
+"""
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nanovllm.sampling_params import MAX_LOGPROBS, SamplingParams
+from nanovllm.server.errors import APIError, bad_request
+
+MAX_N = 128  # completions per prompt; a guard against one request filling the server
+
+
+class StreamOptions(BaseModel):
+    """stream_options: include_usage adds a last chunk with the token counts."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool | None = False
+
+
+class _Sampling(BaseModel):
+    """The fields completions and chat share."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(1, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float | None = Field(0.0, ge=-2, le=2)
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = Field(0, ge=0)
+    ignore_eos: bool | None = False
+    stop_token_ids: list[int] | None = None
+
+    def refuse_unsupported(self) -> None:
+        """400 for OpenAI fields that are recognised but not implemented."""
+        if self.logit_bias:
+            raise bad_request("logit_bias is not supported by this server", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed with stream=true",
+                              "stream_options")
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """The engine's SamplingParams; OpenAI's defaults where a field is null or absent."""
+        def pick(value, default):
+            return default if value is None else value
+
+        try:
+            return SamplingParams(
+                temperature=pick(self.temperature, 1.0), top_p=pick(self.top_p, 1.0),
+                top_k=pick(self.top_k, -1), min_p=pick(self.min_p, 0.0),
+                max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos), seed=self.seed,
+                stop_token_ids=self.stop_token_ids, stop=self.stop, n=pick(self.n, 1),
+                repetition_penalty=pick(self.repetition_penalty, 1.0),
+                presence_penalty=pick(self.presence_penalty, 0.0),
+                frequency_penalty=pick(self.frequency_penalty, 0.0),
+                min_tokens=pick(self.min_tokens, 0), logprobs=logprobs)
+        except ValueError as e:
+            # SamplingParams names the field as "SamplingParams.<field>=..."
+            text = str(e)
+            param = text.split("=", 1)[0].removeprefix("SamplingParams.") if "=" in text else None
+            raise bad_request(text, param) from e
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        """400 for echo, suffix and best_of != n, besides the shared ones."""
+        super().refuse_unsupported()
+        if self.echo:
+            raise bad_request("echo=true is not supported by this server", "echo")
+        if self.suffix:
+            raise bad_request("suffix is not supported by this server", "suffix")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise bad_request("best_of is not supported by this server (only best_of == n)",
+                              "best_of")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt field as a list of prompts (text or token ids)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise bad_request("prompt must not be empty", "prompt")
+        if isinstance(p[0], int):
+            return [p]
+        if any(isinstance(x, list) and not x for x in p):
+            raise bad_request("prompt: a token-id prompt must not be empty", "prompt")
+        return list(p)
+
+
+class TextPart(BaseModel):
+    """A text content part of a chat message (the only kind supported)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_dict(self) -> dict:
+        """{"role", "content"} with the text parts joined, as chat templates expect."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message = {"role": self.role, "content": content or ""}
+        if self.name is not None:  # templates that know the field may use it
+            message["name"] = self.name
+        return message
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+
+    def refuse_unsupported(self) -> None:
+        """400 for tools and non-text response formats, besides the shared ones."""
+        super().refuse_unsupported()
+        if self.tools or self.tool_choice not in (None, "none"):
+            raise bad_request("tools / tool_choice are not supported by this server", "tools")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise bad_request("response_format other than {'type': 'text'} is not supported",
+                              "response_format")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+
+    def engine_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: None when off, else how many top tokens per position."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens (OpenAI's newer name) or max_tokens; None: up to the limit."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+
+def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int,
+                 prompt_param: str) -> int:
+    """The max_tokens to run with (room left when None); 400 when the request cannot fit."""
+    if prompt_len >= max_model_len:
+        raise bad_request(f"the prompt has {prompt_len} tokens but this model's maximum "
+                          f"context length is {max_model_len}: shorten it", prompt_param)
+    if max_tokens is None:
+        return max_model_len - prompt_len
+    if prompt_len + max_tokens > max_model_len:
+        raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; "
+                            f"you asked for {prompt_len + max_tokens} ({prompt_len} in the "
+                            f"prompt, {max_tokens} to generate): lower max_tokens",
+                       "max_tokens", code="context_length_exceeded")
+    return max_tokens

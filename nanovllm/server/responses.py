@@ -1,0 +1,109 @@
+"""OpenAI's response shapes: choices, logprobs and usage, built from engine deltas.
+
+A Choice accumulates one completion (one prompt x one sample) as its deltas arrive; the
+same object renders a whole response's choice or a stream chunk's, so streamed and unstreamed
+responses cannot drift apart.
+"""
+import time
+import uuid
+
+from nanovllm.outputs import CompletionOutput, PositionLogprobs
+
+
+def new_id(prefix: str) -> str:
+    """A response id, e.g. cmpl-3f2a... (OpenAI's style)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def envelope(rid: str, kind: str, model: str, created: int | None = None) -> dict:
+    """The fields every response and chunk starts with."""
+    return {"id": rid, "object": kind, "created": created or int(time.time()), "model": model}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """OpenAI's usage object."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _token(entry: PositionLogprobs, token_id: int) -> tuple[str, float]:
+    """The chosen token's text and logprob at one position."""
+    chosen = entry[token_id]
+    text = chosen.decoded_token
+    return (f"token_id:{token_id}" if text is None else text), chosen.logprob
+
+
+def _text(token_id: int, lp) -> str:
+    return f"token_id:{token_id}" if lp.decoded_token is None else lp.decoded_token
+
+
+class Choice:
+    """One completion's text, token count, logprobs and end, as deltas arrive."""
+
+    def __init__(self, index: int, chat: bool, top_logprobs: int | None):
+        """top_logprobs: None when logprobs are off, else how many top tokens to list."""
+        self.index, self.chat, self.k = index, chat, top_logprobs
+        self.text, self.num_tokens, self.finish_reason = "", 0, None
+        self.stop_reason: int | str | None = None  # vLLM's extra: the stop string or id hit
+        self.logprobs: list = []  # OpenAI-shaped per-token items (chat) or rows (completions)
+        # text_offset counts the tokens' own texts (as vLLM does): the visible text can be
+        # shorter (a cut stop string) or lag (a split UTF-8 character held back).
+        self.token_chars = 0
+
+    def add(self, out: CompletionOutput) -> dict:
+        """Take one delta; returns the chunk choice for it (streaming)."""
+        self.text += out.text
+        self.num_tokens += len(out.token_ids)
+        if out.finish_reason is not None:
+            self.finish_reason = _openai_reason(out.finish_reason)
+            self.stop_reason = out.stop_reason
+        items = None
+        if out.logprobs is not None:
+            items = self._logprob_items(out.logprobs, out.token_ids)
+            self.logprobs += items
+        return self._render(out.text, items, self.finish_reason if out.finish_reason else None)
+
+    def final(self) -> dict:
+        """The choice of a whole (unstreamed) response."""
+        items = self.logprobs if self.k is not None else None
+        return self._render(self.text, items, self.finish_reason, whole=True)
+
+    def _logprob_items(self, entries: list[PositionLogprobs], ids: list[int]) -> list:
+        items = []
+        for entry, tid in zip(entries, ids):
+            text, logprob = _token(entry, tid)
+            if self.chat:
+                ranked = sorted(entry.items(), key=lambda kv: kv[1].rank or 0)[:self.k]
+                top = [{"token": _text(t, lp), "logprob": lp.logprob,
+                        "bytes": list(_text(t, lp).encode())} for t, lp in ranked]
+                items.append({"token": text, "logprob": logprob, "bytes": list(text.encode()),
+                              "top_logprobs": top})
+            else:
+                top = {_text(t, lp): lp.logprob for t, lp in entry.items()}
+                items.append((text, logprob, top, self.token_chars))
+                self.token_chars += len(text)
+        return items
+
+    def _render(self, text: str, items, finish_reason, whole: bool = False) -> dict:
+        if self.chat:
+            key = "message" if whole else "delta"
+            body = {key: {"role": "assistant", "content": text} if whole else {"content": text}}
+            logprobs = None if items is None else {"content": items}
+        else:
+            body = {"text": text}
+            logprobs = None if items is None else _completion_logprobs(items)
+        return {"index": self.index, **body, "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": self.stop_reason if finish_reason else None}
+
+
+def _completion_logprobs(rows: list[tuple]) -> dict:
+    """The legacy completions logprobs object: four parallel lists."""
+    return {"tokens": [r[0] for r in rows], "token_logprobs": [r[1] for r in rows],
+            "top_logprobs": [r[2] for r in rows], "text_offset": [r[3] for r in rows]}
+
+
+def _openai_reason(reason: str) -> str:
+    # OpenAI knows "stop" and "length"; an aborted request only ends that way when the server
+    # itself gave up on it, and the client sees it as stopped.
+    return "length" if reason == "length" else "stop"

@@ -1,0 +1,25 @@
+"""AsyncLLM after its engine thread stopped: a request that got past the is_running check
+just before the thread's last drain still fails at once instead of waiting forever."""
+import asyncio
+
+import pytest
+
+from nanovllm import SamplingParams
+from nanovllm.engine.async_llm import AsyncLLM, EngineDeadError
+
+
+def test_add_after_the_last_drain_fails_fast(toy_models, monkeypatch):
+    llm = AsyncLLM(toy_models["tied_mha_d16"], device="cpu", dtype="float32",
+                   kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=8,
+                   max_num_seqs=2)
+    llm.shutdown()
+    # The race, made deterministic: the check still says "running" after the drain.
+    monkeypatch.setattr(AsyncLLM, "is_running", property(lambda self: True))
+
+    async def first_output():
+        gen = llm.generate([5, 6, 7], SamplingParams(max_tokens=2))
+        return await asyncio.wait_for(gen.__anext__(), timeout=5)
+
+    with pytest.raises(EngineDeadError):
+        asyncio.run(first_output())
+    assert not llm._live  # the request left no trace

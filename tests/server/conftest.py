@@ -1,0 +1,76 @@
+"""A real server for each test module: uvicorn on a background thread, on a free port."""
+import socket
+import threading
+import time
+
+import pytest
+
+MODEL = "tied_mha_d16"
+NAME = "toy"
+ENGINE_KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model_len=256)
+
+
+class LiveServer:
+    """uvicorn serving build_app(engine) on 127.0.0.1 from a thread; stop() joins it."""
+
+    def __init__(self, engine, api_key: str | None = None, chat_template: str | None = None):
+        import uvicorn
+
+        from nanovllm.server import build_app
+
+        self.engine = engine
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))  # port 0: the OS picks a free one, no race
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = build_app(engine, NAME, api_key=api_key, chat_template=chat_template)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Ask uvicorn to exit and wait for it."""
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Poll until every KV block is free (aborts are processed on the engine thread)."""
+        bm = self.engine.engine.scheduler.block_manager
+        deadline = time.monotonic() + timeout
+        while bm.num_free_blocks != bm.num_blocks:
+            assert time.monotonic() < deadline, (
+                f"{bm.num_blocks - bm.num_free_blocks} KV blocks still held")
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def live_server(toy_models, request):
+    """A server over AsyncLLM(toy model); the module may set ENGINE_OVERRIDES and API_KEY."""
+    from nanovllm.engine.async_llm import AsyncLLM
+
+    kw = {**ENGINE_KW, **getattr(request.module, "ENGINE_OVERRIDES", {})}
+    engine = AsyncLLM(toy_models[MODEL], **kw)
+    server = LiveServer(engine, api_key=getattr(request.module, "API_KEY", None))
+    yield server
+    server.stop()
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def offline(toy_models, request):
+    """The offline LLM with the module's engine settings: the reference outputs."""
+    from nanovllm import LLM
+
+    kw = {**ENGINE_KW, **getattr(request.module, "ENGINE_OVERRIDES", {})}
+    llm = LLM(toy_models[MODEL], **kw)
+    yield llm
+    llm.shutdown()

@@ -1,0 +1,68 @@
+"""`python -m nanovllm.server` (run_server) in a process of its own: it serves, and SIGTERM
+or SIGINT stops uvicorn and then the engine (its shutdown runs before the process ends)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.server.conftest import ENGINE_KW, MODEL
+
+SCRIPT = """
+import sys
+from nanovllm.engine.async_llm import AsyncLLM
+from nanovllm.server.__main__ import main
+
+original = AsyncLLM.shutdown
+def shutdown(self):
+    print("ENGINE SHUTDOWN", flush=True)
+    original(self)
+AsyncLLM.shutdown = shutdown
+main(sys.argv[1:])
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_server_and_engine(toy_models, sig):
+    port = free_port()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_KW.items()]
+    argv = [toy_models[MODEL], "--port", str(port), "--served-model-name", "toy",
+            "--log-level", "warning", "--num-kvcache-blocks", "16", "--max-num-seqs", "2"]
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, *argv, *options], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        resp = httpx.post(f"{url}/v1/completions", timeout=30,
+                          json={"model": "toy", "prompt": "Hello", "max_tokens": 3})
+        assert resp.status_code == 200
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "ENGINE SHUTDOWN" in out
+    assert "Traceback" not in out, out
+    # uvicorn re-raises SIGTERM once it has stopped; the CLI ends quietly on Ctrl-C.
+    assert proc.returncode == (-signal.SIGTERM if sig == signal.SIGTERM else 0)
