@@ -5,7 +5,6 @@ ignore_eos, so every run asks for the same tokens; the options only shrink or re
 """
 import argparse
 import json
-import logging
 import os
 import tempfile
 import time

@@ -192,3 +192,16 @@ def test_console_script_is_declared():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
     assert scripts == {"nanovllm": "nanovllm.cli:main"}
+
+
+def test_chat_without_a_chat_template_says_so(model, tmp_path, capsys):
+    import shutil
+
+    bare = shutil.copytree(model, tmp_path / "bare")
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    assert main(["chat", str(bare), *ENGINE]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no chat template" in err and "--chat-template" in err

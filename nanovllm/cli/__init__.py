@@ -6,6 +6,7 @@ stderr (exit 2 for bad arguments, 1 for bad input or settings), never as a trace
 """
 import argparse
 import logging
+import os
 import sys
 
 from nanovllm.cli import bench, chat, generate, serve
@@ -44,3 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`nanovllm generate ... | head -1`): not an error worth a traceback.
+        # Point stdout at devnull so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
