@@ -134,17 +134,34 @@ def test_chat_exit_command_ends_the_session(model):
     assert proc.stdout == ""
 
 
-def test_bench_runs_a_tiny_workload(model, tmp_path):
+def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path):
+    workload = ["--num-seqs", "3", "--min-input-len", "4", "--max-input-len", "8",
+                "--min-output-len", "2", "--max-output-len", "5", "--max-model-len", "64",
+                "--block-size", "16", "--enforce-eager", "--device", "cpu", "--dtype", "float32"]
     result = tmp_path / "bench.json"
-    proc = cli("bench", model, "--num-seqs", "3", "--min-input-len", "4", "--max-input-len", "8",
-               "--min-output-len", "2", "--max-output-len", "5", "--max-model-len", "64",
-               "--block-size", "16", "--enforce-eager", "--device", "cpu", "--dtype", "float32",
-               "--json", str(result))
+    proc = cli("bench", model, *workload, "--json", str(result))
     assert proc.returncode == 0, proc.stderr
     assert "Total: " in proc.stdout and "Throughput: " in proc.stdout
     figures = json.loads(result.read_text())
     assert 3 * 2 <= figures["output_tokens"] <= 3 * 5
     assert 3 * 4 <= figures["prompt_tokens"] <= 3 * 8
+    # bench.py at the repository root runs the same workload (same seed, same lengths).
+    script = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--model", model,
+                             *workload], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert script.returncode == 0, script.stderr
+    total = f"Total: {figures['output_tokens']}tok, "
+    assert script.stdout.startswith(total) and proc.stdout.startswith(total)
+
+
+def test_parser_and_help_import_no_torch():
+    # --help and argument errors answer at once: the engine is imported when a command runs.
+    code = ("import sys\n"
+            "from nanovllm.cli import build_parser\n"
+            "build_parser()\n"
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 @pytest.mark.parametrize("args, code, needles", [
@@ -187,7 +204,7 @@ def test_serve_without_the_server_module_says_so(model, monkeypatch, capsys):
 
 
 def test_console_script_is_declared():
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
