@@ -127,11 +127,16 @@ def test_chat_streams_replies_from_piped_stdin(model, offline):
     assert "conversation cleared" in proc.stderr
 
 
-def test_chat_exit_command_ends_the_session(model):
-    proc = cli("chat", model, "--temperature", "0", "--max-tokens", "3", *ENGINE,
-               stdin="/exit\nHello\n")
+def test_chat_system_message_and_exit_command(model, offline):
+    from nanovllm import SamplingParams
+
+    proc = cli("chat", model, "--system", "Be brief.", "--temperature", "0", "--max-tokens", "4",
+               *ENGINE, stdin="Hi\n/exit\nnever answered\n")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == ""
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    reply = offline.chat(conversation, SamplingParams(temperature=0, max_tokens=4),
+                         use_tqdm=False)[0].outputs[0].text
+    assert proc.stdout == f"{reply}\n"  # one reply: /exit ended the session
 
 
 def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path):
