@@ -1,0 +1,126 @@
+"""The throughput benchmark's workload, shared by `python bench.py` and `nanovllm bench`.
+
+nano-vLLM's workload: random token-id prompts (random.seed(0)) with random output lengths and
+ignore_eos, so every run asks for the same tokens; the options only shrink or reshape it.
+"""
+import argparse
+import json
+import os
+import tempfile
+import time
+from random import randint, seed
+
+from nanovllm.config import DTYPES
+
+
+def dummy_model_dir() -> str:
+    """config.json (Qwen3-0.6B shape, bf16) + a small tokenizer; weights come from 'dummy'."""
+    from nanovllm.utils.toy import QWEN3_0_6B, save_config_only
+
+    path = os.path.join(tempfile.gettempdir(), "nanovllm-qwen3-0.6b-dummy")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        save_config_only(path, **QWEN3_0_6B, torch_dtype="bfloat16", eos_token_id=151645)
+    return path
+
+
+def add_bench_args(ap: argparse.ArgumentParser) -> None:
+    """The benchmark's options (all but the model), for bench.py and `nanovllm bench`."""
+    ap.add_argument("--dummy", action="store_true", help="random weights even with a model")
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--min-input-len", type=int, default=100)
+    ap.add_argument("--max-input-len", type=int, default=1024)
+    ap.add_argument("--min-output-len", type=int, default=100)
+    ap.add_argument("--max-output-len", type=int, default=1024)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--sync", action="store_true",
+                    help="async_scheduling=False: the host waits for every step")
+    ap.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                    help="tensor_parallel_size")
+    ap.add_argument("--block-size", type=int, default=256)
+    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
+    ap.add_argument("--dtype", choices=DTYPES, default="auto")
+    ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
+    ap.add_argument("--shared-prefix", action="store_true",
+                    help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
+    ap.add_argument("--json", help="write the results to this file")
+
+
+def check_bench_args(args: argparse.Namespace) -> None:
+    """ValueError naming the first workload option out of range (randint would fail later)."""
+    if args.num_seqs < 1:
+        raise ValueError(f"--num-seqs={args.num_seqs} must be >= 1")
+    for kind in ("input", "output"):
+        lo, hi = getattr(args, f"min_{kind}_len"), getattr(args, f"max_{kind}_len")
+        if not 1 <= lo <= hi:
+            raise ValueError(f"--min-{kind}-len={lo} and --max-{kind}-len={hi} must satisfy "
+                             f"1 <= min <= max")
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    """Build the engine, run the workload, print the figures; returns them as a dict."""
+    from nanovllm import LLM, SamplingParams
+
+    check_bench_args(args)
+    path = args.model or dummy_model_dir()
+    load_format = "dummy" if args.dummy or not args.model else "auto"
+    # Import the device side (torch, Triton, the model) outside the start-up timing, as the
+    # figures before the engine stopped importing torch at module level were taken.
+    t = time.perf_counter()
+    import nanovllm.engine.model_runner  # noqa: F401
+    imports = time.perf_counter() - t
+    t = time.perf_counter()
+    llm = LLM(path, load_format=load_format, enforce_eager=args.enforce_eager,
+              max_model_len=args.max_model_len, tensor_parallel_size=args.tp,
+              kvcache_block_size=args.block_size, attention_backend=args.attention_backend,
+              async_scheduling=False if args.sync else None, device=args.device,
+              dtype=args.dtype)
+    startup = time.perf_counter() - t
+
+    # Token ids are drawn from [0, 10000] as in nano-vLLM; a smaller vocabulary (the tiny test
+    # models) takes them modulo its size, which leaves a real model's workload unchanged.
+    vocab = llm.config.hf_config.vocab_size
+
+    def tok() -> int:
+        return randint(0, 10000) % vocab
+
+    seed(0)
+    if args.shared_prefix:
+        prefix = [tok() for _ in range(2000)]
+        prompts = [prefix + [tok() for _ in range(randint(1, 100))] for _ in range(512)]
+        params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 300))
+                  for _ in range(512)]
+    else:
+        prompts = [[tok() for _ in range(randint(args.min_input_len, args.max_input_len))]
+                   for _ in range(args.num_seqs)]
+        params = [SamplingParams(temperature=0.6, ignore_eos=True,
+                                 max_tokens=randint(args.min_output_len, args.max_output_len))
+                  for _ in range(args.num_seqs)]
+
+    llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # warm-up
+    t = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t
+    total = sum(p.max_tokens for p in params)
+    result = {"startup_s": round(startup, 2), "import_s": round(imports, 2),
+              "prompt_tokens": sum(map(len, prompts)), "output_tokens": total,
+              "seconds": round(elapsed, 3), "throughput_tok_s": round(total / elapsed, 1)}
+    print(f"Total: {total}tok, Time: {elapsed:.2f}s, Throughput: {total / elapsed:.2f}tok/s")
+
+    if args.single:
+        sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=512)
+        one = [[tok() for _ in range(32)]]
+        llm.generate(one, SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+        t = time.perf_counter()
+        llm.generate(one, sp, use_tqdm=False)
+        single = time.perf_counter() - t
+        result["single_seq_decode_tok_s"] = round(512 / single, 1)
+        print(f"Single sequence: 512tok, Time: {single:.2f}s, Throughput: {512 / single:.2f}tok/s")
+    print(f"Startup: {startup:.1f}s (imports before it: {imports:.1f}s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    llm.shutdown()
+    return result
+

@@ -1,0 +1,47 @@
+"""`nanovllm serve`: the OpenAI-compatible HTTP server (nanovllm.server.app.run_server)."""
+import argparse
+
+from nanovllm.cli.common import CLIError, resolve_model
+from nanovllm.cli.options import add_engine_args, add_model_arg, engine_kwargs
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535)")
+    return port
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the serve subcommand."""
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server",
+                              description=__doc__)
+    add_model_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
+                   "%(default)s; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=_port, default=8000, help="default: %(default)s")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--served-model-name", metavar="NAME",
+                   help="the model name clients use (default: the model directory)")
+    add_engine_args(p)
+    p.set_defaults(func=run, log_level_default="INFO")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Import the server lazily (its web dependencies are optional) and run it."""
+    try:
+        from nanovllm.server.app import run_server
+    except ImportError as e:
+        if (e.name or "").startswith("nanovllm"):
+            raise CLIError("this nanovllm has no HTTP server (nanovllm.server.app is "
+                           "missing): update nanovllm to use `serve`") from None
+        raise CLIError(f"`serve` needs the package {e.name!r}, which is not installed "
+                       f"({e})") from None
+    run_server(resolve_model(args.model), host=args.host, port=args.port, api_key=args.api_key,
+               served_model_name=args.served_model_name, **engine_kwargs(args))
+    return 0
