@@ -23,6 +23,8 @@ _ENGINE_OPTIONS = [
     ("--gpu-memory-utilization", "gpu_memory_utilization", float,
      "share of GPU memory the engine may use (weights + KV cache)"),
     ("--kvcache-block-size", "kvcache_block_size", int, "tokens per KV-cache block"),
+    ("--num-kvcache-blocks", "num_kvcache_blocks", int,
+     "KV-cache blocks (-1: as many as the memory budget allows)"),
     ("--device", "device", str, "cpu or cuda (default: cuda when there is one)"),
     ("--dtype", "dtype", DTYPES, "weights' and activations' dtype (auto: the model's)"),
     ("--attention-backend", "attention_backend", ATTENTION_BACKENDS, "attention kernels"),

@@ -1,5 +1,6 @@
 """`nanovllm serve`: the OpenAI-compatible HTTP server (nanovllm.server.app.run_server)."""
 import argparse
+import os
 
 from nanovllm.cli.common import CLIError, resolve_model
 from nanovllm.cli.options import add_engine_args, add_model_arg, engine_kwargs
@@ -23,10 +24,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "%(default)s; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=_port, default=8000, help="default: %(default)s")
-    p.add_argument("--api-key", metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("NANOVLLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every request (default: "
+                        "$NANOVLLM_API_KEY)")
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the model name clients use (default: the model directory)")
+    p.add_argument("--chat-template", metavar="TEMPLATE",
+                   help="a Jinja chat template, or a file holding one (default: the "
+                        "tokenizer's)")
     add_engine_args(p)
     p.set_defaults(func=run, log_level_default="INFO")
     return p
@@ -42,6 +47,15 @@ def run(args: argparse.Namespace) -> int:
                            "missing): update nanovllm to use `serve`") from None
         raise CLIError(f"`serve` needs the package {e.name!r}, which is not installed "
                        f"({e})") from None
-    run_server(resolve_model(args.model), host=args.host, port=args.port, api_key=args.api_key,
-               served_model_name=args.served_model_name, **engine_kwargs(args))
+    template = args.chat_template
+    if template is not None and os.path.isfile(template):
+        with open(template) as f:
+            template = f.read()
+    try:
+        run_server(resolve_model(args.model), host=args.host, port=args.port,
+                   api_key=args.api_key, served_model_name=args.served_model_name,
+                   chat_template=template, log_level=(args.log_level or "info").lower(),
+                   **engine_kwargs(args))
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has stopped cleanly
+        pass
     return 0
