@@ -4,6 +4,7 @@ ignore_eos) sent as concurrent streaming requests.
     python tools/bench_serve.py --mode async   # AsyncLLM in this process, no HTTP
     python tools/bench_serve.py --mode http    # the OpenAI server in a child process,
                                                # streaming clients in --clients processes
+    python tools/bench_serve.py --mode offline # LLM.generate on the same model directory
 
 Reports output tok/s over the whole run, time to first token (TTFT) and time per output
 token after the first (TPOT = (last - first) / (tokens - 1), per request) at p50/p99.
@@ -42,6 +43,48 @@ def summary(records: list[tuple[float, float, float, int]], elapsed: float) -> d
             "throughput_tok_s": round(total / elapsed, 1),
             "ttft_ms_p50": round(1e3 * pct(ttft, 0.5), 1), "ttft_ms_p99": round(1e3 * pct(ttft, 0.99), 1),
             "tpot_ms_p50": round(1e3 * pct(tpot, 0.5), 2), "tpot_ms_p99": round(1e3 * pct(tpot, 0.99), 2)}
+
+
+def serve_model_dir() -> str:
+    """bench.py's dummy Qwen3-0.6B, but with a word-level tokenizer covering the whole
+    vocabulary: with the demo tokenizer (400 tokens) almost every sampled id decodes to "",
+    and a server sends no chunk for a delta without text, which would hide the stream."""
+    import json
+    import tempfile
+
+    from nanovllm.utils.toy import QWEN3_0_6B, qwen3_config_dict
+
+    path = os.path.join(tempfile.gettempdir(), "nanovllm-qwen3-0.6b-dummy-words")
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return path
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(qwen3_config_dict(**QWEN3_0_6B, torch_dtype="bfloat16",
+                                    eos_token_id=151645), f)
+    n = QWEN3_0_6B["vocab_size"]
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(n)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w151645").save_pretrained(path)
+    return path
+
+
+def run_offline(path: str, load_format: str, work) -> dict:
+    """The same requests through LLM.generate (one batch): the figure to compare with."""
+    from nanovllm import LLM, SamplingParams
+
+    llm = LLM(path, load_format=load_format, max_model_len=4096)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up
+    sps = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for _, m in work]
+    t = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in work], sps, use_tqdm=False)
+    elapsed = time.perf_counter() - t
+    llm.shutdown()
+    total = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"requests": len(outs), "output_tokens": total, "seconds": round(elapsed, 3),
+            "throughput_tok_s": round(total / elapsed, 1)}
 
 
 # -- in-process AsyncLLM ---------------------------------------------------------------------
@@ -164,7 +207,7 @@ def run_http(path: str, load_format: str, work, clients: int, switch: float | No
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--mode", choices=["async", "http"], default="http")
+    ap.add_argument("--mode", choices=["offline", "async", "http"], default="http")
     ap.add_argument("--model", help="Hugging Face Qwen3 directory (default: dummy Qwen3-0.6B)")
     ap.add_argument("--load-format", default=None)
     ap.add_argument("--num-seqs", type=int, default=256)
@@ -179,15 +222,15 @@ def main():
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
     if args.model is None:
-        from bench import dummy_model_dir
-
-        args.model, args.load_format = dummy_model_dir(), args.load_format or "dummy"
+        args.model, args.load_format = serve_model_dir(), args.load_format or "dummy"
     load_format = args.load_format or "auto"
     if args.serve_only:
         serve(args.model, load_format, args.serve_only, args.switch_interval)
         return
     work = workload(args.num_seqs, args.max_input_len, args.max_output_len)
-    if args.mode == "async":
+    if args.mode == "offline":
+        result = run_offline(args.model, load_format, work)
+    elif args.mode == "async":
         result = run_async(args.model, load_format, work, args.switch_interval, args.delta_cost)
     else:
         result = run_http(args.model, load_format, work, args.clients, args.switch_interval)
