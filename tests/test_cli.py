@@ -61,7 +61,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *needles
                     "--top-p", "--top-k", "--seed", "--n", "--stop", "--chat",
                     "--tensor-parallel-size", "--enable-prefix-caching"]),
     (["chat"], ["/reset", "--system", "--max-tokens", "--max-model-len", "--device"]),
-    (["serve"], ["--host", "--port", "--api-key", "--served-model-name",
+    (["serve"], ["--host", "--port", "--api-key", "--served-model-name", "--engine-process",
                  "--tensor-parallel-size", "--gpu-memory-utilization"]),
     (["bench"], ["--num-seqs", "--max-input-len", "--max-output-len", "--single", "--tp"]),
 ])

@@ -88,17 +88,14 @@ def run_offline(path: str, load_format: str, work) -> dict:
 
 
 # -- in-process AsyncLLM ---------------------------------------------------------------------
-def run_async(path: str, load_format: str, work, switch, delta_cost) -> dict:
+def run_async(path: str, load_format: str, work, switch, engine_process: bool) -> dict:
     from nanovllm import SamplingParams
     from nanovllm.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM(path, load_format=load_format, max_model_len=4096)
+    llm = AsyncLLM(path, load_format=load_format, max_model_len=4096,
+                   engine_process=engine_process)
     if switch:  # after AsyncLLM, which lowers Python's default itself
         sys.setswitchinterval(switch)
-    if delta_cost is not None:
-        import nanovllm.engine.async_llm as async_llm
-
-        async_llm.DELTA_COST_S = delta_cost
 
     async def one(prompt, max_tokens):
         sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=max_tokens)
@@ -128,14 +125,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(path: str, load_format: str, port: int, switch: float | None) -> None:
+def serve(path: str, load_format: str, port: int, switch: float | None,
+          engine_process: bool) -> None:
     from nanovllm.server.app import run_server
 
     if switch:
         sys.setswitchinterval(switch)
 
     run_server(path, host="127.0.0.1", port=port, served_model_name="bench",
-               load_format=load_format, max_model_len=4096)
+               load_format=load_format, max_model_len=4096, engine_process=engine_process)
 
 
 def client_proc(port: int, work, start_at: float, queue) -> None:
@@ -167,13 +165,15 @@ def client_proc(port: int, work, start_at: float, queue) -> None:
     queue.put(asyncio.run(main()))
 
 
-def run_http(path: str, load_format: str, work, clients: int, switch: float | None) -> dict:
+def run_http(path: str, load_format: str, work, clients: int, switch: float | None,
+             engine_process: bool) -> dict:
     import httpx
 
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-only", str(port),
                                "--model", path, "--load-format", load_format]
-                              + (["--switch-interval", str(switch)] if switch else []))
+                              + (["--switch-interval", str(switch)] if switch else [])
+                              + ([] if engine_process else ["--engine-thread"]))
     try:
         for _ in range(600):
             try:
@@ -216,8 +216,9 @@ def main():
     ap.add_argument("--clients", type=int, default=4, help="client processes (http mode)")
     ap.add_argument("--switch-interval", type=float,
                     help="sys.setswitchinterval for the engine's process (default: Python's 5 ms)")
-    ap.add_argument("--delta-cost", type=float,
-                    help="async mode: AsyncLLM's DELTA_COST_S (0: wake streams every step)")
+    ap.add_argument("--engine-thread", action="store_true",
+                    help="run the engine on a thread of the serving process (AsyncLLM's "
+                         "engine_process=False) instead of a process of its own")
     ap.add_argument("--serve-only", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
@@ -225,17 +226,20 @@ def main():
         args.model, args.load_format = serve_model_dir(), args.load_format or "dummy"
     load_format = args.load_format or "auto"
     if args.serve_only:
-        serve(args.model, load_format, args.serve_only, args.switch_interval)
+        serve(args.model, load_format, args.serve_only, args.switch_interval,
+              not args.engine_thread)
         return
     work = workload(args.num_seqs, args.max_input_len, args.max_output_len)
     if args.mode == "offline":
         result = run_offline(args.model, load_format, work)
     elif args.mode == "async":
-        result = run_async(args.model, load_format, work, args.switch_interval, args.delta_cost)
+        result = run_async(args.model, load_format, work, args.switch_interval,
+                           not args.engine_thread)
     else:
-        result = run_http(args.model, load_format, work, args.clients, args.switch_interval)
+        result = run_http(args.model, load_format, work, args.clients, args.switch_interval,
+                          not args.engine_thread)
     result.update(mode=args.mode, switch_interval=args.switch_interval,
-                  delta_cost=args.delta_cost)
+                  engine="thread" if args.engine_thread else "process")
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:

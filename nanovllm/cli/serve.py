@@ -32,6 +32,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--chat-template", metavar="TEMPLATE",
                    help="a Jinja chat template, or a file holding one (default: the "
                         "tokenizer's)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine in a process of its own, so serving HTTP never "
+                        "slows its step loop down (default: on; --no-engine-process runs it "
+                        "on a thread of the server's process)")
     add_engine_args(p)
     p.set_defaults(func=run, log_level_default="INFO")
     return p
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         run_server(resolve_model(args.model), host=args.host, port=args.port,
                    api_key=args.api_key, served_model_name=args.served_model_name,
                    chat_template=template, log_level=(args.log_level or "info").lower(),
-                   **engine_kwargs(args))
+                   engine_process=args.engine_process, **engine_kwargs(args))
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has stopped cleanly
         pass
     return 0

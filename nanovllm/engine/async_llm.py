@@ -1,84 +1,122 @@
-"""AsyncLLM: the engine's step loop on a thread of its own, requests streamed to asyncio.
+"""AsyncLLM: the online engine's front end; requests streamed to asyncio.
 
-Every engine call happens on the engine thread: callers (any asyncio task, on one event
-loop) hand it commands through a queue and never touch the scheduler or the sequences. Once
-per step the thread copies what each request learned (new token ids, logprobs, the end) into
-that request's stream and wakes the event loop once for all of them; the consumer turns the
-ids into text when it reads (TextStream), so a slow consumer gets several steps' tokens in one
-delta instead of slowing the engine down. A request whose consumer stops listening (the
-async-for loop is left, or its task cancelled) is aborted and its blocks freed.
+The engine itself runs in an engine core (engine_core.py): by default a process of its own,
+so its step loop never waits for the GIL while this process detokenizes and serves HTTP;
+with engine_process=False a thread of this process (the engine then in reach, as
+`self.engine`). Either way the two sides talk over pipes: callers (asyncio tasks, on any
+event loop) send commands, and one reader thread here takes what each request learned (new
+token ids, logprobs, the end), appends it to the request's stream and wakes the event loop
+once for all of them. The consumer turns ids into text when it reads (TextStream), so a slow
+consumer gets several steps' tokens in one delta instead of slowing the engine down. A
+request whose consumer stops listening (the async-for loop is left, or its task cancelled)
+is aborted and its blocks freed.
 """
 import asyncio
+import atexit
+import concurrent.futures
 import itertools
 import logging
-import queue
+import multiprocessing as mp
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator
 
+from nanovllm.config import Config
 from nanovllm.engine import logprobs as lp
+from nanovllm.engine.engine_core import core_process_main, run_core
 from nanovllm.engine.llm_engine import LLMEngine
 from nanovllm.engine.prompts import conversation_list
-from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.text_stream import TextStream
-from nanovllm.engine.tokenizer import chat_prompt
+from nanovllm.engine.tokenizer import TextDecoder, chat_prompt, load_tokenizer
 from nanovllm.outputs import CompletionOutput, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# Waking a stream costs its consumer ~100 us of Python (a RequestOutput, a detokenizing
-# window) on the thread that shares the GIL with the engine. Waking every stream every step
-# would, at a few hundred streams, keep that thread busy for longer than the step takes and
-# starve the engine, so streams are woken at most every DELTA_COST_S x (live streams),
-# capped at MAX_WAKE_INTERVAL_S: every step at low load, a few steps' tokens per delta at
-# high load (the idea of vLLM's stream_interval, sized automatically).
-DELTA_COST_S = 1e-4
-MAX_WAKE_INTERVAL_S = 0.05
-# Python hands the GIL over every 5 ms by default: the engine thread, back from the device,
-# could wait that long for it at every step while a consumer decodes: 0.5 ms bounds the wait
-# (measured on H100 with tools/bench_serve.py: better than 1 ms, 0.2 ms worse).
+# Python hands the GIL over every 5 ms by default: the reader thread (or the engine thread,
+# in-process) could wait that long for it at every message while a consumer decodes; 0.5 ms
+# bounds the wait (measured on H100 with tools/bench_serve.py: better than 1 ms and 0.2 ms).
 SWITCH_INTERVAL_S = 0.0005
+# How long shutdown() waits for the engine process to stop before it is terminated.
+STOP_TIMEOUT_S = 30.0
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread stopped on an error (or was shut down): no request can be served."""
+    """The engine core stopped on an error (or was shut down): no request can be served."""
 
 
 class AsyncLLM:
     """The online engine: `async for out in llm.generate(prompt, params, request_id)` yields
-    each request's outputs as deltas (new text and token ids), while one thread steps."""
+    each request's outputs as deltas (new text and token ids), while the engine core steps."""
 
-    def __init__(self, model: str, **kwargs):
-        """Same arguments as LLM; the engine is built (and checked) here, then its thread
-        starts."""
-        self.engine = LLMEngine(model, **kwargs)
-        self.config, self.tokenizer = self.engine.config, self.engine.tokenizer
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[int, _Stream] = {}  # engine request id -> stream (engine thread)
+    def __init__(self, model: str, engine_process: bool = True, **kwargs):
+        """Same arguments as LLM, plus engine_process: run the engine in a process of its own
+        (default; faster under load) or on a thread of this one. Returns once the engine is
+        built; a bad argument or a failed start raises here."""
+        self.engine: LLMEngine | None = None
+        self._proc = self._thread = None
+        to_core, self._inbox = mp.Pipe(duplex=False)  # front end -> core
+        self._outbox, from_core = mp.Pipe(duplex=False)  # core -> front end
+        if engine_process:
+            # Checked here so a bad argument raises ValueError before a process starts.
+            config = Config.from_kwargs(model, **kwargs)
+            ctx = mp.get_context("spawn")  # CUDA cannot be forked into a child
+            level = logging.getLogger().getEffectiveLevel()
+            self._proc = ctx.Process(target=core_process_main, name="nanovllm-engine",
+                                     args=(model, kwargs, to_core, from_core, level))
+            self._proc.start()
+            to_core.close()
+            from_core.close()
+            tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+            self._text = TextDecoder(tokenizer)
+        else:
+            self.engine = LLMEngine(model, **kwargs)
+            tokenizer, self._text = self.engine.tokenizer, self.engine.text
+            self._thread = threading.Thread(target=run_core, name="nanovllm-engine",
+                                            args=(self.engine, to_core, from_core),
+                                            daemon=True)
+            self._thread.start()
+        self.tokenizer = tokenizer
+        self.config = self._wait_ready()
+        self._streams: dict[int, _Stream] = {}  # stream key -> stream (reader thread side)
         self._live: dict[str, _Stream] = {}  # caller's request id -> stream (event loop side)
-        self._auto_ids = itertools.count()
-        self.error: BaseException | None = None  # why the engine thread stopped, if it did
+        self._keys, self._auto_ids, self._tokens = (itertools.count() for _ in range(3))
+        self._stats: dict[int, concurrent.futures.Future] = {}
+        self.error: BaseException | None = None  # why the engine core stopped, if it did
         self._stopping = False
-        # Streams with news that were not woken yet, by event loop; when they last were.
-        self._to_wake: dict[asyncio.AbstractEventLoop, dict[int, _Stream]] = {}
-        self._last_wake = 0.0
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        # Set (under the lock) once the engine thread takes no more commands: an "add" put
-        # after its last drain would wait forever, so the check and the put share the lock.
+        # Set (under the lock) once the core is gone: an "add" sent after that would wait
+        # forever for its reply, so the check and the send share the lock.
         self._closed = False
         self._close_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="nanovllm-engine", daemon=True)
-        self._thread.start()
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name="nanovllm-reader", daemon=True)
+        self._reader.start()
+        atexit.register(self.shutdown)
+
+    def _wait_ready(self) -> Config:
+        """The engine's config, once the core has built the engine; its error if it failed."""
+        try:
+            msg = self._outbox.recv()
+        except EOFError:
+            msg = ("dead", None)
+        if msg[0] == "ready":
+            return msg[1]
+        self._join_core()
+        error = msg[1]
+        if error is None:
+            code = self._proc.exitcode if self._proc is not None else None
+            error = EngineDeadError(f"the engine process exited while starting (exit code "
+                                    f"{code})")
+        raise error
 
     # -- the caller's side ------------------------------------------------------------------
     @property
     def is_running(self) -> bool:
-        """Whether the engine thread is alive and serving."""
-        return self._thread.is_alive() and self.error is None and not self._stopping
+        """Whether the engine core is alive and serving."""
+        return self._reader.is_alive() and self.error is None and not self._stopping
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0
@@ -98,7 +136,7 @@ class AsyncLLM:
             if self._live.get(stream.request_id) is stream:
                 del self._live[stream.request_id]
             if not stream.done:
-                self._inbox.put(("abort", stream))
+                self._send_quietly(("abort", stream.key))
 
     async def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
                    request_id: str | None = None, priority: int = 0,
@@ -116,17 +154,45 @@ class AsyncLLM:
         """Abort a request by the id given to generate(); unknown or finished ids: a no-op."""
         stream = self._live.get(request_id)
         if stream is not None:
-            self._inbox.put(("abort", stream))
+            self._send_quietly(("abort", stream.key))
+
+    def stats(self, timeout: float = 30.0) -> dict:
+        """The engine's KV blocks (num_blocks, num_free_blocks), live requests, whether it is
+        idle, and how many requests were aborted while running. Blocks for one round trip to
+        the core (at most a step)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        token = next(self._tokens)
+        self._stats[token] = future
+        with self._close_lock:
+            if self._closed:
+                del self._stats[token]
+                raise EngineDeadError(_dead_message(self.error))
+            self._send(("stats", token))
+        return future.result(timeout)
 
     def shutdown(self) -> None:
-        """Stop the engine thread (streams still open end with EngineDeadError), then the
+        """Stop the engine core (streams still open end with EngineDeadError), then the
         engine. Idempotent."""
         if not self._stopping:
             self._stopping = True
-            self._inbox.put(("stop", None))
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._send_quietly(("stop",))
+        if threading.current_thread() is not self._reader:
+            self._reader.join()
+        self._join_core()
+        if self.engine is not None:
+            self.engine.shutdown()
+        atexit.unregister(self.shutdown)
+
+    def _join_core(self) -> None:
+        if self._thread is not None and threading.current_thread() is not self._thread:
             self._thread.join()
-        self.engine.shutdown()
+        if self._proc is not None:
+            self._proc.join(STOP_TIMEOUT_S)
+            if self._proc.is_alive():
+                logger.warning("the engine process did not stop in %.0f s: terminating it",
+                               STOP_TIMEOUT_S)
+                self._proc.terminate()
+                self._proc.join()
 
     async def _add(self, prompt, sp, request_id, priority) -> "_Stream":
         if not self.is_running:
@@ -136,187 +202,155 @@ class AsyncLLM:
         elif request_id in self._live:
             raise ValueError(f"request_id {request_id!r} is already in use by a running request")
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop, request_id, self.engine.text)
+        stream = _Stream(loop, request_id, next(self._keys), self._text)
         self._live[request_id] = stream
-        reply = loop.create_future()
         with self._close_lock:
             if self._closed:
                 del self._live[request_id]
                 raise EngineDeadError(_dead_message(self.error))
-            self._inbox.put(("add", (prompt, sp, priority, stream, reply)))
+            self._streams[stream.key] = stream
+            try:
+                self._send(("add", stream.key, prompt, sp, priority))
+            except BaseException:  # e.g. params that cannot be pickled
+                del self._streams[stream.key], self._live[request_id]
+                raise
         try:
-            await reply
+            await stream.reply
         except BaseException:
             del self._live[request_id]
-            # Cancelled while the engine thread adds it: the abort comes after the add.
-            self._inbox.put(("abort", stream))
+            # Cancelled while the core adds it: the abort comes after the add.
+            self._send_quietly(("abort", stream.key))
             raise
         return stream
 
-    # -- the engine thread ------------------------------------------------------------------
-    def _run(self) -> None:
-        engine = self.engine
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self._inbox.send(msg)
+
+    def _send_quietly(self, msg: tuple) -> None:
+        """Send, ignoring a core that is gone (aborting or stopping a dead engine: nothing
+        to do)."""
+        try:
+            self._send(msg)
+        except OSError:
+            pass
+
+    # -- the reader thread ------------------------------------------------------------------
+    def _read(self) -> None:
         try:
             while True:
-                # Idle: wake the streams with news, then sleep until a command comes; busy:
-                # take what is there and step.
-                if engine.is_finished():
-                    self._wake()
-                    cmd = self._inbox.get()
-                else:
-                    cmd = _get_nowait(self._inbox)
-                while cmd is not None:
-                    if cmd[0] == "stop":
-                        return
-                    self._command(*cmd)
-                    cmd = _get_nowait(self._inbox)
-                if not engine.is_finished():
-                    self._publish(*engine.step_updates())
+                msg = self._outbox.recv()
+                kind = msg[0]
+                if kind == "items":
+                    self._deliver(msg[1])
+                elif kind == "added":
+                    self._added(*msg[1:])
+                elif kind == "stats":
+                    future = self._stats.pop(msg[1], None)
+                    if future is not None:
+                        future.set_result(msg[2])
+                elif kind == "dead":
+                    self.error = msg[1]
+                    return
+        except (EOFError, OSError):
+            code = self._proc.exitcode if self._proc is not None else None
+            self.error = EngineDeadError(f"the engine core went away (exit code {code})")
         except BaseException as e:  # noqa: BLE001 - reported to every stream, then logged
             self.error = e
-            logger.exception("the engine thread stopped")
+            logger.exception("the reader thread stopped")
         finally:
+            if self.error is not None:
+                logger.error("the engine core stopped: %r", self.error)
             self._fail_all(EngineDeadError(_dead_message(self.error)))
 
-    def _command(self, kind: str, arg) -> None:
-        if kind == "abort":
-            if arg.engine_id >= 0 and not arg.done:
-                self.engine.abort_request(arg.engine_id)
+    def _added(self, key: int, reply, error: BaseException | None) -> None:
+        stream = self._streams.get(key)
+        if stream is None:
             return
-        prompt, sp, priority, stream, reply = arg
-        try:
-            engine_id = self.engine.add_request(prompt, sp, priority)
-        except Exception as e:  # noqa: BLE001 - a bad request goes back to its caller
-            stream.loop.call_soon_threadsafe(_settle, reply, None, e)
-            return
-        stream.engine_id = engine_id
-        self._streams[engine_id] = stream
-        stream.loop.call_soon_threadsafe(_settle, reply, engine_id, None)
+        if error is not None:
+            del self._streams[key]
+        else:
+            stream.prompt = reply[1:]
+        stream.answered = True
+        _call_soon(stream.loop, _settle, stream.reply, error)
 
-    def _publish(self, updated: list[Sequence], finished: list[Sequence]) -> None:
-        """Copy what the step's requests learned into their streams; wake them when due."""
-        for seq in updated:
-            stream = self._streams.get(seq.request_id)
-            if stream is not None:
-                stream.push(seq, self.engine)
-                self._to_wake.setdefault(stream.loop, {})[seq.request_id] = stream
-        for req in finished:
-            stream = self._streams.pop(req.seq_id, None)
-            if stream is not None:
-                stream.push_end(req, self.engine)
-                self._to_wake.setdefault(stream.loop, {})[req.seq_id] = stream
-        due = min(DELTA_COST_S * len(self._streams), MAX_WAKE_INTERVAL_S)
-        if time.perf_counter() - self._last_wake >= due:
-            self._wake()
-
-    def _wake(self) -> None:
-        """Wake every stream with news: one cross-thread call per event loop."""
-        for loop, streams in self._to_wake.items():
-            _wake_soon(loop, list(streams.values()))
-        self._to_wake = {}
-        self._last_wake = time.perf_counter()
+    def _deliver(self, news: dict[int, list]) -> None:
+        """Hand each stream its items; wake them all, one cross-thread call per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Stream]] = {}
+        for key, items in news.items():
+            stream = self._streams.get(key)
+            if stream is None:
+                continue
+            stream.items.extend(items)
+            if items[-1][0] == "end":
+                stream.done = True
+                del self._streams[key]
+            by_loop.setdefault(stream.loop, []).append(stream)
+        for loop, streams in by_loop.items():
+            _wake_soon(loop, streams)
 
     def _fail_all(self, error: BaseException) -> None:
-        self._wake()  # ended streams not woken yet get their last outputs first
-        streams, self._streams = self._streams, {}
         with self._close_lock:
             self._closed = True
-            while True:  # requests still queued: their callers wait for a reply
-                cmd = _get_nowait(self._inbox)
-                if cmd is None:
-                    break
-                if cmd[0] == "add":
-                    _prompt, _sp, _priority, stream, reply = cmd[1]
-                    stream.loop.call_soon_threadsafe(_settle, reply, None, error)
-        for stream in streams.values():
-            stream.fail(error)
+            streams, self._streams = self._streams, {}
+        for future in list(self._stats.values()):
+            future.set_exception(error)
+        self._stats.clear()
         by_loop: dict = {}
         for stream in streams.values():
+            if not stream.answered:  # its add was never answered
+                _call_soon(stream.loop, _settle, stream.reply, error)
+                continue
+            stream.fail(error)
             by_loop.setdefault(stream.loop, []).append(stream)
         for loop, group in by_loop.items():
             _wake_soon(loop, group)
 
 
 class _Stream:
-    """One request's outputs in transit: filled on the engine thread, read on the loop."""
+    """One request's outputs in transit: filled by the reader thread, read on the loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, request_id: str, text):
-        self.loop, self.request_id = loop, request_id
-        self.engine_id = -1  # set on the engine thread once the request is added
-        self._text = text  # the engine's TextDecoder
+    def __init__(self, loop: asyncio.AbstractEventLoop, request_id: str, key: int,
+                 text: TextDecoder):
+        self.loop, self.request_id, self.key = loop, request_id, key
+        self.reply = loop.create_future()  # settled when the core has added the request
+        self.answered = False  # whether the core's reply to the add came (reader thread)
+        self._text = text
         self._event = asyncio.Event()
-        # What the engine thread sent since the last read (deque: appends and pops are atomic
-        # under the GIL, a list swap is not).
-        self._items: deque = deque()
-        self.done = False  # the engine has nothing more for this request
+        # What the core sent since the last read (deque: appends and pops are atomic under
+        # the GIL, a list swap is not).
+        self.items: deque = deque()
+        self.done = False  # the core has nothing more for this request
         self._error: BaseException | None = None
-        # Engine-thread state: per sample, how many tokens were copied; samples that ended.
-        self._copied: dict[int, int] = {}
-        self._ended: set[int] = set()
-        # Loop-side state: per sample, its text so far and cumulative logprob.
+        # Per sample: its text so far and cumulative logprob.
         self._texts: dict[int, TextStream] = {}
         self._cum: dict[int, float] = {}
-        self._prompt: tuple = (None, [])
-
-    # -- engine thread ----------------------------------------------------------------------
-    def push(self, seq: Sequence, engine: LLMEngine) -> None:
-        """A sample's newly known tokens (with their logprob entries), and its end if it
-        ended."""
-        if seq.index in self._ended:
-            return
-        req = seq.request
-        self._prompt = (req.prompt, req.prompt_token_ids)
-        start = self._copied.get(seq.index, 0)
-        # Only the new ids: slicing completion_token_ids first would copy the whole output.
-        base = seq.num_prompt_tokens
-        ids = seq.token_ids[base + start: seq.num_tokens - seq.num_pending]
-        self._copied[seq.index] = start + len(ids)
-        entries = None if seq.logprobs is None else seq.logprobs[start:start + len(ids)]
-        stops = seq.sampling_params.stop
-        if not seq.is_finished:
-            if ids:
-                self._items.append((seq.index, ids, entries, stops, None))
-            return
-        self._ended.add(seq.index)
-        end = (engine.text.completion_text(seq), seq.finish_reason, seq.stop_reason)
-        self._items.append((seq.index, ids, entries, stops, end))
-
-    def push_end(self, req: Sequence, engine: LLMEngine) -> None:
-        """The request ended: samples not ended yet (aborted ones), then the end itself."""
-        for seq in req.samples:
-            self.push(seq, engine)
-        # Samples never forked (the request was aborted before its prompt was computed).
-        empty = None if req.logprobs is None else []
-        for index in range(len(req.samples), req.sampling_params.n):
-            self._items.append((index, [], empty, None, ("", req.finish_reason, None)))
-        self._items.append(lp.prompt_logprobs(req, engine.text.token_text))
-        self.done = True
+        self.prompt: tuple = (None, [])  # (text, token ids), from the core's reply
 
     def fail(self, error: BaseException) -> None:
         self._error, self.done = error, True
 
-    # -- event loop -------------------------------------------------------------------------
     def wake(self) -> None:
         self._event.set()
 
     async def next_output(self) -> RequestOutput:
         """The next delta: everything that arrived since the last one."""
-        while not self._items and self._error is None:
+        while not self.items and self._error is None:
             self._event.clear()
             await self._event.wait()
-        if self._error is not None and not self._items:
+        if self._error is not None and not self.items:
             raise self._error
-        items = [self._items.popleft() for _ in range(len(self._items))]
+        items = [self.items.popleft() for _ in range(len(self.items))]
         return self._delta(items)
 
     def _delta(self, items: list) -> RequestOutput:
         parts: dict[int, list] = {}  # sample index -> [ids, entries, text, end]
         finished, prompt_lps = False, None
         for item in items:
-            if not isinstance(item, tuple):  # the request's end: its prompt logprobs
-                finished, prompt_lps = True, item
+            if item[0] == "end":  # the request's end, with its prompt logprobs
+                finished, prompt_lps = True, item[1]
                 continue
-            index, ids, entries, stops, end = item
+            _, index, ids, entries, stops, end = item
             part = parts.setdefault(index, [[], None, "", None])
             text = self._texts.get(index)
             if text is None:
@@ -341,7 +375,7 @@ class _Stream:
             completions.append(CompletionOutput(index=index, text=text, token_ids=ids,
                                                 finish_reason=reason, stop_reason=stop_reason,
                                                 **fields))
-        prompt, prompt_ids = self._prompt
+        prompt, prompt_ids = self.prompt
         return RequestOutput(request_id=self.request_id, prompt=prompt,
                              prompt_token_ids=prompt_ids, outputs=completions,
                              finished=finished, prompt_logprobs=prompt_lps)
@@ -349,9 +383,14 @@ class _Stream:
 
 def _wake_soon(loop: asyncio.AbstractEventLoop, streams: list[_Stream]) -> None:
     """Wake every stream in the list on its loop: one cross-thread call for all of them."""
+    _call_soon(loop, _wake_all, streams)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    """fn(*args) on loop's thread, soon; nothing if the loop was closed (nobody listens)."""
     try:
-        loop.call_soon_threadsafe(_wake_all, streams)
-    except RuntimeError:  # the loop was closed: nobody is listening any more
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
         pass
 
 
@@ -360,23 +399,18 @@ def _wake_all(streams: list[_Stream]) -> None:
         stream.wake()
 
 
-def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
     if future.done():  # the caller gave up waiting (cancelled)
         return
     if error is not None:
         future.set_exception(error)
     else:
-        future.set_result(result)
-
-
-def _get_nowait(q: queue.SimpleQueue):
-    try:
-        return q.get_nowait()
-    except queue.Empty:
-        return None
+        future.set_result(None)
 
 
 def _dead_message(error: BaseException | None) -> str:
     if error is None:
         return "the engine has been shut down"
+    if isinstance(error, EngineDeadError):
+        return str(error)
     return f"the engine stopped on an error: {type(error).__name__}: {error}"

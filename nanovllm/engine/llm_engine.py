@@ -88,9 +88,14 @@ class LLMEngine:
         """Queue one request; returns its request id (the `request_id` of its output).
         `prompt` takes any form generate() accepts for one prompt; a lower `priority` is
         scheduled first (ties by arrival)."""
+        return self.add_sequence(prompt, sampling_params, priority).seq_id
+
+    def add_sequence(self, prompt, sampling_params: SamplingParams | None = None,
+                     priority: int = 0) -> Sequence:
+        """add_request, returning the request's Sequence (read it on the engine's thread)."""
         seq = self._make_sequence(prompt, sampling_params, priority)
         self.scheduler.add(seq)
-        return seq.seq_id
+        return seq
 
     def abort_request(self, request_id: int | Iterable[int]) -> None:
         """Stop one request id or several now and free their KV blocks; each ends with

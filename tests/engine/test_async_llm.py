@@ -33,9 +33,10 @@ def offline(toy_models):
     return outs
 
 
-@pytest.fixture
-def engine(toy_models):
-    llm = AsyncLLM(toy_models[MODEL], **KW)
+@pytest.fixture(params=[True, False], ids=["process", "thread"])
+def engine(toy_models, request):
+    """AsyncLLM with the engine core in its own process, then on a thread."""
+    llm = AsyncLLM(toy_models[MODEL], engine_process=request.param, **KW)
     yield llm
     llm.shutdown()
 
@@ -59,21 +60,23 @@ async def collect(llm, prompt, sp, request_id=None):
 
 
 def all_free(llm) -> bool:
-    bm = llm.engine.scheduler.block_manager
-    return bm.num_free_blocks == bm.num_blocks
+    stats = llm.stats()
+    return stats["num_free_blocks"] == stats["num_blocks"]
 
 
 async def wait_idle(llm):
     for _ in range(200):
-        if llm.engine.is_finished() and all_free(llm):
+        if llm.stats()["idle"] and all_free(llm):
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the engine did not go idle")
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_concurrent_streams_equal_the_offline_outputs(toy_models, offline, async_scheduling):
-    engine = AsyncLLM(toy_models[MODEL], async_scheduling=async_scheduling, **KW)
+@pytest.mark.parametrize("async_scheduling,engine_process", [(False, True), (True, False)])
+def test_concurrent_streams_equal_the_offline_outputs(toy_models, offline, async_scheduling,
+                                                      engine_process):
+    engine = AsyncLLM(toy_models[MODEL], async_scheduling=async_scheduling,
+                      engine_process=engine_process, **KW)
 
     async def main():
         return await asyncio.gather(*(collect(engine, p, params(i))
@@ -93,7 +96,7 @@ def test_concurrent_streams_equal_the_offline_outputs(toy_models, offline, async
                 assert [v.logprob for d in s["lps"] for v in d.values()] == pytest.approx(
                     [v.logprob for d in c.logprobs for v in d.values()], abs=1e-5)
                 assert s["cum"] == pytest.approx(c.cumulative_logprob)
-    assert engine.engine.is_finished() and all_free(engine)
+    assert engine.stats()["idle"] and all_free(engine)
     engine.shutdown()
 
 

@@ -43,22 +43,26 @@ class LiveServer:
         self.sock.close()
 
     def wait_idle(self, timeout: float = 10.0) -> None:
-        """Poll until every KV block is free (aborts are processed on the engine thread)."""
-        bm = self.engine.engine.scheduler.block_manager
+        """Poll until every KV block is free (aborts are processed by the engine core)."""
         deadline = time.monotonic() + timeout
-        while bm.num_free_blocks != bm.num_blocks:
-            assert time.monotonic() < deadline, (
-                f"{bm.num_blocks - bm.num_free_blocks} KV blocks still held")
+        while True:
+            stats = self.engine.stats()
+            held = stats["num_blocks"] - stats["num_free_blocks"]
+            if held == 0:
+                return
+            assert time.monotonic() < deadline, f"{held} KV blocks still held"
             time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
 def live_server(toy_models, request):
-    """A server over AsyncLLM(toy model); the module may set ENGINE_OVERRIDES and API_KEY."""
+    """A server over AsyncLLM(toy model); the module may set ENGINE_OVERRIDES, API_KEY and
+    ENGINE_PROCESS (False: the engine on a thread, in reach of monkeypatch)."""
     from nanovllm.engine.async_llm import AsyncLLM
 
     kw = {**ENGINE_KW, **getattr(request.module, "ENGINE_OVERRIDES", {})}
-    engine = AsyncLLM(toy_models[MODEL], **kw)
+    engine = AsyncLLM(toy_models[MODEL],
+                      engine_process=getattr(request.module, "ENGINE_PROCESS", True), **kw)
     server = LiveServer(engine, api_key=getattr(request.module, "API_KEY", None))
     yield server
     server.stop()
