@@ -1,6 +1,8 @@
 """GPU micro-benchmark of the nanovllm attention kernels (Qwen3-0.6B shapes: 16 q / 8 kv heads, d=128).
 
-Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep]
+Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep] [--fp8]
+--fp8: only the decode kernel, bf16 vs fp8 caches (effective KV-read bandwidth = cache bytes
+read / time, so an fp8 cache reading 2x the tokens per byte shows as the same GB/s at 2x speed).
 Times: 'ms' = triton.testing.do_bench median (L2 flushed, Python launch overhead included);
 'graph' = do_bench_cudagraph median over calls rotating through enough distinct KV caches to
 exceed the 50 MB L2 (how the engine runs decode: inside CUDA graphs, cold cache).
@@ -166,8 +168,40 @@ def bench_store():
         print(f"tokens={t:<5} {ms * 1e3:8.1f} us  {4 * k.numel() * 2 / ms / 1e6:6.0f} GB/s")
 
 
+def fp8_case(batch, ctx, dtype):
+    """make_decode's case with its cache quantized to `dtype` (unit scales; values ~N(0, 1))."""
+    q, k_cache, v_cache, ctx_t, bt, scale = make_decode(batch, ctx)
+    ones = torch.ones(HKV, device="cuda")
+    return (q, k_cache.to(dtype), v_cache.to(dtype), ctx_t, bt, scale, None, None, ones, ones)
+
+
+def bench_decode_fp8():
+    """Decode kernel, bf16 vs fp8 caches, under CUDA graphs with a cold L2."""
+    print("\n== decode, bf16 vs fp8 cache (graph timing, block 256, 16/8/128) ==")
+    print(f"{'batch':>5} {'ctx':>5} {'bf16 us':>8} {'GB/s':>6} | {'fp8 us':>7} {'GB/s':>6} "
+          f"{'speedup':>7} | {'fp8 bf16-dot us':>15}")
+    for batch, ctx in ((1, 4096), (32, 1024), (64, 2048), (128, 1024), (256, 1024), (256, 2048)):
+        bf = rotating_cases(batch, ctx)
+        bf_ms = graph_ms(bf)
+        del bf
+        n = min(64, triton.cdiv(2 ** 28, kv_bytes(batch, ctx) // 2))
+        f8 = [fp8_case(batch, ctx, torch.float8_e4m3fn) for _ in range(n)]
+        f8_ms = graph_ms(f8)
+        triton_decode.CONFIG["FP16_DOT"] = False
+        f8b_ms = graph_ms(f8)
+        triton_decode.CONFIG["FP16_DOT"] = True
+        del f8
+        kv = batch * ctx * HKV * D * 2
+        print(f"{batch:>5} {ctx:>5} {bf_ms * 1e3:8.1f} {2 * kv / bf_ms / 1e6:6.0f} | "
+              f"{f8_ms * 1e3:7.1f} {kv / f8_ms / 1e6:6.0f} {bf_ms / f8_ms:7.2f} | "
+              f"{f8b_ms * 1e3:15.1f}")
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    if "--fp8" in sys.argv:
+        bench_decode_fp8()
+        sys.exit(0)
     bench_decode()
     bench_store()
     bench_prefill()
