@@ -175,26 +175,42 @@ def fp8_case(batch, ctx, dtype):
     return (q, k_cache.to(dtype), v_cache.to(dtype), ctx_t, bt, scale, None, None, ones, ones)
 
 
+FP8_SHAPES = ((1, 4096), (32, 1024), (64, 2048), (128, 1024), (256, 1024), (256, 2048))
+
+
 def bench_decode_fp8():
-    """Decode kernel, bf16 vs fp8 caches, under CUDA graphs with a cold L2."""
-    print("\n== decode, bf16 vs fp8 cache (graph timing, block 256, 16/8/128) ==")
-    print(f"{'batch':>5} {'ctx':>5} {'bf16 us':>8} {'GB/s':>6} | {'fp8 us':>7} {'GB/s':>6} "
-          f"{'speedup':>7} | {'fp8 bf16-dot us':>15}")
-    for batch, ctx in ((1, 4096), (32, 1024), (64, 2048), (128, 1024), (256, 1024), (256, 2048)):
-        bf = rotating_cases(batch, ctx)
-        bf_ms = graph_ms(bf)
-        del bf
-        n = min(64, triton.cdiv(2 ** 28, kv_bytes(batch, ctx) // 2))
-        f8 = [fp8_case(batch, ctx, torch.float8_e4m3fn) for _ in range(n)]
-        f8_ms = graph_ms(f8)
-        triton_decode.CONFIG["FP16_DOT"] = False
-        f8b_ms = graph_ms(f8)
-        triton_decode.CONFIG["FP16_DOT"] = True
-        del f8
+    """Decode kernel, bf16 vs fp8 caches, under CUDA graphs with a cold L2; then an fp8 tile
+    sweep. Effective KV-read bandwidth = cache bytes read / time."""
+    print("\n== decode, bf16 cache (graph timing, block 256, 16/8/128) ==")
+    bf_ms = {}
+    for batch, ctx in FP8_SHAPES:
+        cases = rotating_cases(batch, ctx)
+        bf_ms[batch, ctx] = graph_ms(cases)
+        del cases
+        print(f"b={batch:<4} ctx={ctx:<5} {bf_ms[batch, ctx] * 1e3:8.1f} us "
+              f"{2 * batch * ctx * HKV * D * 2 / bf_ms[batch, ctx] / 1e6:6.0f} GB/s", flush=True)
+    cfg0 = dict(triton_decode.CONFIG_FP8)
+    print("\n== decode, fp8_e4m3 cache: default config, bf16 dots, tile sweep ==")
+    variants = [("default", {}), ("bf16-dot", dict(FP16_DOT=False))] + [
+        (f"BN{bn}/w{w}/s{st}", dict(BLOCK_N=bn, num_warps=w, num_stages=st))
+        for bn, w, st in ((64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (256, 4, 2),
+                          (256, 8, 2), (64, 8, 4))]
+    for batch, ctx in FP8_SHAPES:
+        n = min(64, triton.cdiv(2 ** 28, batch * ctx * HKV * D * 2))
+        cases = [fp8_case(batch, ctx, torch.float8_e4m3fn) for _ in range(n)]
         kv = batch * ctx * HKV * D * 2
-        print(f"{batch:>5} {ctx:>5} {bf_ms * 1e3:8.1f} {2 * kv / bf_ms / 1e6:6.0f} | "
-              f"{f8_ms * 1e3:7.1f} {kv / f8_ms / 1e6:6.0f} {bf_ms / f8_ms:7.2f} | "
-              f"{f8b_ms * 1e3:15.1f}")
+        row = []
+        for name, cfg in variants:
+            triton_decode.CONFIG_FP8.update(cfg0, **cfg)
+            try:
+                ms = graph_ms(cases)
+                row.append(f"{name}:{ms * 1e3:.1f}us/{kv / ms / 1e6:.0f}GB/s"
+                           f"/x{bf_ms[batch, ctx] / ms:.2f}")
+            except Exception as e:  # e.g. out of shared memory
+                row.append(f"{name}:ERR({type(e).__name__})")
+        triton_decode.CONFIG_FP8.update(cfg0)
+        del cases
+        print(f"b={batch:<4} ctx={ctx:<5} " + "  ".join(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ class ModelRunner:
         self._id_hosts = ([torch.zeros(config.max_num_seqs, dtype=torch.int32).pin_memory()
                            for _ in range(2)] if self.pinned else [])
         self._turn = 0
+        self._calibrate_kv = False  # see below: after the kernel warm-up
         self.warmup()
         clock.lap("warm-up")
         self.kv_cache = allocate_kv_cache(config, self.attn_layers, self.kv_dtype, self.device,

@@ -80,14 +80,16 @@ def _norm_rope_store_kernel(
         if KV_FP8:
             ks = tl.load(k_scale_ptr + hk, mask=mk, other=1.0)
             vs = tl.load(v_scale_ptr + hk, mask=mk, other=1.0)
-            k1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
-            k2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
-            v1 = quantize_fp8(v1.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
-            v2 = quantize_fp8(v2.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
-        tl.store(k_cache_ptr + c_off, k1.to(cache_ty), mask=mk)
-        tl.store(k_cache_ptr + c_off + HALF, k2.to(cache_ty), mask=mk)
-        tl.store(v_cache_ptr + c_off, v1.to(cache_ty), mask=mk)
-        tl.store(v_cache_ptr + c_off + HALF, v2.to(cache_ty), mask=mk)
+            c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+            c2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+            c3 = quantize_fp8(v1.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+            c4 = quantize_fp8(v2.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+        else:
+            c1, c2, c3, c4 = k1.to(cache_ty), k2.to(cache_ty), v1.to(cache_ty), v2.to(cache_ty)
+        tl.store(k_cache_ptr + c_off, c1, mask=mk)
+        tl.store(k_cache_ptr + c_off + HALF, c2, mask=mk)
+        tl.store(v_cache_ptr + c_off, c3, mask=mk)
+        tl.store(v_cache_ptr + c_off + HALF, c4, mask=mk)
 
 
 def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
