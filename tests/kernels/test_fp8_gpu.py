@@ -84,7 +84,9 @@ def test_engine_fp8_gpu_calibrates_and_doubles_blocks(tmp_path):
                              head_dim=64, hidden_size=128, num_hidden_layers=2)
     blocks, outs = {}, {}
     for kind in ("auto", "fp8_e4m3"):
-        llm = LLM(path, kv_cache_dtype=kind, gpu_memory_utilization=0.3)
+        # Small limits: a quick start-up (few decode graphs, a short warm-up prefill).
+        llm = LLM(path, kv_cache_dtype=kind, gpu_memory_utilization=0.3, max_num_seqs=8,
+                  max_num_batched_tokens=1024, max_model_len=1024)
         sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
         outs[kind] = [o["token_ids"] for o in llm.generate([[1, 2, 3] * 50, [9] * 70], sp,
                                                            use_tqdm=False)]
