@@ -14,9 +14,16 @@ FP8_KV_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                  "fp8_e5m2": torch.float8_e5m2}
 
 
-def kv_cache_dtype(config: Config, model_dtype: torch.dtype) -> torch.dtype:
-    """The element type the cache stores."""
-    return FP8_KV_DTYPES.get(config.kv_cache_dtype, model_dtype)
+def kv_cache_dtype(config: Config, model_dtype: torch.dtype,
+                   device: torch.device) -> torch.dtype:
+    """The element type the cache stores (fp8 on a GPU needs Triton's fp8: Ada or Hopper)."""
+    dtype = FP8_KV_DTYPES.get(config.kv_cache_dtype, model_dtype)
+    if dtype.itemsize == 1 and device.type == "cuda" and (
+            torch.cuda.get_device_capability(device) < (8, 9)):
+        raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} needs a GPU of compute "
+                         f"capability >= 8.9 (Ada, Hopper); this one is "
+                         f"{torch.cuda.get_device_capability(device)}: use 'auto'")
+    return dtype
 
 
 def kv_shape(attn_layers: list, num_blocks: int, block_size: int) -> tuple[int, ...]:

@@ -55,7 +55,7 @@ class ModelRunner:
         clock.lap("weights")
         self.sampler = Sampler()
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.kv_dtype = kv_cache_dtype(config, self.dtype)
+        self.kv_dtype = kv_cache_dtype(config, self.dtype, self.device)
         fp8_kv = self.kv_dtype.itemsize == 1
         backend = choose_backend(config.attention_backend, self.device, self.block_size, fp8_kv)
         for layer in self.attn_layers:

@@ -22,10 +22,12 @@ MAX_SPLITS = 64
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
 CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
               USE_DOT=True, WAVES=2)
-# An fp8 cache has its own tiles (half the bytes per key). FP16_DOT: with bf16 q, run the dots
-# in fp16 (q cast to fp16): fp8 values are exact in fp16 as in bf16, and Hopper converts fp8
-# to fp16 in one instruction (measured H100, b=256 ctx=1024: 240 us vs 277 with bf16 dots).
-CONFIG_FP8 = dict(CONFIG, FP16_DOT=True)
+# An fp8 cache has its own tiles: a 64-key tile is half the bytes of a bf16 one, so it takes
+# more stages in flight to keep HBM busy (H100, `bench_kernels.py --fp8`, b=256 ctx=2048:
+# 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us). FP16_DOT: with
+# bf16 q, run the dots in fp16 (q cast to fp16): fp8 values are exact in fp16 as in bf16, and
+# Hopper converts fp8 to fp16 in one instruction (same shape: 468 us vs 557 with bf16 dots).
+CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5)
 
 
 @triton.jit
