@@ -10,7 +10,7 @@ import tempfile
 import time
 from random import randint, seed
 
-from nanovllm.config import DTYPES
+from nanovllm.config import DTYPES, KV_CACHE_DTYPES
 
 
 def dummy_model_dir() -> str:
@@ -41,6 +41,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
     ap.add_argument("--dtype", choices=DTYPES, default="auto")
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                    help="KV cache storage (fp8: 8-bit K/V, ~2x the blocks)")
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
@@ -75,7 +77,7 @@ def run_bench(args: argparse.Namespace) -> dict:
               max_model_len=args.max_model_len, tensor_parallel_size=args.tp,
               kvcache_block_size=args.block_size, attention_backend=args.attention_backend,
               async_scheduling=False if args.sync else None, device=args.device,
-              dtype=args.dtype)
+              dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype)
     startup = time.perf_counter() - t
 
     # Token ids are drawn from [0, 10000] as in nano-vLLM; a smaller vocabulary (the tiny test
@@ -105,8 +107,12 @@ def run_bench(args: argparse.Namespace) -> dict:
     total = sum(p.max_tokens for p in params)
     result = {"startup_s": round(startup, 2), "import_s": round(imports, 2),
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": total,
-              "seconds": round(elapsed, 3), "throughput_tok_s": round(total / elapsed, 1)}
+              "seconds": round(elapsed, 3), "throughput_tok_s": round(total / elapsed, 1),
+              "kv_cache_dtype": args.kv_cache_dtype,
+              "kv_blocks": llm.executor.num_kvcache_blocks}
     print(f"Total: {total}tok, Time: {elapsed:.2f}s, Throughput: {total / elapsed:.2f}tok/s")
+    print(f"KV cache: {args.kv_cache_dtype}, {result['kv_blocks']} blocks of {args.block_size} "
+          "tokens")
 
     if args.single:
         sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=512)

@@ -7,6 +7,9 @@ SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
+# "auto" stores K/V in the model's dtype; the fp8 kinds store them in 8 bits with per-layer,
+# per-kv-head scales ("fp8" is vLLM's name for fp8_e4m3).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 # config.json fields with no sensible default: without them the model's shape is unknown.
 REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers",
                    "num_attention_heads", "vocab_size")
@@ -165,6 +168,7 @@ class Config:
     enable_prefix_caching: bool = True
     load_format: str = "auto"
     attention_backend: str = "auto"
+    kv_cache_dtype: str = "auto"
     seed: int = 0
     skip_tokenizer_init: bool = False
     async_scheduling: bool | None = None
@@ -197,7 +201,8 @@ class Config:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be "
                              "in (0, 1]")
         for name, allowed in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
-                              ("attention_backend", ATTENTION_BACKENDS)):
+                              ("attention_backend", ATTENTION_BACKENDS),
+                              ("kv_cache_dtype", KV_CACHE_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
         for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init"):

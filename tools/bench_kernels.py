@@ -1,6 +1,8 @@
 """GPU micro-benchmark of the nanovllm attention kernels (Qwen3-0.6B shapes: 16 q / 8 kv heads, d=128).
 
-Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep]
+Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep] [--fp8 [BEST.json]]
+--fp8: only the decode kernel, bf16 vs fp8 caches (effective KV-read bandwidth = cache bytes
+read / time, so an fp8 cache reading 2x the tokens per byte shows as the same GB/s at 2x speed).
 Times: 'ms' = triton.testing.do_bench median (L2 flushed, Python launch overhead included);
 'graph' = do_bench_cudagraph median over calls rotating through enough distinct KV caches to
 exceed the 50 MB L2 (how the engine runs decode: inside CUDA graphs, cold cache).
@@ -166,8 +168,67 @@ def bench_store():
         print(f"tokens={t:<5} {ms * 1e3:8.1f} us  {4 * k.numel() * 2 / ms / 1e6:6.0f} GB/s")
 
 
+def fp8_case(batch, ctx, dtype):
+    """make_decode's case with its cache quantized to `dtype` (unit scales; values ~N(0, 1))."""
+    q, k_cache, v_cache, ctx_t, bt, scale = make_decode(batch, ctx)
+    ones = torch.ones(HKV, device="cuda")
+    return (q, k_cache.to(dtype), v_cache.to(dtype), ctx_t, bt, scale, None, None, ones, ones)
+
+
+FP8_SHAPES = ((1, 4096), (32, 1024), (64, 2048), (128, 1024), (256, 1024), (256, 2048))
+FP8_SWEEP = ((64, 4, 3), (64, 4, 4), (64, 4, 5), (128, 4, 2), (128, 4, 3), (128, 4, 4),
+             (128, 8, 3), (256, 4, 2), (256, 8, 2), (256, 8, 3))
+
+
+def bench_decode_fp8(json_path=None):
+    """Decode kernel, bf16 vs fp8 caches (do_bench: L2 flushed, launch included); then an fp8
+    tile sweep. Effective KV-read bandwidth = cache bytes read / time. Writes the fastest fp8
+    config on the large-batch shapes (where the benchmark spends its decode time) to json_path."""
+    # do_bench rather than graph timing: do_bench_cudagraph hit illegal addresses here on
+    # 256-sequence cases (the engine's own graphs run the same kernel fine).
+    print("\n== decode, bf16 vs fp8_e4m3 cache (block 256, 16/8/128) ==", flush=True)
+    bf_ms, totals = {}, {}
+    cfg0 = dict(triton_decode.CONFIG_FP8)
+    variants = [("default", {}), ("bf16-dot", dict(FP16_DOT=False))] + [
+        (f"BN{bn}/w{w}/s{st}", dict(BLOCK_N=bn, num_warps=w, num_stages=st))
+        for bn, w, st in FP8_SWEEP]
+    for batch, ctx in FP8_SHAPES:
+        args = make_decode(batch, ctx)
+        bf_ms[batch, ctx] = do_bench(lambda: decode_attention(*args), return_mode="median")
+        kv = batch * ctx * HKV * D * 2
+        del args
+        args = fp8_case(batch, ctx, torch.float8_e4m3fn)
+        row = []
+        for name, cfg in variants:
+            triton_decode.CONFIG_FP8.update(cfg0, **cfg)
+            try:
+                ms = do_bench(lambda: decode_attention(*args), return_mode="median")
+                row.append(f"{name}:{ms * 1e3:.0f}us/{kv / ms / 1e6:.0f}GB/s/x{bf_ms[batch, ctx] / ms:.2f}")
+                if batch >= 64:
+                    totals[name] = totals.get(name, 0.0) + ms
+            except Exception as e:  # e.g. out of shared memory
+                row.append(f"{name}:ERR({type(e).__name__})")
+                totals[name] = float("inf")
+        triton_decode.CONFIG_FP8.update(cfg0)
+        del args
+        print(f"b={batch:<4} ctx={ctx:<5} bf16:{bf_ms[batch, ctx] * 1e3:.0f}us/"
+              f"{2 * kv / bf_ms[batch, ctx] / 1e6:.0f}GB/s  " + "  ".join(row), flush=True)
+    best = min(totals, key=totals.get)
+    print(f"fastest fp8 config on b>=64: {best}")
+    if json_path:
+        import json
+
+        cfg = dict(cfg0, **dict(variants)[best])
+        with open(json_path, "w") as f:
+            json.dump(cfg, f)
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    if "--fp8" in sys.argv:
+        bench_decode_fp8(sys.argv[sys.argv.index("--fp8") + 1] if sys.argv[-1] != "--fp8"
+                         else None)
+        sys.exit(0)
     bench_decode()
     bench_store()
     bench_prefill()

@@ -7,7 +7,7 @@ override them and SamplingParams keeps the final say on defaults.
 import argparse
 from dataclasses import MISSING, fields
 
-from nanovllm.config import ATTENTION_BACKENDS, DTYPES, LOAD_FORMATS, Config
+from nanovllm.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, Config
 from nanovllm.sampling_params import SamplingParams
 
 _CONFIG_DEFAULTS = {f.name: f.default for f in fields(Config) if f.default is not MISSING}
@@ -28,6 +28,8 @@ _ENGINE_OPTIONS = [
     ("--device", "device", str, "cpu or cuda (default: cuda when there is one)"),
     ("--dtype", "dtype", DTYPES, "weights' and activations' dtype (auto: the model's)"),
     ("--attention-backend", "attention_backend", ATTENTION_BACKENDS, "attention kernels"),
+    ("--kv-cache-dtype", "kv_cache_dtype", KV_CACHE_DTYPES,
+     "KV cache storage (auto: the model's dtype; fp8: half the memory, ~2x the tokens)"),
     ("--load-format", "load_format", LOAD_FORMATS, "dummy = random weights (benchmarks)"),
 ]
 _ENGINE_FLAGS = [

@@ -1,4 +1,4 @@
-"""Sizing and allocating the paged KV cache of one rank."""
+"""Sizing and allocating the paged KV cache of one rank (and the scales of an fp8 one)."""
 import logging
 
 import torch
@@ -9,6 +9,21 @@ logger = logging.getLogger(__name__)
 
 # KV cache the CPU path gets when num_kvcache_blocks is left at -1.
 CPU_KV_CACHE_BYTES = 1 << 30
+# Config.kv_cache_dtype -> the cache's element type ("auto": the model's dtype).
+FP8_KV_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                 "fp8_e5m2": torch.float8_e5m2}
+
+
+def kv_cache_dtype(config: Config, model_dtype: torch.dtype,
+                   device: torch.device) -> torch.dtype:
+    """The element type the cache stores (fp8 on a GPU needs Triton's fp8: Ada or Hopper)."""
+    dtype = FP8_KV_DTYPES.get(config.kv_cache_dtype, model_dtype)
+    if dtype.itemsize == 1 and device.type == "cuda" and (
+            torch.cuda.get_device_capability(device) < (8, 9)):
+        raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} needs a GPU of compute "
+                         f"capability >= 8.9 (Ada, Hopper); this one is "
+                         f"{torch.cuda.get_device_capability(device)}: use 'auto'")
+    return dtype
 
 
 def kv_shape(attn_layers: list, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -47,7 +62,8 @@ def agree_on_blocks(num_blocks: int, device: torch.device) -> int:
 
 def allocate_kv_cache(config: Config, attn_layers: list, dtype: torch.dtype,
                       device: torch.device, max_blocks_per_seq: int, log: bool) -> torch.Tensor:
-    """Allocate the cache and give each Attention layer its K and V views."""
+    """Allocate the cache (elements of `dtype`) and give each Attention layer its K and V
+    views. An fp8 cache holds twice the tokens of a bf16 one in the same memory."""
     bs = config.kvcache_block_size
     per_block = kv_shape(attn_layers, 1, bs)
     bytes_per_block = torch.Size(per_block).numel() * dtype.itemsize
@@ -60,6 +76,20 @@ def allocate_kv_cache(config: Config, attn_layers: list, dtype: torch.dtype,
     for i, layer in enumerate(attn_layers):
         layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
     if log:
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB)", num_blocks, bs,
-                    num_blocks * bs, num_blocks * bytes_per_block / 2**30)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB, %s)", num_blocks,
+                    bs, num_blocks * bs, num_blocks * bytes_per_block / 2**30,
+                    str(dtype).removeprefix("torch."))
     return cache
+
+
+def allocate_kv_scales(attn_layers: list, device: torch.device,
+                       loaded: torch.Tensor | None) -> torch.Tensor:
+    """fp32 [2, layer, kv head] scales of an fp8 cache, from the checkpoint (`loaded`, this
+    rank's heads) or ones until the first prefill calibrates them; each layer gets its views."""
+    shape = (2, len(attn_layers), attn_layers[0].num_kv_heads)
+    scales = torch.ones(shape, dtype=torch.float32, device=device)
+    if loaded is not None:
+        scales.copy_(loaded)
+    for i, layer in enumerate(attn_layers):
+        layer.k_scale, layer.v_scale = scales[0, i], scales[1, i]
+    return scales

@@ -8,7 +8,7 @@ import torch
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graph import DecodeGraphs, feed_tokens
 from nanovllm.engine.device import resolve_device, resolve_dtype
-from nanovllm.engine.kv_cache import allocate_kv_cache
+from nanovllm.engine.kv_cache import allocate_kv_cache, allocate_kv_scales, kv_cache_dtype
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import BlockTables, StepInputs, decode_inputs, prefill_inputs
 from nanovllm.engine.step_output import LogprobsStep, StepResult, prompt_pass
@@ -20,7 +20,7 @@ from nanovllm.models import MODELS
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
-from nanovllm.utils.loader import init_dummy_weights, load_model
+from nanovllm.utils.loader import init_dummy_weights, load_model, read_kv_scales
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,9 @@ class ModelRunner:
         clock.lap("weights")
         self.sampler = Sampler()
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        backend = choose_backend(config.attention_backend, self.device, self.block_size)
+        self.kv_dtype = kv_cache_dtype(config, self.dtype, self.device)
+        fp8_kv = self.kv_dtype.itemsize == 1
+        backend = choose_backend(config.attention_backend, self.device, self.block_size, fp8_kv)
         for layer in self.attn_layers:
             layer.backend = backend
         self.backend_name = backend.name
@@ -73,14 +75,20 @@ class ModelRunner:
         self._id_hosts = ([torch.zeros(config.max_num_seqs, dtype=torch.int32).pin_memory()
                            for _ in range(2)] if self.pinned else [])
         self._turn = 0
+        self._calibrate_kv = False  # see below: after the kernel warm-up
         self.warmup()
         clock.lap("warm-up")
-        self.kv_cache = allocate_kv_cache(config, self.attn_layers, self.dtype, self.device,
+        self.kv_cache = allocate_kv_cache(config, self.attn_layers, self.kv_dtype, self.device,
                                           self.max_blocks_per_seq, log=rank == 0)
         self.num_kvcache_blocks = self.kv_cache.size(2)
+        loaded = self._checkpoint_kv_scales() if fp8_kv else None
+        self.kv_scales = (allocate_kv_scales(self.attn_layers, self.device, loaded)
+                          if fp8_kv else None)
         clock.lap("KV cache")
         self.warmup_kernels()
         clock.lap("kernel warm-up")
+        # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch).
+        self._calibrate_kv = fp8_kv and loaded is None
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(self.model, min(config.max_num_seqs, 512),
@@ -137,6 +145,19 @@ class ModelRunner:
                 self._warm_sampler(rows, 0.6, self.dtype)
         torch.cuda.synchronize()
 
+    def _checkpoint_kv_scales(self) -> torch.Tensor | None:
+        """This rank's heads of the checkpoint's k_scale/v_scale, or None (calibrate)."""
+        if self.config.load_format == "dummy":
+            return None
+        hf = self.config.hf_config
+        scales = read_kv_scales(self.config.model, hf.num_hidden_layers, hf.num_key_value_heads)
+        if scales is None:
+            return None
+        if self.rank == 0:
+            logger.info("fp8 KV cache: k/v scales from the checkpoint")
+        local = self.attn_layers[0].num_kv_heads  # this rank's share
+        return scales[:, :, self.rank * local:(self.rank + 1) * local]
+
     def _warm_sampler(self, rows: int, temperature: float, dtype: torch.dtype) -> None:
         logits = torch.randn(rows, self.config.hf_config.vocab_size, device=self.device,
                              dtype=dtype)
@@ -174,7 +195,9 @@ class ModelRunner:
             set_context(is_prefill=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                         max_seqlen_q=inputs.max_seqlen_q, max_seqlen_k=inputs.max_seqlen_k,
                         slot_mapping=slots, block_tables=tables,
-                        has_cached_context=inputs.has_cached_context)
+                        has_cached_context=inputs.has_cached_context,
+                        calibrate_kv=self._calibrate_kv)
+            self._calibrate_kv = False
         else:
             n = inputs.num_seqs
             feed = inputs.feed_rows

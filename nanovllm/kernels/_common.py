@@ -35,3 +35,44 @@ def online_softmax_step(m_i, l_i, qk):
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     return m_new, l_i, p, alpha
+
+
+
+# fp8 cache formats: (largest finite value, mantissa bits, exponent bias).
+FP8_FORMATS = {torch.float8_e4m3fn: (448.0, 3, 7), torch.float8_e5m2: (57344.0, 2, 15)}
+
+
+def fp8_meta(cache_dtype: torch.dtype) -> dict:
+    """The quantize_fp8 constants of a cache dtype (KV_FP8=False for a plain float cache)."""
+    fmax, mant, bias = FP8_FORMATS.get(cache_dtype, (0.0, 0, 0))
+    return dict(KV_FP8=cache_dtype in FP8_FORMATS, FMAX=fmax, MANT=mant, BIAS=bias,
+                SOFT=INTERPRET)
+
+
+@triton.jit
+def quantize_fp8(x, scale, cache_ty: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+                 BIAS: tl.constexpr, SOFT: tl.constexpr):
+    """x (fp32) / scale, clamped to +-FMAX, in the cache's fp8 type; torch rounds the same way
+    (exact division, round to nearest even), so both paths store the same bytes.
+
+    SOFT (the interpreter only) returns the fp8 bit pattern as uint8, built with integer ops:
+    the interpreter's fp32 -> fp8 cast drops the carry of a round-up into the exponent.
+    """
+    y = tl.clamp(tl.div_rn(x, scale), -FMAX, FMAX)
+    if SOFT:
+        a = tl.abs(y)
+        bits = a.to(tl.int32, bitcast=True)
+        # Normal range: round fp32's mantissa to MANT bits (nearest even; a carry moves into the
+        # exponent), then rebias the exponent from fp32's 127 to BIAS.
+        drop = 23 - MANT
+        rounded = (bits + ((1 << (drop - 1)) - 1) + ((bits >> drop) & 1)) >> drop
+        normal = rounded - ((127 - BIAS) << MANT)
+        # Subnormal range: multiples of 2^(1 - BIAS - MANT); adding 1.5 * 2^23 rounds to integer.
+        t = tl.minimum(a, 2.0 ** (1 - BIAS)) * (2.0 ** (BIAS + MANT - 1))
+        sub = ((t + 12582912.0) - 12582912.0).to(tl.int32)
+        code = tl.where(a < 2.0 ** (1 - BIAS), sub, normal)
+        sign = (y.to(tl.int32, bitcast=True) >> 24) & 128
+        q = (code | sign).to(tl.uint8)
+    else:
+        q = y.to(cache_ty)
+    return q

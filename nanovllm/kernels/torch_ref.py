@@ -1,18 +1,37 @@
 """Plain-torch attention over a paged KV cache: the test oracle and the CPU code path.
 
 Cache layout: [num_blocks, block_size, num_kv_heads, head_dim]; slot = block_id * block_size + offset.
-Everything is computed in fp32 and cast back to q's dtype.
+Everything is computed in fp32 and cast back to q's dtype. An fp8 cache (float8_e4m3fn or
+float8_e5m2) holds x / scale[kv head] per layer: stores divide and round, reads multiply back.
 """
 import torch
 
 
-def store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping) -> None:
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def quantize(x, scale, dtype):
+    """x [..., Hkv, D] as `dtype`: divided by scale [Hkv] and clamped to its range when fp8."""
+    if dtype not in FP8_DTYPES:
+        return x.to(dtype)
+    fmax = torch.finfo(dtype).max
+    # Clamp first: torch's cast does not saturate every out-of-range value the same way.
+    return (x.float() / scale.float()[:, None]).clamp(-fmax, fmax).to(dtype)
+
+
+def dequantize(x, scale):
+    """fp32 values of cache entries x [..., Hkv, D]; scale [Hkv] or None (a plain cache)."""
+    return x.float() if scale is None else x.float() * scale.float()[:, None]
+
+
+def store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping, k_scale=None,
+                        v_scale=None) -> None:
     """Write new tokens' K/V [T, Hkv, D] into the paged cache at slot_mapping (-1 = skip)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     # View caches as [num_slots, Hkv, D]; valid because the two leading dims are contiguous.
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = quantize(k[keep], k_scale, k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = quantize(v[keep], v_scale, v_cache.dtype)
 
 
 def _gather_seq(cache, block_row, seqlen):
@@ -36,7 +55,8 @@ def _attend(q, k, v, scale, q_pos):
     return torch.matmul(p, vf).transpose(0, 1)                        # [M, H, D]
 
 
-def prefill_attention_torch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale):
+def prefill_attention_torch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
+                            k_scale=None, v_scale=None):
     """Causal varlen attention of new queries over each sequence's cached keys (prefix/chunk aware)."""
     o = torch.empty_like(q)
     cu_q = cu_seqlens_q.tolist()
@@ -46,20 +66,21 @@ def prefill_attention_torch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, blo
         seqlen_q, seqlen_k = q1 - q0, cu_k[i + 1] - cu_k[i]
         if seqlen_q == 0:
             continue
-        k = _gather_seq(k_cache, block_tables[i], seqlen_k)
-        v = _gather_seq(v_cache, block_tables[i], seqlen_k)
+        k = dequantize(_gather_seq(k_cache, block_tables[i], seqlen_k), k_scale)
+        v = dequantize(_gather_seq(v_cache, block_tables[i], seqlen_k), v_scale)
         # New queries are the last seqlen_q tokens of the sequence.
         q_pos = torch.arange(seqlen_k - seqlen_q, seqlen_k, device=q.device)
         o[q0:q1] = _attend(q[q0:q1], k, v, scale, q_pos).to(q.dtype)
     return o
 
 
-def decode_attention_torch(q, k_cache, v_cache, context_lens, block_tables, scale):
+def decode_attention_torch(q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=None,
+                           v_scale=None):
     """One query per sequence (q [B, H, D]) attending to its first context_lens[i] cached tokens."""
     o = torch.empty_like(q)
     for i, ctx in enumerate(context_lens.tolist()):
-        k = _gather_seq(k_cache, block_tables[i], ctx)
-        v = _gather_seq(v_cache, block_tables[i], ctx)
+        k = dequantize(_gather_seq(k_cache, block_tables[i], ctx), k_scale)
+        v = dequantize(_gather_seq(v_cache, block_tables[i], ctx), v_scale)
         q_pos = torch.tensor([ctx - 1], device=q.device)
         o[i] = _attend(q[i:i + 1], k, v, scale, q_pos)[0].to(q.dtype)
     return o

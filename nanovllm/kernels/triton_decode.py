@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, online_softmax_step
+from nanovllm.kernels._common import (INTERPRET, LOG2E, dot_precision, fp8_meta,
+                                      online_softmax_step)
 
 MAX_SPLITS = 64
 
@@ -21,12 +22,18 @@ MAX_SPLITS = 64
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
 CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
               USE_DOT=True, WAVES=2)
+# An fp8 cache has its own tiles: a 64-key tile is half the bytes of a bf16 one, so it takes
+# more stages in flight to keep HBM busy (H100, `bench_kernels.py --fp8`, b=256 ctx=2048:
+# 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us). FP16_DOT: with
+# bf16 q, run the dots in fp16 (q cast to fp16): fp8 values are exact in fp16 as in bf16, and
+# Hopper converts fp8 to fp16 in one instruction (same shape: 468 us vs 557 with bf16 dots).
+CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5)
 
 
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, ctx_ptr, bt_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr,
-    qk_scale,
+    k_scale_ptr, v_scale_ptr, qk_scale,
     stride_qb, stride_qh,
     stride_kblk, stride_kslot, stride_kh,
     stride_btb,
@@ -37,6 +44,7 @@ def _decode_partial_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
+    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     b = tl.program_id(0)
@@ -69,6 +77,12 @@ def _decode_partial_kernel(
 
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None], other=0.0)
+    if KV_FP8:
+        # Dequantizing costs nothing per key: K's scale joins the softmax scale, V's scales
+        # the output once; the fp8 tiles are only widened to q's dtype for the dots.
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
+        if FP16_DOT:
+            q = q.to(tl.float16)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
@@ -87,6 +101,8 @@ def _decode_partial_kernel(
             tok_off = page * stride_kblk + (offs_n % BLOCK_SIZE) * stride_kslot
         kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
         if USE_DOT:
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         else:
@@ -95,6 +111,8 @@ def _decode_partial_kernel(
         qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         if USE_DOT:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         else:
@@ -102,6 +120,8 @@ def _decode_partial_kernel(
         acc = acc * alpha[:, None] + pv
 
     out = acc / l_i[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale_ptr + kvh)
     if DIRECT:
         tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
@@ -174,17 +194,22 @@ def alloc_decode_workspace(batch, num_heads, head_dim, num_splits, device):
             torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=device))
 
 
-def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num_splits=None, workspace=None):
-    """Paged decode attention: q [B, H, D] over the first context_lens[b] cached tokens -> [B, H, D]."""
+def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num_splits=None,
+                     workspace=None, k_scale=None, v_scale=None):
+    """Paged decode attention: q [B, H, D] over the first context_lens[b] cached tokens -> [B, H, D].
+    An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv])."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     group = num_heads // num_kv_heads
+    kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
+    if kv_fp8 and (k_scale is None or v_scale is None):
+        raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, q.device)
     num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
-    cfg = CONFIG
+    cfg = CONFIG_FP8 if kv_fp8 else CONFIG
     block_n = cfg["BLOCK_N"]
     use_dot = cfg["USE_DOT"]
     g_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
@@ -209,7 +234,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         counters = _split_counters(q.device, batch * num_kv_heads)
     _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
-        scale * LOG2E,
+        k_scale if kv_fp8 else q, v_scale if kv_fp8 else q, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -219,6 +244,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=g_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
+        KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and cfg["FP16_DOT"] and q.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

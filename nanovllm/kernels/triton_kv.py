@@ -1,14 +1,19 @@
-"""Triton kernel writing new tokens' K/V into the paged cache."""
+"""Triton kernel writing new tokens' K/V into the paged cache (quantizing for an fp8 cache)."""
+import torch
 import triton
 import triton.language as tl
+
+from nanovllm.kernels._common import fp8_meta, quantize_fp8
 
 
 @triton.jit
 def _store_kvcache_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cslot, stride_ch,
     NUM_KV_HEADS: tl.constexpr, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    SOFT: tl.constexpr,
 ):
     # One program per token: copies its [Hkv, D] K and V rows (a few KB) to the cache slot.
     t = tl.program_id(0)
@@ -23,12 +28,20 @@ def _store_kvcache_kernel(
     src_v = offs_h[:, None] * stride_vh + offs_d[None, :]
     v = tl.load(v_ptr + t * stride_vt + src_v, mask=mask)
     dst = slot * stride_cslot + offs_h[:, None] * stride_ch + offs_d[None, :]
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    cache_ty = k_cache_ptr.dtype.element_ty
+    if KV_FP8:
+        hmask = offs_h < NUM_KV_HEADS
+        ks = tl.load(k_scale_ptr + offs_h, mask=hmask, other=1.0)[:, None]
+        vs = tl.load(v_scale_ptr + offs_h, mask=hmask, other=1.0)[:, None]
+        k = quantize_fp8(k.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+        v = quantize_fp8(v.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+    tl.store(k_cache_ptr + dst, k.to(cache_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(cache_ty), mask=mask)
 
 
-def store_kvcache(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Write k/v [T, Hkv, D] into k_cache/v_cache [blocks, block_size, Hkv, D] at slot_mapping (-1 skipped)."""
+def store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
+    """Write k/v [T, Hkv, D] into k_cache/v_cache [blocks, block_size, Hkv, D] at slot_mapping
+    (-1 skipped). An fp8 cache stores k / k_scale[head] (v likewise), the scales fp32 [Hkv]."""
     num_tokens, num_kv_heads, head_dim = k.shape
     assert v.shape == k.shape and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
     assert k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1
@@ -37,10 +50,25 @@ def store_kvcache(k, v, k_cache, v_cache, slot_mapping) -> None:
     assert slot_mapping.numel() == num_tokens
     if num_tokens == 0:
         return
+    meta = fp8_meta(k_cache.dtype)
+    kc, vc, ks, vs = fp8_args(k_cache, v_cache, k_scale, v_scale, meta)
     _store_kvcache_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
+        k, v, kc, vc, slot_mapping, ks, vs,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(1), k_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, H_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
-        num_warps=4,
+        **meta, num_warps=4,
     )
+
+
+def fp8_args(k_cache, v_cache, k_scale, v_scale, meta):
+    """(k_cache, v_cache, k_scale, v_scale) as a store kernel takes them: byte views of an fp8
+    cache under the interpreter (SOFT writes bit patterns), the caches as dummy scales when
+    the cache is not fp8."""
+    if not meta["KV_FP8"]:
+        return k_cache, v_cache, k_cache, v_cache
+    if k_scale is None or v_scale is None:
+        raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
+    if meta["SOFT"]:
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    return k_cache, v_cache, k_scale, v_scale

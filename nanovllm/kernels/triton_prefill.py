@@ -7,7 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, online_softmax_step
+from nanovllm.kernels._common import (INTERPRET, LOG2E, dot_precision, fp8_meta,
+                                      online_softmax_step)
 
 
 # Tile configs (module level so tools/bench_kernels.py and tests can override them). Measured on
@@ -20,6 +21,8 @@ else:
     CONFIG = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2)
     SHORT_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
 SHORT_Q = 512  # max_seqlen_q at or below which SHORT_CONFIG is used
+# With an fp8 cache and bf16 q, run the dots in fp16 (see triton_decode.CONFIG["FP16_DOT"]).
+FP16_DOT = True
 
 
 @triton.jit
@@ -40,12 +43,13 @@ def _load_kv_tile(cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, cu_q_ptr, cu_k_ptr, bt_ptr,
-    qk_scale,
+    k_scale_ptr, v_scale_ptr, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kblk, stride_kslot, stride_kh,
     stride_btb,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr, DOT_PREC: tl.constexpr,
+    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr,
 ):
     b = tl.program_id(0)
     # Reverse the q-tile order: the last tiles see the most keys, so start them first (less tail).
@@ -62,6 +66,12 @@ def _prefill_kernel(
     q_pos = seqlen_k - seqlen_q + offs_m  # absolute positions of this tile's queries
     q = tl.load(q_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_qt + h * stride_qh + offs_d[None, :],
                 mask=m_mask[:, None], other=0.0)
+    if KV_FP8:
+        # K's scale joins the softmax scale and V's scales the output: fp8 tiles are only
+        # widened to q's dtype for the dots.
+        qk_scale = qk_scale * tl.load(k_scale_ptr + h // G)
+        if FP16_DOT:
+            q = q.to(tl.float16)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -76,11 +86,11 @@ def _prefill_kernel(
     for n in range(0, full_end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end)
+                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end)
+                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
 
     # Phase 2: tiles crossing the diagonal / sequence end, with causal + bounds masks.
@@ -89,22 +99,26 @@ def _prefill_kernel(
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, True, n_mask)
+                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, True, n_mask)
+                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
 
     out = acc / l_i[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale_ptr + h // G)
     tl.store(o_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
-def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale, max_seqlen_q):
-    """Causal varlen attention of q [T, H, D] over paged cached keys; returns [T, H, D] in q's dtype."""
+def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
+                      max_seqlen_q, k_scale=None, v_scale=None):
+    """Causal varlen attention of q [T, H, D] over paged cached keys; returns [T, H, D] in q's dtype.
+    An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv])."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
@@ -115,15 +129,19 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tab
         return o
     cfg = SHORT_CONFIG if max_seqlen_q <= SHORT_Q else CONFIG
     grid = (batch, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), num_heads)
+    kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
+    if kv_fp8 and (k_scale is None or v_scale is None):
+        raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
     _prefill_kernel[grid](
         q, k_cache, v_cache, o, cu_seqlens_q, cu_seqlens_k, block_tables,
-        scale * LOG2E,
+        k_scale if kv_fp8 else q, v_scale if kv_fp8 else q, scale * LOG2E,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         G=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=block_size % cfg["BLOCK_N"] == 0,
         DOT_PREC=dot_precision(q.dtype),
+        KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and FP16_DOT and q.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

@@ -5,11 +5,15 @@ Unfused this is six kernels per layer (two norms, the cos/sin gather, two rotati
 which at small batches cost more than the layer's matmuls: each is a few microseconds of launch
 and tail for a few kilobytes of work. The arithmetic follows the unfused torch path step by step,
 rounding to the activation dtype where it does (normed value, times weight, rotated value), so
-both paths give the same numbers to within float rounding.
+both paths give the same numbers to within float rounding. An fp8 cache gets the rounded k and
+v divided by their per-kv-head scales (see torch_ref.quantize).
 """
 import torch
 import triton
 import triton.language as tl
+
+from nanovllm.kernels._common import fp8_meta, quantize_fp8
+from nanovllm.kernels.triton_kv import fp8_args
 
 
 @triton.jit
@@ -30,11 +34,13 @@ def _norm_rotate(x1, x2, w_ptr, cos, sin, offs, eps,
 @triton.jit
 def _norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, slot_ptr,
-    q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr,
+    q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pos,
     stride_cslot, stride_ch, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
     HALF: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_K: tl.constexpr,
+    KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    SOFT: tl.constexpr,
 ):
     # One program per token: all its heads at once (a few KB), so a decode step is one wave.
     t = tl.program_id(0)
@@ -69,20 +75,31 @@ def _norm_rope_store_kernel(
     if slot >= 0:
         cache_ty = k_cache_ptr.dtype.element_ty
         c_off = slot * stride_cslot + hk * stride_ch + offs[None, :]
-        tl.store(k_cache_ptr + c_off, k1.to(cache_ty), mask=mk)
-        tl.store(k_cache_ptr + c_off + HALF, k2.to(cache_ty), mask=mk)
         v_src = v_ptr + t * stride_vt + hk * stride_vh + offs[None, :]
-        tl.store(v_cache_ptr + c_off, tl.load(v_src, mask=mk).to(cache_ty), mask=mk)
-        tl.store(v_cache_ptr + c_off + HALF, tl.load(v_src + HALF, mask=mk).to(cache_ty),
-                 mask=mk)
+        v1, v2 = tl.load(v_src, mask=mk), tl.load(v_src + HALF, mask=mk)
+        if KV_FP8:
+            ks = tl.load(k_scale_ptr + hk, mask=mk, other=1.0)
+            vs = tl.load(v_scale_ptr + hk, mask=mk, other=1.0)
+            c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+            c2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+            c3 = quantize_fp8(v1.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+            c4 = quantize_fp8(v2.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+        else:
+            c1, c2, c3, c4 = k1.to(cache_ty), k2.to(cache_ty), v1.to(cache_ty), v2.to(cache_ty)
+        tl.store(k_cache_ptr + c_off, c1, mask=mk)
+        tl.store(k_cache_ptr + c_off + HALF, c2, mask=mk)
+        tl.store(v_cache_ptr + c_off, c3, mask=mk)
+        tl.store(v_cache_ptr + c_off + HALF, c4, mask=mk)
 
 
 def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
-                    k_cache, v_cache, slot_mapping, return_k: bool = False):
+                    k_cache, v_cache, slot_mapping, return_k: bool = False, k_scale=None,
+                    v_scale=None):
     """q [T, Hq, D], k/v [T, Hkv, D] (strided views of the qkv output are fine) -> rotated q
     [T, Hq, D] (and rotated k when return_k); stores rotated k and v at slot_mapping (-1 skips).
     cos_sin_cache is [max_position, ..., D] float32 (cos half, then sin half); the norm
-    weights are [D] or both None (no q/k norm)."""
+    weights are [D] or both None (no q/k norm). An fp8 cache needs k_scale / v_scale (fp32
+    [Hkv]): it stores k / k_scale and v / v_scale."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim % 2 or head_dim & (head_dim - 1):
@@ -97,13 +114,15 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     if num_tokens == 0:
         return (q_out, k_out) if return_k else q_out
     cos_sin = cos_sin_cache.reshape(cos_sin_cache.shape[0], head_dim)
+    meta = fp8_meta(k_cache.dtype)
+    kc, vc, ks, vs = fp8_args(k_cache, v_cache, k_scale, v_scale, meta)
     _norm_rope_store_kernel[(num_tokens,)](
         q, k, v, positions, cos_sin, q_norm_weight if has_norm else q,
-        k_norm_weight if has_norm else k, slot_mapping, q_out, k_out, k_cache, v_cache,
+        k_norm_weight if has_norm else k, slot_mapping, q_out, k_out, kc, vc, ks, vs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos_sin.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
         HQ=num_heads, HKV=num_kv_heads, HQ_PAD=triton.next_power_of_2(num_heads),
         HKV_PAD=triton.next_power_of_2(num_kv_heads), HALF=head_dim // 2,
-        HAS_NORM=has_norm, WRITE_K=return_k, num_warps=4,
+        HAS_NORM=has_norm, WRITE_K=return_k, **meta, num_warps=4,
     )
     return (q_out, k_out) if return_k else q_out

@@ -5,6 +5,12 @@ from torch import nn
 from nanovllm.layers.attention_backend import TorchBackend, norm_and_rotate
 from nanovllm.utils.context import get_context
 
+# Calibrated fp8 scales map margin x the largest |K| (|V|) of the first prefill to the fp8
+# maximum, so later tokens up to that many times larger still fit. The margin costs almost
+# nothing: fp8 keeps its relative precision over its whole normal range (e4m3: 2^-6..448), and
+# only values below amax * margin / 28672 (e4m3) fall into the coarser subnormals.
+KV_SCALE_MARGIN = 8.0
+
 
 class Attention(nn.Module):
     """Applies q/k norm and RoPE, stores this step's K/V in the cache, then attends (prefill
@@ -16,6 +22,8 @@ class Attention(nn.Module):
         self.scale = scale
         self.backend = TorchBackend()  # ModelRunner installs the chosen one
         self.k_cache = self.v_cache = torch.tensor([])
+        # fp32 [num_kv_heads] dequantization scales of an fp8 cache (None: model dtype).
+        self.k_scale = self.v_scale = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                 rope: nn.Module, q_norm: nn.Module | None = None,
@@ -27,8 +35,26 @@ class Attention(nn.Module):
             # Warm-up before the cache exists (sizing the activations): attention is skipped.
             q, _ = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
             return torch.zeros_like(q)
+        if ctx.calibrate_kv and self.k_scale is not None:
+            # Once, on the first prefill (ModelRunner's call): the unfused path yields the
+            # rotated keys the cache will hold.
+            _, k_rot = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
+            fmax = torch.finfo(self.k_cache.dtype).max
+            calibrate_kv_scales(k_rot, v, self.k_scale, self.v_scale, fmax)
+        scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         q, k = self.backend.rope_and_store(q, k, v, positions, rope, q_norm, k_norm,
-                                           self.k_cache, self.v_cache, ctx)
+                                           self.k_cache, self.v_cache, ctx, **scales)
         if ctx.is_prefill:
-            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
-        return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale)
+            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale,
+                                        **scales)
+        return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale, **scales)
+
+
+def calibrate_kv_scales(k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor,
+                        v_scale: torch.Tensor, fmax: float,
+                        margin: float = KV_SCALE_MARGIN) -> None:
+    """Set k_scale/v_scale [Hkv] in place from k/v [T, Hkv, D]: amax * margin -> fmax."""
+    for x, scale in ((k, k_scale), (v, v_scale)):
+        amax = x.float().abs().amax(dim=(0, 2))
+        # An all-zero head would get scale 0 (x / 0 = NaN): any positive scale stores zeros.
+        scale.copy_(torch.where(amax > 0, amax * margin / fmax, 1.0))

@@ -1,14 +1,19 @@
 """The attention seam: three interchangeable implementations and the chooser.
 
 Every backend offers rope_and_store / store_kv / prefill / decode over the paged cache layout
-[num_blocks, block_size, num_kv_heads, head_dim]; callers never branch on which one runs.
+[num_blocks, block_size, num_kv_heads, head_dim]; callers never branch on which one runs. An fp8
+cache comes with its per-kv-head scales (k_scale / v_scale, fp32 [Hkv]; None for a cache in the
+model's dtype), which torch and triton take and flash refuses (see choose_backend).
 """
 import importlib.util
+import logging
 
 import torch
 
 from nanovllm.kernels import torch_ref
 from nanovllm.utils.context import Context
+
+logger = logging.getLogger(__name__)
 
 
 class TorchBackend:
@@ -17,22 +22,27 @@ class TorchBackend:
     name = "torch"
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
-                       ctx: Context):
+                       ctx: Context, k_scale=None, v_scale=None):
         """Per-head q/k norm (when given), RoPE, then the K/V store; returns (q, k)."""
         q, k = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
-        self.store_kv(k, v, k_cache, v_cache, ctx)
+        self.store_kv(k, v, k_cache, v_cache, ctx, k_scale, v_scale)
         return q, k
 
-    def store_kv(self, k, v, k_cache, v_cache, ctx: Context) -> None:
-        torch_ref.store_kvcache_torch(k, v, k_cache, v_cache, ctx.slot_mapping)
+    def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,
+                 v_scale=None) -> None:
+        torch_ref.store_kvcache_torch(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale,
+                                      v_scale)
 
-    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
+                v_scale=None) -> torch.Tensor:
         return torch_ref.prefill_attention_torch(q, k_cache, v_cache, ctx.cu_seqlens_q,
-                                                 ctx.cu_seqlens_k, ctx.block_tables, scale)
+                                                 ctx.cu_seqlens_k, ctx.block_tables, scale,
+                                                 k_scale, v_scale)
 
-    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
+               v_scale=None) -> torch.Tensor:
         return torch_ref.decode_attention_torch(q, k_cache, v_cache, ctx.context_lens,
-                                                ctx.block_tables, scale)
+                                                ctx.block_tables, scale, k_scale, v_scale)
 
 
 class TritonBackend:
@@ -50,24 +60,30 @@ class TritonBackend:
         self._decode = triton_decode.decode_attention
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
-                       ctx: Context):
+                       ctx: Context, k_scale=None, v_scale=None):
         """The same as the torch path in one kernel (returned k is None unless prefill
         needs it)."""
         weights = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight,
                                                              q_norm.eps)
         out = self._rope_store(q, k, v, positions, rope.cos_sin_cache, *weights, k_cache,
-                               v_cache, ctx.slot_mapping, return_k=self.needs_new_k)
+                               v_cache, ctx.slot_mapping, return_k=self.needs_new_k,
+                               k_scale=k_scale, v_scale=v_scale)
         return out if self.needs_new_k else (out, None)
 
-    def store_kv(self, k, v, k_cache, v_cache, ctx: Context) -> None:
-        self._store(k, v, k_cache, v_cache, ctx.slot_mapping)
+    def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,
+                 v_scale=None) -> None:
+        self._store(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
 
-    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
+                v_scale=None) -> torch.Tensor:
         return self._prefill(q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.cu_seqlens_k,
-                             ctx.block_tables, scale, ctx.max_seqlen_q)
+                             ctx.block_tables, scale, ctx.max_seqlen_q, k_scale=k_scale,
+                             v_scale=v_scale)
 
-    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
-        return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale)
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
+               v_scale=None) -> torch.Tensor:
+        return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale,
+                            k_scale=k_scale, v_scale=v_scale)
 
 
 class FlashBackend(TritonBackend):
@@ -82,7 +98,9 @@ class FlashBackend(TritonBackend):
             import flash_attn
         self.fa = flash_attn
 
-    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
+                v_scale=None) -> torch.Tensor:
+        assert k_scale is None, "choose_backend never gives flash an fp8 cache"
         if ctx.has_cached_context:  # earlier tokens live in the cache: read through the table
             k, v, block_table = k_cache, v_cache, ctx.block_tables
         else:
@@ -92,7 +110,9 @@ class FlashBackend(TritonBackend):
             max_seqlen_k=ctx.max_seqlen_k, cu_seqlens_k=ctx.cu_seqlens_k,
             softmax_scale=scale, causal=True, block_table=block_table)
 
-    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
+               v_scale=None) -> torch.Tensor:
+        assert k_scale is None, "choose_backend never gives flash an fp8 cache"
         o = self.fa.flash_attn_with_kvcache(
             q.unsqueeze(1), k_cache, v_cache, cache_seqlens=ctx.context_lens,
             block_table=ctx.block_tables, softmax_scale=scale, causal=True)
@@ -111,15 +131,25 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def choose_backend(name: str, device: torch.device, block_size: int):
-    """Pick the attention backend: flash > triton on CUDA, torch on CPU ("auto")."""
+def choose_backend(name: str, device: torch.device, block_size: int, fp8_kv: bool = False):
+    """Pick the attention backend: flash > triton on CUDA, torch on CPU ("auto").
+
+    flash-attn's kernels read no fp8 cache: with fp8_kv, "auto" takes triton (and says so when
+    flash-attn is installed) and an explicit "flash" is refused."""
     if name == "auto":
         if device.type != "cuda":
             name = "torch"
-        elif flash_attn_available() and block_size % 256 == 0:
+        elif flash_attn_available() and block_size % 256 == 0 and not fp8_kv:
             name = "flash"
         else:
+            if fp8_kv and flash_attn_available():
+                logger.info("fp8 KV cache: attention runs on the Triton kernels (flash-attn "
+                            "reads no fp8 cache)")
             name = "triton"
+    if name == "flash" and fp8_kv:
+        raise ValueError("attention_backend='flash' cannot read an fp8 KV cache: use "
+                         "attention_backend='auto' or 'triton' with kv_cache_dtype='fp8_*', "
+                         "or kv_cache_dtype='auto' with flash")
     if name in ("flash", "triton") and device.type != "cuda":
         raise ValueError(f"attention_backend={name!r} needs a CUDA GPU but the device is "
                          f"{device.type!r}; use 'torch' or 'auto' there")

@@ -12,6 +12,7 @@ import glob
 import json
 import logging
 import os
+import re
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -24,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 # Buffers some checkpoints still carry; the model recomputes them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# fp8 KV-cache scales (vLLM's names: self_attn.k_scale, self_attn.attn.k_scale or
+# self_attn.k_proj.k_scale, v alike): read by read_kv_scales, not by the model.
+KV_SCALE_NAME = re.compile(r"layers\.(\d+)\.self_attn\.(?:attn\.|[kv]_proj\.)?([kv])_scale$")
 # Names listed in one error message; the rest are counted.
 MAX_LISTED = 20
 
@@ -117,7 +121,7 @@ def _load(model: nn.Module, path: str, read_data: bool) -> None:
                 target, shard = _map_name(name, packed)
                 param = params.get(target)
                 if param is None:
-                    if not name.endswith(IGNORED_SUFFIXES):
+                    if not name.endswith(IGNORED_SUFFIXES) and not KV_SCALE_NAME.search(name):
                         unused.append(f"{name} ({os.path.basename(file)})")
                     continue
                 tensor = f.get_tensor(name) if read_data else torch.empty(shape, device="meta")
@@ -180,6 +184,35 @@ def _tied(model: nn.Module, name: str) -> bool:
 def _listing(names: list[str]) -> str:
     more = len(names) - MAX_LISTED
     return ", ".join(names[:MAX_LISTED]) + (f" ... and {more} more" if more > 0 else "")
+
+
+def read_kv_scales(path: str, num_layers: int, num_kv_heads: int) -> torch.Tensor | None:
+    """The checkpoint's fp8 KV-cache scales as fp32 [2 (K, V), layer, kv head], or None when it
+    has none. Each may be a scalar (one per layer) or hold one value per kv head; the cache
+    stores x / scale, so a scale is the dequantization factor (vLLM's convention)."""
+    scales = torch.full((2, num_layers, num_kv_heads), float("nan"))
+    found = 0
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        names = [n for n in read_safetensors_header(file) if KV_SCALE_NAME.search(n)]
+        if not names:
+            continue
+        with _open(file) as f:
+            for name in names:
+                layer, kind = KV_SCALE_NAME.search(name).groups()
+                t = f.get_tensor(name).float().flatten()
+                if int(layer) >= num_layers or t.numel() not in (1, num_kv_heads) or not (
+                        t > 0).all():
+                    raise ValueError(f"tensor {name!r} in {file}: a KV-cache scale must be a "
+                                     f"positive scalar or {num_kv_heads} positive values "
+                                     f"(one per kv head) of a layer < {num_layers}")
+                scales[0 if kind == "k" else 1, int(layer)] = t
+                found += 1
+    if not found:
+        return None
+    if scales.isnan().any():
+        raise ValueError(f"the checkpoint in {path} has k_scale/v_scale for some layers but "
+                         f"not all {num_layers}: give every layer's scales or none")
+    return scales
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:

@@ -1,0 +1,99 @@
+"""kv_cache_dtype on the CPU (torch reference path): options, scales, backends, accuracy."""
+import glob
+import random
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.config import Config
+from nanovllm.layers import attention_backend
+from nanovllm.layers.attention import KV_SCALE_MARGIN, calibrate_kv_scales
+from tools.fp8_accuracy import context_logits
+
+CPU = dict(device="cpu", num_kvcache_blocks=16, kvcache_block_size=64, max_model_len=1024,
+           enforce_eager=True)
+
+
+def test_bad_kv_cache_dtype_is_a_value_error(toy_models):
+    with pytest.raises(ValueError, match="kv_cache_dtype='int8' must be one of"):
+        Config(toy_models["tied_gqa4_d16_l4"], kv_cache_dtype="int8")
+
+
+def test_flash_refuses_fp8_and_auto_falls_back(monkeypatch):
+    monkeypatch.setattr(attention_backend, "flash_attn_available", lambda: True)
+    monkeypatch.setattr(attention_backend, "TritonBackend", lambda: "triton")
+    with pytest.raises(ValueError, match="cannot read an fp8 KV cache"):
+        attention_backend.choose_backend("flash", torch.device("cuda"), 256, fp8_kv=True)
+    assert attention_backend.choose_backend("auto", torch.device("cuda"), 256, True) == "triton"
+
+
+def test_calibration_maps_margin_times_amax_to_fp8_max():
+    k = torch.randn(10, 3, 8)
+    v = torch.randn(10, 3, 8) * torch.tensor([1.0, 10.0, 0.0])[None, :, None]
+    ks, vs = torch.ones(3), torch.ones(3)
+    calibrate_kv_scales(k, v, ks, vs, 448.0)
+    assert torch.allclose(ks * 448 / KV_SCALE_MARGIN, k.abs().amax(dim=(0, 2)))
+    assert torch.allclose(vs[:2] * 448 / KV_SCALE_MARGIN, v.abs().amax(dim=(0, 2))[:2])
+    assert vs[2] == 1.0  # an all-zero head keeps a usable scale
+
+
+def test_fp8_cache_is_calibrated_on_the_first_prefill_and_stays_close(toy_models):
+    path = toy_models["untied_gqa4_d64"]
+    rng = random.Random(0)
+    ctx = [rng.randrange(400) for _ in range(300)]
+    logits, scales = {}, None
+    for kind in ("auto", "fp8_e4m3"):
+        llm = LLM(path, kv_cache_dtype=kind, **CPU)
+        runner = llm.executor.runner
+        if kind != "auto":
+            assert runner.kv_cache.dtype == torch.float8_e4m3fn
+            assert (runner.kv_scales == 1).all()  # nothing calibrated before a prefill
+        llm.generate([ctx[:50]], SamplingParams(max_tokens=2), use_tqdm=False)
+        if kind != "auto":
+            scales = runner.kv_scales.clone()
+            assert (scales != 1).all() and (scales > 0).all()
+        logits[kind] = context_logits(llm, ctx, 150)
+        if kind != "auto":
+            assert torch.equal(runner.kv_scales, scales)  # only the first prefill calibrates
+        llm.shutdown()
+    ref, got = logits["auto"], logits["fp8_e4m3"]
+    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
+    # e4m3 keeps 4 significant bits: a few % on these random-weight logits (bf16 KV: ~0.4%).
+    assert rel.mean() < 0.1
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.75
+
+
+def _with_scales(src, dst, layers, value):
+    """A copy of checkpoint `src` with k_scale/v_scale tensors for the given layers."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    tensors = {}
+    for i in layers:
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(value)
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor([value * 2] * 2)
+    save_file(tensors, f"{dst}/kv_scales.safetensors")
+    return dst
+
+
+def test_checkpoint_scales_are_used_not_calibrated(toy_models, tmp_path, caplog):
+    src = toy_models["untied_gqa4_d64"]  # 3 layers, 2 kv heads
+    path = _with_scales(src, str(tmp_path / "m"), range(3), 0.05)
+    llm = LLM(path, kv_cache_dtype="fp8_e4m3", **CPU)
+    llm.generate([[1, 2, 3] * 10], SamplingParams(max_tokens=2), use_tqdm=False)
+    scales = llm.executor.runner.kv_scales
+    assert torch.allclose(scales[0], torch.full((3, 2), 0.05))
+    assert torch.allclose(scales[1], torch.full((3, 2), 0.1))
+    llm.shutdown()
+    with caplog.at_level("WARNING"):  # the model dtype cache ignores them, quietly
+        LLM(path, **CPU).shutdown()
+    assert "k_scale" not in caplog.text
+
+
+def test_checkpoint_with_some_layers_scales_is_refused(toy_models, tmp_path):
+    path = _with_scales(toy_models["untied_gqa4_d64"], str(tmp_path / "m"), [0, 1], 0.05)
+    assert glob.glob(f"{path}/kv_scales.safetensors")
+    with pytest.raises(ValueError, match="not all 3"):
+        LLM(path, kv_cache_dtype="fp8", **CPU)

@@ -1,0 +1,156 @@
+"""How much an fp8 KV cache changes the model's outputs, against the cache in the model's dtype.
+
+Two measurements per checkpoint, each run once with kv_cache_dtype="auto" and once per fp8 kind:
+1. Logits over one long context, teacher-forced: the first half of a random-token context is
+   prefilled (logits at every position), the rest is fed one token per decode step, so both the
+   prefill and the decode kernels read the quantized cache. Per position: ||l - l_ref|| / ||l_ref||;
+   mean and max are printed for the prefill and the decode positions, and how often the top-1
+   token agrees (each position a separate trial, unlike free-running greedy decoding, where
+   everything after the first differing token differs too).
+2. Greedy agreement: LLM.generate at temperature 0 over random-token prompts, token by token
+   against the reference; also how many completions are identical and the mean position of the
+   first differing token.
+
+Usage (CPU, tiny random checkpoints built on the fly):
+    PYTHONPATH=. python tools/fp8_accuracy.py --toy
+GPU, the Qwen3-0.6B shape with random weights (load_format="dummy"):
+    PYTHONPATH=. python tools/fp8_accuracy.py --dummy-qwen3
+Random weights make flat, odd logits, so greedy agreement there is a lower bound for real models.
+"""
+import argparse
+import json
+import random
+import tempfile
+
+import torch
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.step_inputs import decode_inputs, prefill_inputs
+from nanovllm.utils.context import reset_context
+
+TOY_SHAPES = {
+    "toy_gqa4_d64": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                         hidden_size=128, num_hidden_layers=3, vocab_size=512),
+    "toy_mha_d32": dict(num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                        hidden_size=128, num_hidden_layers=2, vocab_size=512),
+}
+
+
+@torch.inference_mode()
+def context_logits(llm: LLM, tokens: list[int], prefill_len: int) -> torch.Tensor:
+    """fp32 logits [len(tokens), vocab]: prefill tokens[:prefill_len], then one decode step
+    per remaining token (eager, straight through the ModelRunner; blocks 0.. are ours)."""
+    runner = llm.executor.runner
+    bs, width = runner.block_size, runner.max_blocks_per_seq
+    seq = Sequence(tokens[:prefill_len], SamplingParams(), bs)
+    seq.block_table = list(range(-(-len(tokens) // bs)))
+    seq.num_scheduled_tokens = prefill_len
+    hidden = runner.forward(prefill_inputs([seq], bs, width))
+    out = [runner.model.compute_all_logits(hidden).float()]
+    reset_context()
+    for t in tokens[prefill_len:-1]:
+        seq.append_token(t)
+        hidden = runner.forward(decode_inputs([seq], bs, width, rows=4))
+        out.append(runner.model.compute_logits(hidden)[:1].float())
+        reset_context()
+    return torch.cat(out)
+
+
+def greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy completions of every prompt (ignore_eos: always max_tokens)."""
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False)]
+
+
+def run_one(model: str, kv_dtype: str, load_format: str, args, context, prompts) -> dict:
+    """Both measurements' raw outputs for one kv_cache_dtype."""
+    llm = LLM(model, kv_cache_dtype=kv_dtype, load_format=load_format, device=args.device,
+              num_kvcache_blocks=args.blocks, kvcache_block_size=args.block_size,
+              max_model_len=args.context + 8, enforce_eager=True)
+    try:
+        # Greedy first: its first prefill calibrates the fp8 scales, as in real use.
+        completions = greedy(llm, prompts, args.tokens)
+        logits = context_logits(llm, context, args.context // 2)
+    finally:
+        llm.shutdown()
+    return dict(logits=logits, completions=completions)
+
+
+def compare(ref: dict, got: dict, prefill_len: int) -> dict:
+    """The figures the tool prints for one fp8 kind against the reference."""
+    rel = (got["logits"] - ref["logits"]).norm(dim=-1) / ref["logits"].norm(dim=-1)
+    pre, dec = rel[:prefill_len], rel[prefill_len:]
+    agree = total = identical = 0
+    first_diff = []
+    for a, b in zip(ref["completions"], got["completions"]):
+        agree += sum(x == y for x, y in zip(a, b))
+        total += len(a)
+        identical += a == b
+        first_diff.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)))
+    return {"logit_rel_err_prefill_mean": pre.mean().item(),
+            "logit_rel_err_prefill_max": pre.max().item(),
+            "logit_rel_err_decode_mean": dec.mean().item(),
+            "logit_rel_err_decode_max": dec.max().item(),
+            # Teacher-forced: the same context, so every position is an independent trial.
+            "context_top1_agreement": (got["logits"].argmax(-1) == ref["logits"].argmax(-1))
+            .float().mean().item(),
+            "greedy_token_agreement": agree / total,
+            "identical_completions": f"{identical}/{len(first_diff)}",
+            "mean_first_divergence": sum(first_diff) / len(first_diff)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", action="append", default=[], help="checkpoint dir (repeatable)")
+    ap.add_argument("--toy", action="store_true", help="tiny random checkpoints (CPU-sized)")
+    ap.add_argument("--dummy-qwen3", action="store_true",
+                    help="the Qwen3-0.6B shape with load_format='dummy'")
+    ap.add_argument("--kv-cache-dtype", nargs="+", default=["fp8_e4m3", "fp8_e5m2"])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--context", type=int, default=2000)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=256)
+    ap.add_argument("--blocks", type=int, default=256, help="KV blocks (same for every kind)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+
+    models = [(m, "auto") for m in args.model]
+    if args.toy:
+        from nanovllm.utils.toy import save_random_qwen3
+
+        root = tempfile.mkdtemp(prefix="fp8acc-")
+        models += [(save_random_qwen3(f"{root}/{name}", seed=i, max_position_embeddings=4096,
+                                      **shape), "auto")
+                   for i, (name, shape) in enumerate(TOY_SHAPES.items())]
+    if args.dummy_qwen3:
+        from nanovllm.bench import dummy_model_dir
+
+        models.append((dummy_model_dir(), "dummy"))
+    if not models:
+        ap.error("give --model, --toy or --dummy-qwen3")
+
+    results = {}
+    for model, load_format in models:
+        rng = random.Random(0)
+        vocab = 512 if "fp8acc-" in model else 10000
+        context = [rng.randrange(vocab) for _ in range(args.context)]
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(16, 512))]
+                   for _ in range(args.prompts)]
+        ref = run_one(model, "auto", load_format, args, context, prompts)
+        for kind in args.kv_cache_dtype:
+            figs = compare(ref, run_one(model, kind, load_format, args, context, prompts),
+                           args.context // 2)
+            name = model.rstrip("/").rsplit("/", 1)[-1]
+            results[f"{name} {kind}"] = figs
+            print(f"{name} {kind}: " + ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in figs.items()),
+                flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
