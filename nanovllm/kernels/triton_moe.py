@@ -1,0 +1,157 @@
+"""Fused mixture-of-experts: (token, expert) pairs sorted by expert, then two grouped GEMMs.
+
+Each token picks top_k experts; the pairs are sorted by expert and each expert's run is padded
+to a whole number of BLOCK_M rows (`align_pairs`), so a program of the GEMM kernel reads one
+expert's weight tile once for up to BLOCK_M pairs. The first GEMM computes the gate and the up
+tile of the same columns and writes silu(gate) * up (the activation never goes to memory); the
+second multiplies by w2 and by the pair's routing weight; a sum over each token's top_k rows
+finishes it. Decode steps are weight-bound: a step reads each routed expert once.
+
+CUDA-graph safe: every shape and the grid depend only on the number of tokens, never on the
+routing; programs past the padded end exit at once (their count is read on the device).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from nanovllm.kernels._common import INTERPRET, dot_precision
+
+# Tile configs by the number of (token, expert) pairs per expert on average: few pairs (decode)
+# want short BLOCK_M (less padding) and wide tiles along N/K (the weights are the bytes that
+# matter); many pairs (prefill) want tall tiles. Module level so tests and tools can override.
+SMALL_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+LARGE_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)
+# Average pairs per expert from which LARGE_CONFIG is used.
+LARGE_FROM = 48
+# The interpreter uses the smallest tiles tl.dot accepts, so tiny test shapes span several.
+INTERPRET_CONFIG = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=1, num_stages=1)
+
+
+def choose_config(num_pairs: int, num_experts: int) -> dict:
+    """The tile config for this many (token, expert) pairs."""
+    if INTERPRET:
+        return INTERPRET_CONFIG
+    return LARGE_CONFIG if num_pairs >= LARGE_FROM * num_experts else SMALL_CONFIG
+
+
+def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """Sort the (token, expert) pairs by expert, each expert's run padded to block_m rows.
+
+    Returns sorted_ids [max_padded] (pair index = token * top_k + slot; padding holds
+    num_pairs), expert_ids [max_padded // block_m] (the expert of each block of rows; blocks
+    past the end get num_experts) and num_padded [1] (rows in use), all on the device with
+    shapes that depend only on topk_ids' shape.
+    """
+    flat = topk_ids.flatten().long()
+    n, dev = flat.numel(), flat.device
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    order = flat.argsort(stable=True)
+    sorted_experts = flat[order]
+    # A pair's row: its expert's padded start plus its rank among that expert's pairs.
+    rank = torch.arange(n, device=dev) - (counts.cumsum(0) - counts)[sorted_experts]
+    dest = (ends - padded)[sorted_experts] + rank
+    # At most min(n, E) experts are hit, each padding fewer than block_m rows.
+    max_padded = triton.cdiv(n + min(n, num_experts) * (block_m - 1), block_m) * block_m
+    sorted_ids = torch.full((max_padded,), n, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.int())
+    starts = torch.arange(0, max_padded, block_m, device=dev)
+    expert_ids = torch.searchsorted(ends, starts, right=True).int()
+    return sorted_ids, expert_ids, ends[-1:].int()
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, topk_w_ptr,
+    N, K, num_pairs,
+    stride_am, stride_we, stride_wn, stride_om,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    # Program = (block of one expert's pairs, block of output columns); the column index runs
+    # fastest, so neighbouring programs share the gathered activation rows.
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    m_mask = pairs < num_pairs
+    rows = (pairs // A_ROW_DIV).to(tl.int64)  # first GEMM: pair -> its token's row of x
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    # Weights are [E, N_total, K] (a row per output feature): a [BLOCK_K, BLOCK_N] tile.
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if GATED:
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        up_ptrs = w_ptrs + N * stride_wn  # the up half starts N rows below the gate half
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
+        if GATED:
+            w_up = tl.load(up_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PREC)
+            up_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    out_dtype = out_ptr.dtype.element_ty
+    if GATED:
+        # Rounded to the activation dtype where the unfused SiluAndMul would round.
+        gate = acc.to(out_dtype).to(tl.float32)
+        acc = (gate * tl.sigmoid(gate)).to(out_dtype).to(tl.float32) * acc_up.to(out_dtype).to(
+            tl.float32)
+    if MUL_WEIGHT:
+        acc = acc * tl.load(topk_w_ptr + pairs, mask=m_mask, other=0.0).to(tl.float32)[:, None]
+    out_ptrs = out_ptr + pairs[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_dtype), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def _gemm(a, w, out, aligned, topk_weights, num_pairs, a_row_div, gated, cfg):
+    sorted_ids, expert_ids, num_padded = aligned
+    n = w.shape[1] // 2 if gated else w.shape[1]
+    grid = (expert_ids.numel() * triton.cdiv(n, cfg["BLOCK_N"]),)
+    _moe_gemm_kernel[grid](
+        a, w, out, sorted_ids, expert_ids, num_padded, topk_weights,
+        n, w.shape[2], num_pairs, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=not gated,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        DOT_PREC=dot_precision(a.dtype), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              config: dict | None = None) -> torch.Tensor:
+    """sum_k topk_weights[t, k] * w2[e] @ (silu(gate_e x_t) * (up_e x_t)), e = topk_ids[t, k].
+
+    x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights [T, k]
+    (float32) and topk_ids [T, k] (int). Returns [T, H] in x's dtype.
+    """
+    num_tokens, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    top_k = topk_ids.shape[1]
+    num_pairs = num_tokens * top_k
+    cfg = config or choose_config(num_pairs, num_experts)
+    assert x.stride(1) == w13.stride(2) == w2.stride(2) == 1
+    inter = torch.empty(num_pairs, two_i // 2, dtype=x.dtype, device=x.device)
+    out = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)
+    if num_tokens == 0:
+        return out.view(0, top_k, hidden).sum(1)
+    aligned = align_pairs(topk_ids, num_experts, cfg["BLOCK_M"])
+    weights = topk_weights.float().contiguous()
+    _gemm(x, w13, inter, aligned, weights, num_pairs, top_k, True, cfg)
+    _gemm(inter, w2, out, aligned, weights, num_pairs, 1, False, cfg)
+    return out.view(num_tokens, top_k, hidden).sum(1)
+
+
+__all__ = ["fused_moe", "align_pairs", "choose_config"]
