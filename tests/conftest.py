@@ -44,11 +44,11 @@ def toy_models(tmp_path_factory):
 
 # Random checkpoints of the other architectures: name -> (architecture, config overrides).
 ARCH_MODELS = {
-    # Qwen2: bias on q/k/v; tied, GQA 2 / untied, GQA 4
+    # Qwen2: bias on q/k/v; tied, GQA 2 / untied, 14 heads in GQA groups of 7 (as Qwen2.5-0.5B)
     "qwen2_tied_gqa2": ("Qwen2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                  hidden_size=64)),
-    "qwen2_untied_gqa4": ("Qwen2ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=2,
-                                                   hidden_size=128, num_hidden_layers=3,
+    "qwen2_untied_gqa7": ("Qwen2ForCausalLM", dict(num_attention_heads=14, num_key_value_heads=2,
+                                                   hidden_size=224, num_hidden_layers=3,
                                                    tie_word_embeddings=False)),
     # Llama 3.x: llama3 RoPE scaling whose band lies inside the test contexts (original
     # context 64, so wavelengths of 16..64 positions are interpolated), every bias on, tied

@@ -22,7 +22,7 @@ PROMPTS = dict(n=8, shared=40, max_len=50)
 ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=10, max_num_batched_tokens=23,
               max_model_len=256, device="cpu")
 # One checkpoint per architecture for tensor parallelism (the MoE one splits every expert).
-TP_MODELS = ["qwen2_untied_gqa4", "llama3_tied_bias", "moe_e8_top2", "moe_e4_top1"]
+TP_MODELS = ["qwen2_untied_gqa7", "llama3_tied_bias", "moe_e8_top2", "moe_e4_top1"]
 
 
 def hf_tokens(path, prompts):
