@@ -27,11 +27,14 @@ LARGE_FROM = 48
 INTERPRET_CONFIG = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=1, num_stages=1)
 
 
-def choose_config(num_pairs: int, num_experts: int) -> dict:
+def choose_config(num_pairs: int, num_experts: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     """The tile config for this many (token, expert) pairs."""
     if INTERPRET:
         return INTERPRET_CONFIG
-    return LARGE_CONFIG if num_pairs >= LARGE_FROM * num_experts else SMALL_CONFIG
+    cfg = LARGE_CONFIG if num_pairs >= LARGE_FROM * num_experts else SMALL_CONFIG
+    if dtype.itemsize == 4:  # fp32 tiles take twice the shared memory: pipeline less deep
+        cfg = dict(cfg, num_stages=min(cfg["num_stages"], 2))
+    return cfg
 
 
 def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int):
@@ -141,7 +144,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
-    cfg = config or choose_config(num_pairs, num_experts)
+    cfg = config or choose_config(num_pairs, num_experts, x.dtype)
     assert x.stride(1) == w13.stride(2) == w2.stride(2) == 1
     inter = torch.empty(num_pairs, two_i // 2, dtype=x.dtype, device=x.device)
     out = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)
