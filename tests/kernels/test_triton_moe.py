@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from nanovllm.kernels.torch_ref import fused_moe_torch
-from nanovllm.kernels.triton_moe import LARGE_CONFIG, SMALL_CONFIG, align_pairs, fused_moe
+from nanovllm.kernels.triton_moe import (HUGE_CONFIG, LARGE_CONFIG, SMALL_CONFIG, align_pairs,
+                                         fused_moe)
 from nanovllm.layers.fused_moe import select_experts
 
 CUDA = torch.cuda.is_available()
@@ -71,8 +72,8 @@ def test_fused_moe_no_tokens():
 # -- on the GPU ---------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("config", [None, SMALL_CONFIG, LARGE_CONFIG],
-                         ids=["auto", "small", "large"])
+@pytest.mark.parametrize("config", [None, SMALL_CONFIG, LARGE_CONFIG, HUGE_CONFIG],
+                         ids=["auto", "small", "large", "huge"])
 @pytest.mark.parametrize("tokens", [1, 7, 64, 512, 8192])
 @pytest.mark.parametrize("experts, top_k", [(8, 2), (8, 1), (64, 4), (128, 8)])
 def test_fused_moe_bf16_gpu(tokens, experts, top_k, config):
