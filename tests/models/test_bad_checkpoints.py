@@ -242,7 +242,8 @@ def test_moe_checkpoint_missing_or_misshapen_expert(arch_models, tmp_path, open_
     path = str(shutil.copytree(arch_models["moe_e4_top1"], tmp_path / "moe"))
     gone = "model.layers.2.mlp.experts.3.up_proj.weight"
     edit_weights(path, lambda t: t.pop(gone))
-    with pytest.raises(ValueError, match=f"lacks 1 tensor\\(s\\) the model needs: {re.escape(gone)}"):
+    want = f"lacks 1 tensor\\(s\\) the model needs: {re.escape(gone)}"
+    with pytest.raises(ValueError, match=want):
         open_model(path)
     bad = "model.layers.0.mlp.experts.1.down_proj.weight"
     edit_weights(path, lambda t: t.update({gone: torch.zeros(32, 64), bad: torch.zeros(64, 16)}))
