@@ -4,6 +4,7 @@
     python bench.py --model ~/huggingface/Qwen3-0.6B/
     python bench.py --single             # also time one sequence decoding 512 tokens
     python bench.py --shared-prefix      # 512 requests sharing a 2,000-token prefix
+    python bench.py --model-shape llama-3.2-1b   # or qwen2.5-0.5b, qwen3-30b-a3b (random weights)
 
 The workload lives in nanovllm/bench.py, which `nanovllm bench` runs too.
 """
@@ -18,7 +19,8 @@ __all__ = ["dummy_model_dir", "main"]  # tools/profile_bench.py imports dummy_mo
 def main():
     """Parse bench.py's options and run the benchmark."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", help="Hugging Face Qwen3 directory (default: dummy Qwen3-0.6B)")
+    ap.add_argument("--model", help="Hugging Face model directory (default: random weights of\n"
+                    "--model-shape, Qwen3-0.6B unless given)")
     add_bench_args(ap)
     args = ap.parse_args()
     try:

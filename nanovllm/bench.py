@@ -11,21 +11,36 @@ import time
 from random import randint, seed
 
 from nanovllm.config import DTYPES, KV_CACHE_DTYPES
+from nanovllm.utils.model_shapes import SHAPES
 
 
-def dummy_model_dir() -> str:
-    """config.json (Qwen3-0.6B shape, bf16) + a small tokenizer; weights come from 'dummy'."""
-    from nanovllm.utils.toy import QWEN3_0_6B, save_config_only
+def dummy_model_dir(shape: str = "qwen3-0.6b") -> str:
+    """config.json of a known model's shape (bf16) + a small tokenizer; weights come from
+    load_format='dummy'."""
+    from nanovllm.utils.model_shapes import shape_config
+    from nanovllm.utils.toy import save_tokenizer
 
-    path = os.path.join(tempfile.gettempdir(), "nanovllm-qwen3-0.6b-dummy")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        save_config_only(path, **QWEN3_0_6B, torch_dtype="bfloat16", eos_token_id=151645)
+    config = shape_config(shape)
+    path = os.path.join(tempfile.gettempdir(), f"nanovllm-{shape}-dummy")
+    cfg_path = os.path.join(path, "config.json")
+    if os.path.isfile(cfg_path):
+        with open(cfg_path) as f:
+            if json.load(f) == config:
+                return path
+    os.makedirs(path, exist_ok=True)
+    save_tokenizer(path)
+    with open(cfg_path, "w") as f:  # last: a directory with a config.json is complete
+        json.dump(config, f, indent=1)
     return path
 
 
 def add_bench_args(ap: argparse.ArgumentParser) -> None:
     """The benchmark's options (all but the model), for bench.py and `nanovllm bench`."""
     ap.add_argument("--dummy", action="store_true", help="random weights even with a model")
+    ap.add_argument("--model-shape", choices=list(SHAPES), default="qwen3-0.6b",
+                    help="without --model: the shape of the random-weight model")
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--min-input-len", type=int, default=100)
     ap.add_argument("--max-input-len", type=int, default=1024)
@@ -65,7 +80,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     from nanovllm import LLM, SamplingParams
 
     check_bench_args(args)
-    path = args.model or dummy_model_dir()
+    path = args.model or dummy_model_dir(args.model_shape)
     load_format = "dummy" if args.dummy or not args.model else "auto"
     # Import the device side (torch, Triton, the model) outside the start-up timing, as the
     # figures before the engine stopped importing torch at module level were taken.
@@ -77,7 +92,9 @@ def run_bench(args: argparse.Namespace) -> dict:
               max_model_len=args.max_model_len, tensor_parallel_size=args.tp,
               kvcache_block_size=args.block_size, attention_backend=args.attention_backend,
               async_scheduling=False if args.sync else None, device=args.device,
-              dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype)
+              dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+              max_num_seqs=args.max_num_seqs,
+              gpu_memory_utilization=args.gpu_memory_utilization)
     startup = time.perf_counter() - t
 
     # Token ids are drawn from [0, 10000] as in nano-vLLM; a smaller vocabulary (the tiny test
@@ -105,14 +122,15 @@ def run_bench(args: argparse.Namespace) -> dict:
     llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t
     total = sum(p.max_tokens for p in params)
-    result = {"startup_s": round(startup, 2), "import_s": round(imports, 2),
+    result = {"model": args.model or args.model_shape, "startup_s": round(startup, 2),
+              "import_s": round(imports, 2),
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": total,
               "seconds": round(elapsed, 3), "throughput_tok_s": round(total / elapsed, 1),
               "kv_cache_dtype": args.kv_cache_dtype,
-              "kv_blocks": llm.executor.num_kvcache_blocks}
+              "num_kvcache_blocks": llm.executor.num_kvcache_blocks}
     print(f"Total: {total}tok, Time: {elapsed:.2f}s, Throughput: {total / elapsed:.2f}tok/s")
-    print(f"KV cache: {args.kv_cache_dtype}, {result['kv_blocks']} blocks of {args.block_size} "
-          "tokens")
+    print(f"KV cache: {args.kv_cache_dtype}, {result['num_kvcache_blocks']} blocks of "
+          f"{args.block_size} tokens")
 
     if args.single:
         sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=512)

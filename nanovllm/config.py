@@ -3,7 +3,14 @@ import json
 import os
 from dataclasses import dataclass, field, fields
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM",
+                           "Qwen3MoeForCausalLM")
+# RoPE variants the rotary embedding implements, and the fields each needs from config.json.
+ROPE_TYPES = {"default": (), "linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings")}
+# Mixture-of-experts fields with no sensible default (Qwen3MoeForCausalLM).
+MOE_FIELDS = ("moe_intermediate_size", "num_experts_per_tok")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
@@ -50,9 +57,61 @@ def _eos_token_id(d: dict, source: str) -> int | list[int] | None:
     return v
 
 
+def _rope_scaling(rope: dict, source: str) -> dict | None:
+    """The RoPE variant from rope_parameters / rope_scaling: None for default RoPE, else its
+    type and the fields ROPE_TYPES lists for it."""
+    rope_type = rope.get("rope_type", rope.get("type")) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"{source}: rope type {rope_type!r} is not supported; nanovllm "
+                         f"implements {', '.join(ROPE_TYPES)}")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{source}: partial_rotary_factor={rope['partial_rotary_factor']!r} "
+                         "is not supported (only 1.0: RoPE over the whole head)")
+    if rope_type == "default":
+        return None
+    missing = [k for k in ROPE_TYPES[rope_type] if rope.get(k) is None]
+    if missing:
+        raise ValueError(f"{source}: rope type {rope_type!r} needs {', '.join(missing)} in "
+                         "rope_parameters (or rope_scaling)")
+    out = {"rope_type": rope_type}
+    for k in ROPE_TYPES[rope_type]:
+        out[k] = _positive_float(rope, k, source)
+    if rope_type == "llama3" and out["low_freq_factor"] >= out["high_freq_factor"]:
+        raise ValueError(f"{source}: llama3 RoPE needs low_freq_factor < high_freq_factor, "
+                         f"got {out['low_freq_factor']} and {out['high_freq_factor']}")
+    return out
+
+
+def _moe_fields(d: dict, source: str) -> dict:
+    """The mixture-of-experts fields of a Qwen3-MoE config.json, checked."""
+    missing = [k for k in MOE_FIELDS if d.get(k) is None]
+    # transformers 5.x writes num_experts as num_local_experts.
+    num_experts = (_positive_int(d, "num_experts", source)
+                   or _positive_int(d, "num_local_experts", source))
+    if num_experts is None:
+        missing.append("num_experts")
+    if missing:
+        raise ValueError(f"{source} lacks required mixture-of-experts field(s) "
+                         f"{', '.join(missing)}")
+    top_k = _positive_int(d, "num_experts_per_tok", source)
+    if top_k > num_experts:
+        raise ValueError(f"{source}: num_experts_per_tok={top_k} must be at most "
+                         f"num_experts={num_experts}")
+    layers = d.get("mlp_only_layers") or []
+    if not isinstance(layers, list) or any(
+            not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers):
+        raise ValueError(f"{source}: mlp_only_layers={layers!r} must be a list of layer "
+                         "indices >= 0")
+    return dict(num_experts=num_experts, num_experts_per_tok=top_k,
+                moe_intermediate_size=_positive_int(d, "moe_intermediate_size", source),
+                norm_topk_prob=_flag(d, "norm_topk_prob", source),
+                decoder_sparse_step=_positive_int(d, "decoder_sparse_step", source) or 1,
+                mlp_only_layers=tuple(layers))
+
+
 @dataclass
 class ModelConfig:
-    """The fields of a Hugging Face Qwen3 config.json that the engine uses."""
+    """The fields of a Hugging Face config.json (SUPPORTED_ARCHITECTURES) the engine uses."""
 
     architecture: str
     hidden_size: int
@@ -64,11 +123,27 @@ class ModelConfig:
     vocab_size: int
     max_position_embeddings: int
     rope_theta: float
+    # None for default RoPE, else {"rope_type": ..., and that type's fields (ROPE_TYPES)}.
+    rope_scaling: dict | None
     rms_norm_eps: float
     tie_word_embeddings: bool
     attention_bias: bool
     torch_dtype: str
     eos_token_id: int | list[int] | None
+    mlp_bias: bool = False
+    # Mixture of experts (0 experts: a dense model).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has a sparse MoE block (else a dense MLP), as HF
+        decides it: not in mlp_only_layers and every decoder_sparse_step-th layer."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config.json") -> "ModelConfig":
@@ -92,16 +167,19 @@ class ModelConfig:
         missing = [name for name in REQUIRED_FIELDS if d.get(name) is None]
         if missing:
             raise ValueError(f"{source} lacks required field(s) {', '.join(missing)}")
+        # transformers 5.x keeps rope_theta and the scaling inside rope_parameters; 4.x has
+        # rope_theta at top level and the scaling (or null) in rope_scaling.
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise ValueError(f"{source}: rope_parameters={rope!r} must be a JSON object")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ValueError(f"{source}: rope type {rope_type!r} is not supported "
-                             "(only default RoPE)")
-        # transformers 5.x moved rope_theta inside rope_parameters.
         theta = (_positive_float(d, "rope_theta", source)
                  or _positive_float(rope, "rope_theta", source) or 10000.0)
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{source}: hidden_act={d['hidden_act']!r} is not supported "
+                             "(only 'silu')")
+        if d.get("use_sliding_window"):
+            raise ValueError(f"{source}: use_sliding_window=true is not supported (nanovllm "
+                             "attends over the full context); set it to false")
         hidden = _positive_int(d, "hidden_size", source)
         heads = _positive_int(d, "num_attention_heads", source)
         kv_heads = _positive_int(d, "num_key_value_heads", source) or heads
@@ -124,11 +202,14 @@ class ModelConfig:
             vocab_size=_positive_int(d, "vocab_size", source),
             max_position_embeddings=_positive_int(d, "max_position_embeddings", source) or 40960,
             rope_theta=theta,
+            rope_scaling=_rope_scaling(rope, source),
             rms_norm_eps=_positive_float(d, "rms_norm_eps", source) or 1e-6,
             tie_word_embeddings=_flag(d, "tie_word_embeddings", source),
             attention_bias=_flag(d, "attention_bias", source),
+            mlp_bias=_flag(d, "mlp_bias", source),
             torch_dtype=dtype,
             eos_token_id=_eos_token_id(d, source),
+            **(_moe_fields(d, source) if arch == "Qwen3MoeForCausalLM" else {}),
         )
 
     @classmethod
@@ -228,9 +309,10 @@ class Config:
                            min(self.max_model_len, self.hf_config.max_position_embeddings))
 
     def _check_tensor_parallel(self) -> None:
-        """Every rank holds an equal share of the heads and of the MLP."""
+        """Every rank holds an equal share of the heads and of the MLP (of each expert's)."""
         hf, n = self.hf_config, self.tensor_parallel_size
-        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size",
+                     "moe_intermediate_size"):
             if getattr(hf, name) % n:
                 raise ValueError(f"{name}={getattr(hf, name)} is not divisible by "
                                  f"tensor_parallel_size={n}")

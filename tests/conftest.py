@@ -40,3 +40,44 @@ def toy_models(tmp_path_factory):
     }
     return {name: save_random_qwen3(str(root / name), seed=i, **kw)
             for i, (name, kw) in enumerate(shapes.items())}
+
+
+# Random checkpoints of the other architectures: name -> (architecture, config overrides).
+ARCH_MODELS = {
+    # Qwen2: bias on q/k/v; tied, GQA 2 / untied, 14 heads in GQA groups of 7 (as Qwen2.5-0.5B)
+    "qwen2_tied_gqa2": ("Qwen2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                 hidden_size=64)),
+    "qwen2_untied_gqa7": ("Qwen2ForCausalLM", dict(num_attention_heads=14, num_key_value_heads=2,
+                                                   hidden_size=224, num_hidden_layers=3,
+                                                   tie_word_embeddings=False)),
+    # Llama 3.x: llama3 RoPE scaling whose band lies inside the test contexts (original
+    # context 64, so wavelengths of 16..64 positions are interpolated), every bias on, tied
+    "llama3_tied_bias": ("LlamaForCausalLM", dict(
+        num_attention_heads=4, num_key_value_heads=2, attention_bias=True, mlp_bias=True,
+        rope_theta=None, rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                              low_freq_factor=1.0, high_freq_factor=4.0,
+                                              original_max_position_embeddings=64))),
+    # Llama with linear RoPE scaling, untied, GQA 4, head_dim 32, no bias
+    "llama_untied_linear": ("LlamaForCausalLM", dict(
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32, hidden_size=128,
+        num_hidden_layers=3, tie_word_embeddings=False, rope_theta=None,
+        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0))),
+    # Qwen3-MoE: 8 experts top-2 (norm_topk_prob), sparse every 2nd layer, untied, GQA 2
+    "moe_e8_top2": ("Qwen3MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2,
+                                                norm_topk_prob=True, decoder_sparse_step=2,
+                                                num_hidden_layers=4, tie_word_embeddings=False)),
+    # 4 experts top-1 (weights not renormalized), layer 1 dense (mlp_only_layers), tied
+    "moe_e4_top1": ("Qwen3MoeForCausalLM", dict(num_experts=4, num_experts_per_tok=1,
+                                                norm_topk_prob=False, mlp_only_layers=[1],
+                                                num_hidden_layers=3)),
+}
+
+
+@pytest.fixture(scope="session")
+def arch_models(tmp_path_factory):
+    """ARCH_MODELS written by transformers: name -> checkpoint path."""
+    from nanovllm.utils.toy import save_random_model
+
+    root = tmp_path_factory.mktemp("arch_models")
+    return {name: save_random_model(str(root / name), arch, seed=10 + i, **kw)
+            for i, (name, (arch, kw)) in enumerate(ARCH_MODELS.items())}

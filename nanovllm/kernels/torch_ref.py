@@ -1,4 +1,5 @@
-"""Plain-torch attention over a paged KV cache: the test oracle and the CPU code path.
+"""Plain-torch attention over a paged KV cache and mixture-of-experts: the test oracles and
+the CPU code path.
 
 Cache layout: [num_blocks, block_size, num_kv_heads, head_dim]; slot = block_id * block_size + offset.
 Everything is computed in fp32 and cast back to q's dtype. An fp8 cache (float8_e4m3fn or
@@ -84,3 +85,28 @@ def decode_attention_torch(q, k_cache, v_cache, context_lens, block_tables, scal
         q_pos = torch.tensor([ctx - 1], device=q.device)
         o[i] = _attend(q[i:i + 1], k, v, scale, q_pos)[0].to(q.dtype)
     return o
+
+
+def fused_moe_torch(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """What kernels/triton_moe.fused_moe computes, expert by expert, in fp32.
+
+    x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights / topk_ids
+    [T, k]. Returns [T, H] in x's dtype.
+    """
+    top_k = topk_ids.shape[1]
+    flat = topk_ids.flatten().long()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    weights = topk_weights.flatten().float()
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        pairs = order[start: start + n]
+        start += n
+        rows = pairs // top_k
+        gate, up = (x[rows].float() @ w13[e].float().t()).chunk(2, -1)
+        y = (torch.nn.functional.silu(gate) * up) @ w2[e].float().t()
+        out.index_add_(0, rows, y * weights[pairs, None])
+    return out.to(x.dtype)

@@ -1,4 +1,7 @@
-"""Rotary position embedding (the rotate-half layout Qwen3 uses)."""
+"""Rotary position embedding (the rotate-half layout of Qwen and Llama), with the RoPE
+scalings config.json may ask for (linear, llama3)."""
+import math
+
 import torch
 from torch import nn
 
@@ -14,9 +17,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k from a precomputed cos/sin table indexed by position."""
 
-    def __init__(self, head_dim: int, max_position: int, base: float):
+    def __init__(self, head_dim: int, max_position: int, base: float,
+                 scaling: dict | None = None):
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        if scaling is not None:
+            inv_freq = scale_inv_freq(inv_freq, scaling)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
         # [max_position, 1, head_dim] so one gather serves every head.
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), -1).unsqueeze(1),
@@ -25,3 +31,17 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         cos, sin = self.cos_sin_cache[positions].chunk(2, -1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """The frequencies of a scaled RoPE (ModelConfig.rope_scaling, already validated)."""
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":  # positions divided by factor
+        return inv_freq / factor
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between
+    # interpolated smoothly in 1 / wavelength.
+    old_len = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((old_len / wavelen - low) / (high - low)).clamp(0, 1)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq

@@ -1,120 +1,17 @@
-"""Qwen3 decoder built from the parallel layers."""
-import torch
-from torch import nn
-
+"""Qwen3: the shared decoder with per-head q/k RMSNorm."""
 from nanovllm.config import ModelConfig
-from nanovllm.layers.activation import SiluAndMul
-from nanovllm.layers.attention import Attention
-from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from nanovllm.layers.layernorm import RMSNorm
-from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanovllm.layers.rotary_embedding import RotaryEmbedding
+from nanovllm.models.decoder import CausalLM, DecoderAttention, DecoderLayer, GatedMLP
 
 
-class Qwen3Attention(nn.Module):
-    """GQA self-attention with per-head q/k RMSNorm and RoPE."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        d = cfg.head_dim
-        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, d, cfg.num_attention_heads,
-                                          cfg.num_key_value_heads, bias=cfg.attention_bias)
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
-        self.head_dim = d
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size,
-                                        bias=cfg.attention_bias)
-        self.rotary_emb = RotaryEmbedding(d, cfg.max_position_embeddings, cfg.rope_theta)
-        self.attn = Attention(self.num_heads, d, d ** -0.5, self.num_kv_heads)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        o = self.attn(q, k, v, positions, self.rotary_emb, self.q_norm, self.k_norm)
-        return self.o_proj(o.flatten(1, -1))
+def qwen3_attention(cfg: ModelConfig) -> DecoderAttention:
+    """Qwen3's attention (also Qwen3-MoE's): q/k norm; attention_bias on q, k, v and o."""
+    return DecoderAttention(cfg, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias,
+                            qk_norm=True)
 
 
-class Qwen3MLP(nn.Module):
-    """SwiGLU feed-forward with packed gate/up projection."""
+class Qwen3ForCausalLM(CausalLM):
+    """Hugging Face Qwen3ForCausalLM (dense Qwen3)."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
-
-
-class Qwen3DecoderLayer(nn.Module):
-    """Pre-norm block; the residual add is fused into the following RMSNorm."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.self_attn = Qwen3Attention(cfg)
-        self.mlp = Qwen3MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, positions, x, residual):
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
-
-class Qwen3Model(nn.Module):
-    """Embedding, decoder layers and the final norm."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        x, _ = self.norm(x, residual)
-        return x
-
-
-class Qwen3ForCausalLM(nn.Module):
-    """Qwen3 with its LM head; maps HF checkpoint names onto the packed modules."""
-
-    # HF name fragment -> (our packed module, shard id)
-    packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.model = Qwen3Model(cfg)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """Logits of the sampling positions (None on TP ranks other than 0)."""
-        return self.lm_head(hidden)
-
-    def compute_all_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """Logits of every row of hidden, e.g. prompt positions (None on ranks other than 0)."""
-        return self.lm_head.project(hidden)
+    def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
+        return DecoderLayer(cfg, qwen3_attention(cfg),
+                            GatedMLP(cfg.hidden_size, cfg.intermediate_size))

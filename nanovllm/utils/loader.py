@@ -112,13 +112,14 @@ def _load(model: nn.Module, path: str, read_data: bool) -> None:
         raise ValueError(f"{path!r} has no *.safetensors weights (use load_format='dummy' for "
                          "random weights)")
     packed = getattr(model, "packed_modules_mapping", {})
+    experts = getattr(model, "expert_modules_mapping", {})
     params = dict(model.named_parameters(remove_duplicate=False))
     found, unused = set(), []
     for file in files:
         shapes = read_safetensors_header(file)  # before safe_open maps a file cut short
         with (_open(file) if read_data else contextlib.nullcontext()) as f:
             for name, shape in shapes.items():
-                target, shard = _map_name(name, packed)
+                target, shard = _map_expert_name(name, experts) or _map_name(name, packed)
                 param = params.get(target)
                 if param is None:
                     if not name.endswith(IGNORED_SUFFIXES) and not KV_SCALE_NAME.search(name):
@@ -137,7 +138,7 @@ def _load(model: nn.Module, path: str, read_data: bool) -> None:
     if unused and tp_rank() == 0:  # every rank reads the same files: say it once
         logger.warning("%s: ignoring %d checkpoint tensor(s) the model does not use: %s",
                        path, len(unused), _listing(unused))
-    missing = _expected_names(model, params, packed) - found
+    missing = _expected_names(model, params, packed, experts) - found
     if missing:
         raise ValueError(f"the checkpoint in {path} lacks {len(missing)} tensor(s) the model "
                          f"needs: {_listing(sorted(missing))}")
@@ -161,12 +162,34 @@ def _map_name(name: str, packed: dict) -> tuple[str, object]:
     return name, None
 
 
-def _expected_names(model: nn.Module, params: dict, packed: dict) -> set[str]:
-    """The checkpoint names the model needs: `_map_name` inverted over every parameter."""
+# A per-expert checkpoint tensor: <prefix>.experts.<expert>.<module>.weight
+_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def _map_expert_name(name: str, experts: dict) -> tuple[str, tuple] | None:
+    """A per-expert checkpoint name -> (our packed experts parameter, (expert, shard)), or
+    None for other names. `experts` is the model's expert_modules_mapping."""
+    m = _EXPERT_NAME.match(name) if experts else None
+    if m is None or m.group(3) not in experts:
+        return None
+    param, shard = experts[m.group(3)]
+    return f"{m.group(1)}.{param}", (int(m.group(2)), shard)
+
+
+def _expected_names(model: nn.Module, params: dict, packed: dict,
+                    experts: dict) -> set[str]:
+    """The checkpoint names the model needs: the name mappings inverted over every parameter."""
     names = set()
-    for pname in params:
+    for pname, param in params.items():
         # Tied embeddings: the head shares the embedding's tensor, so one of the two suffices.
         if _tied(model, pname):
+            continue
+        prefix, _, last = pname.rpartition(".")
+        modules = [mod for mod, (target, _) in experts.items()
+                   if target == last and prefix.endswith(".experts")]
+        if modules:  # packed experts: one tensor per expert (leading dim) and module
+            names.update(f"{prefix}.{e}.{mod}.weight" for mod in modules
+                         for e in range(param.shape[0]))
             continue
         frags = [frag for frag, (target, _) in packed.items() if f".{target}." in pname]
         for frag in frags:

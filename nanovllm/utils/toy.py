@@ -1,4 +1,5 @@
-"""Small Qwen3 checkpoints and a byte-level BPE tokenizer built offline.
+"""Small checkpoints (Qwen3, Qwen2, Llama, Qwen3-MoE) and a byte-level BPE tokenizer built
+offline.
 
 No model can be downloaded where nanovllm is developed and tested, so tests, the example's
 fallback and the benchmark build what they need: a tokenizer trained in a second on a tiny
@@ -41,36 +42,57 @@ def save_tokenizer(path: str, vocab_size: int = 400) -> None:
     tok.save_pretrained(path)
 
 
-def qwen3_config_dict(**overrides) -> dict:
-    """A Qwen3 config.json dict (tiny by default)."""
-    d = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64,
+# config.json's model_type of each architecture we run.
+MODEL_TYPES = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2",
+               "LlamaForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3_moe"}
+# What a tiny config of each architecture adds to (or drops from) the shared tiny base.
+_ARCH_FIELDS = {
+    "Qwen3ForCausalLM": dict(attention_bias=False),
+    "Qwen2ForCausalLM": dict(head_dim=None),  # head_dim is hidden_size // heads
+    "LlamaForCausalLM": dict(attention_bias=False, mlp_bias=False),
+    "Qwen3MoeForCausalLM": dict(attention_bias=False, moe_intermediate_size=32, num_experts=8,
+                                num_experts_per_tok=2, norm_topk_prob=True,
+                                decoder_sparse_step=1, mlp_only_layers=[]),
+}
+
+
+def config_dict(arch: str = "Qwen3ForCausalLM", **overrides) -> dict:
+    """A config.json dict of architecture `arch` (tiny by default); a None override drops the
+    field."""
+    d = dict(architectures=[arch], model_type=MODEL_TYPES.get(arch, "unknown"), hidden_size=64,
              intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
              rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-             attention_bias=False, torch_dtype="float32", eos_token_id=2, bos_token_id=None)
+             torch_dtype="float32", eos_token_id=2, bos_token_id=None)
+    d.update(_ARCH_FIELDS.get(arch, {}))
     d.update(overrides)
-    return d
+    return {k: v for k, v in d.items() if v is not None or k in ("bos_token_id", "eos_token_id")}
 
 
-def save_config_only(path: str, **overrides) -> str:
+def qwen3_config_dict(**overrides) -> dict:
+    """A Qwen3 config.json dict (tiny by default)."""
+    return config_dict("Qwen3ForCausalLM", **overrides)
+
+
+def save_config_only(path: str, arch: str = "Qwen3ForCausalLM", **overrides) -> str:
     """config.json + tokenizer, for load_format='dummy' (no weights written)."""
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(qwen3_config_dict(**overrides), f, indent=1)
+        json.dump(config_dict(arch, **overrides), f, indent=1)
     save_tokenizer(path)
     return path
 
 
-def save_random_qwen3(path: str, seed: int = 0, **overrides) -> str:
-    """A random-weight Qwen3 checkpoint written by transformers itself (+ tokenizer)."""
+def save_random_model(path: str, arch: str = "Qwen3ForCausalLM", seed: int = 0,
+                      **overrides) -> str:
+    """A random-weight checkpoint of `arch` written by transformers itself (+ tokenizer)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    d = qwen3_config_dict(**overrides)
+    d = config_dict(arch, **overrides)
     d.pop("architectures")
-    d.pop("model_type")
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**d))
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d))
     # HF's init is tiny and makes greedy text repeat one token; a wider one gives varied
     # tokens, which makes token-for-token comparisons meaningful.
     std = 2.0 / d["hidden_size"] ** 0.5
@@ -83,6 +105,11 @@ def save_random_qwen3(path: str, seed: int = 0, **overrides) -> str:
     model.save_pretrained(path)
     save_tokenizer(path)
     return path
+
+
+def save_random_qwen3(path: str, seed: int = 0, **overrides) -> str:
+    """A random-weight Qwen3 checkpoint written by transformers itself (+ tokenizer)."""
+    return save_random_model(path, "Qwen3ForCausalLM", seed, **overrides)
 
 
 DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"

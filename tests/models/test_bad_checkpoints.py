@@ -234,3 +234,19 @@ def test_weights_still_load_exactly(model_dir):
     assert torch.equal(qkv, torch.cat([q, k, v]))
     assert torch.equal(model.model.norm.weight, tensors["model.norm.weight"])
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+# -- packed experts (Qwen3-MoE) ----------------------------------------------------------------
+@ENTRY_POINTS
+def test_moe_checkpoint_missing_or_misshapen_expert(arch_models, tmp_path, open_model):
+    path = str(shutil.copytree(arch_models["moe_e4_top1"], tmp_path / "moe"))
+    gone = "model.layers.2.mlp.experts.3.up_proj.weight"
+    edit_weights(path, lambda t: t.pop(gone))
+    want = f"lacks 1 tensor\\(s\\) the model needs: {re.escape(gone)}"
+    with pytest.raises(ValueError, match=want):
+        open_model(path)
+    bad = "model.layers.0.mlp.experts.1.down_proj.weight"
+    edit_weights(path, lambda t: t.update({gone: torch.zeros(32, 64), bad: torch.zeros(64, 16)}))
+    with pytest.raises(ValueError, match=f"tensor '{re.escape(bad)}' .* has shape \\[64, 16\\], "
+                                         "config.json implies \\[64, 32\\]"):
+        open_model(path)

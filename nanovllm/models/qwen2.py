@@ -1,0 +1,11 @@
+"""Qwen2 / Qwen2.5: the shared decoder with a bias on q, k and v (none on o), no q/k norm."""
+from nanovllm.config import ModelConfig
+from nanovllm.models.decoder import CausalLM, DecoderAttention, DecoderLayer, GatedMLP
+
+
+class Qwen2ForCausalLM(CausalLM):
+    """Hugging Face Qwen2ForCausalLM (Qwen2, Qwen2.5)."""
+
+    def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
+        return DecoderLayer(cfg, DecoderAttention(cfg, qkv_bias=True),
+                            GatedMLP(cfg.hidden_size, cfg.intermediate_size))

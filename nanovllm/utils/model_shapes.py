@@ -1,0 +1,38 @@
+"""The config.json of well-known checkpoints, shapes only, for benchmarks with random weights
+(load_format="dummy"): `bench.py --model-shape NAME`."""
+from nanovllm.utils.toy import QWEN3_0_6B
+
+# name -> (architecture, config.json fields over the tiny defaults of nanovllm.utils.toy)
+SHAPES = {
+    "qwen3-0.6b": ("Qwen3ForCausalLM", dict(QWEN3_0_6B, eos_token_id=151645)),
+    "qwen2.5-0.5b": ("Qwen2ForCausalLM", dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        eos_token_id=151645)),
+    "llama-3.2-1b": ("LlamaForCausalLM", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
+        rope_theta=None, rope_parameters=dict(
+            rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+            high_freq_factor=4.0, original_max_position_embeddings=8192),
+        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=128000,
+        eos_token_id=128001)),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], vocab_size=151936, max_position_embeddings=40960,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        eos_token_id=151645)),
+}
+
+
+def shape_config(name: str) -> dict:
+    """The bf16 config.json dict of shape `name` (a key of SHAPES)."""
+    from nanovllm.utils.toy import config_dict
+
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; known: {', '.join(SHAPES)}")
+    arch, fields = SHAPES[name]
+    return config_dict(arch, **fields, torch_dtype="bfloat16")

@@ -1,0 +1,98 @@
+"""Qwen2, Llama and Qwen3-MoE against Hugging Face transformers on random checkpoints (fp32,
+CPU): teacher-forced logits, greedy tokens under preemption / chunked prefill / prefix caching,
+and tensor parallelism (gloo)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.step_inputs import prefill_inputs
+from nanovllm.utils.context import reset_context
+from tests.conftest import ARCH_MODELS
+from tests.support.hf_oracle import hf_greedy, hf_model
+from tests.support.prompts import make_prompts
+
+NEW_TOKENS = 24
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+# Half the prompts share a 40-token prefix (two full blocks of 16) so a second run hits the
+# prefix cache; ten blocks hold only some sequences (decode preempts); a 23-token budget cuts
+# prompts into chunks.
+PROMPTS = dict(n=8, shared=40, max_len=50)
+ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=10, max_num_batched_tokens=23,
+              max_model_len=256, device="cpu")
+# One checkpoint per architecture for tensor parallelism (the MoE one splits every expert).
+TP_MODELS = ["qwen2_untied_gqa7", "llama3_tied_bias", "moe_e8_top2", "moe_e4_top1"]
+
+
+def hf_tokens(path, prompts):
+    return [hf_greedy(path, tuple(p), NEW_TOKENS) for p in prompts]
+
+
+def tokens(llm, prompts):
+    return [o["token_ids"] for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("name", list(ARCH_MODELS))
+def test_teacher_forced_logits_match_hf(arch_models, name):
+    path = arch_models[name]
+    llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=32, device="cpu")
+    runner = llm.executor.runner
+    # Up to 150 positions: past the llama3 checkpoint's original context of 64.
+    prompts = make_prompts(2, n=3, max_len=150)
+    seqs = []
+    for p in prompts:
+        s = Sequence(p, block_size=16)
+        llm.scheduler.block_manager.allocate(s)
+        s.num_scheduled_tokens = len(p)
+        seqs.append(s)
+    with torch.inference_mode():
+        hidden = runner.forward(prefill_inputs(seqs, 16, runner.max_blocks_per_seq))
+        reset_context()
+        logits = F.linear(hidden, runner.model.lm_head.weight)
+    offset = 0
+    for p in prompts:
+        with torch.no_grad():
+            ref = hf_model(path)(torch.tensor([p])).logits[0]
+        ours = logits[offset: offset + len(p)]
+        offset += len(p)
+        assert (ours - ref).norm() / ref.norm() < 1e-4
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("name", list(ARCH_MODELS))
+def test_greedy_matches_hf_with_preemption_chunks_and_prefix_cache(arch_models, name):
+    path = arch_models[name]
+    prompts = make_prompts(4, **PROMPTS)
+    expected = hf_tokens(path, prompts)
+    llm = LLM(path, **ENGINE)
+    assert tokens(llm, prompts) == expected
+    assert tokens(llm, prompts) == expected  # again, now reading the prefix cache
+    sched = llm.scheduler
+    assert sched.num_preemptions > 0 and sched.block_manager.num_hit_tokens > 0
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("name", TP_MODELS)
+def test_tp2_matches_tp1(arch_models, name):
+    path = arch_models[name]
+    prompts = make_prompts(5, **PROMPTS)
+    with LLM(path, **ENGINE) as llm:
+        expected = tokens(llm, prompts)
+    with LLM(path, tensor_parallel_size=2, **ENGINE) as llm:
+        assert tokens(llm, prompts) == expected
+        assert llm.scheduler.num_preemptions > 0
+    assert expected == hf_tokens(path, prompts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(ARCH_MODELS))
+def test_gpu_triton_kernels_and_graphs_match_hf(arch_models, name):
+    # fp32 on the GPU: Triton attention and fused-MoE kernels, decode in CUDA graphs, chunked
+    # prefill and preemption, against HF on the CPU.
+    path = arch_models[name]
+    prompts = make_prompts(6, **PROMPTS)
+    with LLM(path, **dict(ENGINE, device="cuda"), dtype="float32", max_num_seqs=16) as llm:
+        assert llm.executor.runner.graphs is not None
+        assert tokens(llm, prompts) == hf_tokens(path, prompts)
