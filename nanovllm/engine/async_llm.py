@@ -258,6 +258,9 @@ class AsyncLLM:
         except BaseException as e:  # noqa: BLE001 - reported to every stream, then logged
             self.error = e
             logger.exception("the reader thread stopped")
+            # Nobody reads the core's pipe any more: closing it makes the core's next send
+            # fail, so it stops instead of blocking on a full pipe forever.
+            self._outbox.close()
         finally:
             if self.error is not None:
                 logger.error("the engine core stopped: %r", self.error)
@@ -279,7 +282,7 @@ class AsyncLLM:
         by_loop: dict[asyncio.AbstractEventLoop, list[_Stream]] = {}
         for key, items in news.items():
             stream = self._streams.get(key)
-            if stream is None:
+            if stream is None or not items:
                 continue
             stream.items.extend(items)
             if items[-1][0] == "end":

@@ -68,8 +68,12 @@ class EngineCore:
         updated, finished = self.engine.step_updates()
         for seq in updated:
             key = self._keys.get(seq.request_id)
-            if key is not None:
-                self._push(out.setdefault(key, []), key, seq)
+            if key is None:
+                continue
+            # A chunk of a prompt, or a token still in flight, brings nothing to send.
+            items = self._push([], key, seq)
+            if items:
+                out.setdefault(key, []).extend(items)
         for req in finished:
             key = self._keys.pop(req.seq_id, None)
             if key is None:
@@ -87,12 +91,12 @@ class EngineCore:
                 self._copied.pop((key, index), None)
                 self._ended.discard((key, index))
 
-    def _push(self, items: list, key: int, seq: Sequence) -> None:
-        """A sample's newly known tokens (with their logprob entries), and its end if it
-        ended."""
+    def _push(self, items: list, key: int, seq: Sequence) -> list:
+        """Append a sample's newly known tokens (with their logprob entries), and its end if
+        it ended, to items; returns items."""
         at = (key, seq.index)
         if at in self._ended:
-            return
+            return items
         start = self._copied.get(at, 0)
         # Only the new ids: slicing completion_token_ids first would copy the whole output.
         base = seq.num_prompt_tokens
@@ -103,10 +107,11 @@ class EngineCore:
         if not seq.is_finished:
             if ids:
                 items.append(("sample", seq.index, ids, entries, stops, None))
-            return
+            return items
         self._ended.add(at)
         end = (self.engine.text.completion_text(seq), seq.finish_reason, seq.stop_reason)
         items.append(("sample", seq.index, ids, entries, stops, end))
+        return items
 
     def stats(self) -> dict:
         """KV blocks, queues and counters: what a health check or a test looks at."""
