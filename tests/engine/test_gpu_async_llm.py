@@ -42,7 +42,7 @@ def test_streams_equal_offline_under_graphs_and_async(toy_models):
         return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
 
     got = asyncio.run(main())
-    bm = engine.engine.scheduler.block_manager
-    assert bm.num_free_blocks == bm.num_blocks
+    stats = engine.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
     engine.shutdown()
     assert got == ref
