@@ -2,15 +2,10 @@
 CPU): teacher-forced logits, greedy tokens under preemption / chunked prefill / prefix caching,
 and tensor parallelism (gloo)."""
 import pytest
-import torch
-import torch.nn.functional as F
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine.sequence import Sequence
-from nanovllm.engine.step_inputs import prefill_inputs
-from nanovllm.utils.context import reset_context
 from tests.conftest import ARCH_MODELS
-from tests.support.hf_oracle import hf_greedy, hf_model
+from tests.support.hf_oracle import check_teacher_forced_logits, hf_greedy
 from tests.support.prompts import make_prompts
 
 NEW_TOKENS = 24
@@ -37,26 +32,8 @@ def tokens(llm, prompts):
 def test_teacher_forced_logits_match_hf(arch_models, name):
     path = arch_models[name]
     llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=32, device="cpu")
-    runner = llm.executor.runner
     # Up to 150 positions: past the llama3 checkpoint's original context of 64.
-    prompts = make_prompts(2, n=3, max_len=150)
-    seqs = []
-    for p in prompts:
-        s = Sequence(p, block_size=16)
-        llm.scheduler.block_manager.allocate(s)
-        s.num_scheduled_tokens = len(p)
-        seqs.append(s)
-    with torch.inference_mode():
-        hidden = runner.forward(prefill_inputs(seqs, 16, runner.max_blocks_per_seq))
-        reset_context()
-        logits = F.linear(hidden, runner.model.lm_head.weight)
-    offset = 0
-    for p in prompts:
-        with torch.no_grad():
-            ref = hf_model(path)(torch.tensor([p])).logits[0]
-        ours = logits[offset: offset + len(p)]
-        offset += len(p)
-        assert (ours - ref).norm() / ref.norm() < 1e-4
+    check_teacher_forced_logits(llm, path, make_prompts(2, n=3, max_len=150))
     llm.shutdown()
 
 

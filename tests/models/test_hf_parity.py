@@ -2,14 +2,9 @@
 import random
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine.sequence import Sequence
-from nanovllm.engine.step_inputs import prefill_inputs
-from nanovllm.utils.context import reset_context
-from tests.support.hf_oracle import hf_greedy, hf_model
+from tests.support.hf_oracle import check_teacher_forced_logits, hf_greedy
 from tests.support.prompts import make_prompts
 
 MODELS = ["tied_mha_d16", "untied_gqa4_d64", "tied_gqa4_d16_l4"]
@@ -30,24 +25,7 @@ def check_greedy(llm, path, prompts, n=NEW_TOKENS, **sp):
 def test_teacher_forced_logits_match_hf(toy_models, name):
     path = toy_models[name]
     llm = LLM(path, kvcache_block_size=16, num_kvcache_blocks=64)
-    runner = llm.executor.runner
-    prompts = make_prompts(1, n=4)
-    seqs = []
-    for p in prompts:
-        s = Sequence(p, block_size=16)
-        llm.scheduler.block_manager.allocate(s)
-        s.num_scheduled_tokens = len(p)
-        seqs.append(s)
-    with torch.inference_mode():
-        hidden = runner.forward(prefill_inputs(seqs, 16, runner.max_blocks_per_seq))
-        reset_context()
-        logits = F.linear(hidden, runner.model.lm_head.weight)
-    offset = 0
-    for p in prompts:
-        ref = hf_model(path)(torch.tensor([p])).logits[0].detach()
-        ours = logits[offset: offset + len(p)]
-        offset += len(p)
-        assert (ours - ref).norm() / ref.norm() < 1e-4
+    check_teacher_forced_logits(llm, path, make_prompts(1, n=4))
 
 
 @pytest.mark.parametrize("name", MODELS)

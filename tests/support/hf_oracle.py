@@ -41,3 +41,34 @@ def hf_greedy_penalized(path: str, prompt: tuple, n: int, stop_ids: tuple = (),
             out.append(int(penalize(logits, list(prompt), out, banned=banned,
                                     **penalties).argmax()))
     return out
+
+
+def check_teacher_forced_logits(llm, path: str, prompts: list[list[int]],
+                                rtol: float = 1e-4) -> None:
+    """Prefill `prompts` as one batch through llm's model runner and compare every position's
+    logits with HF's forward pass over the same tokens (relative L2 error below rtol)."""
+    import torch.nn.functional as F
+
+    from nanovllm.engine.sequence import Sequence
+    from nanovllm.engine.step_inputs import prefill_inputs
+    from nanovllm.utils.context import reset_context
+
+    runner = llm.executor.runner
+    seqs = []
+    for p in prompts:
+        s = Sequence(p, block_size=llm.config.kvcache_block_size)
+        llm.scheduler.block_manager.allocate(s)
+        s.num_scheduled_tokens = len(p)
+        seqs.append(s)
+    with torch.inference_mode():
+        hidden = runner.forward(prefill_inputs(seqs, llm.config.kvcache_block_size,
+                                               runner.max_blocks_per_seq))
+        reset_context()
+        logits = F.linear(hidden, runner.model.lm_head.weight)
+    offset = 0
+    for p in prompts:
+        with torch.no_grad():
+            ref = hf_model(path)(torch.tensor([p])).logits[0]
+        ours = logits[offset: offset + len(p)]
+        offset += len(p)
+        assert (ours - ref).norm() / ref.norm() < rtol
