@@ -21,6 +21,7 @@ from nanovllm.config import Config
 from nanovllm.engine.data_parallel import balance, encode_prompts, request_cost
 from nanovllm.engine.llm_engine import generate_args
 from nanovllm.engine.tokenizer import load_tokenizer
+from nanovllm.llm import LLM
 from nanovllm.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,6 @@ class Replica:
     CUDA_VISIBLE_DEVICES) or CPUs."""
 
     def __init__(self, model: str, kwargs: dict):
-        from nanovllm.llm import LLM
-
         self.llm = LLM(model, **kwargs)
 
     def where(self) -> tuple[str, int]:
@@ -55,6 +54,11 @@ class Replica:
     def generate(self, prompts: list, params: list, priorities: list) -> list[RequestOutput]:
         """LLM.generate on this replica."""
         return self.llm.generate(prompts, params, use_tqdm=False, priority=priorities)
+
+    def stats(self) -> dict:
+        """The replica's KV blocks (num_blocks, num_free_blocks)."""
+        bm = self.llm.scheduler.block_manager
+        return dict(num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks)
 
     def shutdown(self) -> None:
         """Stop the LLM (its tensor-parallel workers) before the actor goes."""
@@ -146,7 +150,7 @@ class RayLLM:
             except ray.exceptions.RayActorError:
                 return r
             except Exception:  # noqa: BLE001 - still running, or failed another way
-                continue
+                logger.debug("replica %d is not the dead one", r, exc_info=True)
         return 0
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False,
@@ -171,6 +175,12 @@ class RayLLM:
                 results[i] = output
         return results
 
+    chat = LLM.chat
+
+    def stats(self) -> list[dict]:
+        """Each replica's KV blocks, in replica order."""
+        return self._call([a.stats.remote() for a in self.actors])
+
     def shutdown(self) -> None:
         """Stop the replica actors and free their placement group (idempotent)."""
         if self._closed:
@@ -180,7 +190,7 @@ class RayLLM:
         try:
             ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
         except Exception:  # noqa: BLE001 - a dead replica has nothing left to stop
-            pass
+            logger.debug("a replica could not stop its LLM", exc_info=True)
         for actor in self.actors:
             ray.kill(actor)
         self._remove_pg(self.pg)
@@ -198,8 +208,6 @@ class LLMProcessor:
 
     def __init__(self, model: str, sampling_params=None, prompt_column: str = "prompt",
                  **kwargs):
-        from nanovllm.llm import LLM
-
         self.llm = LLM(model, **kwargs)
         self.sampling_params, self.column = sampling_params, prompt_column
 
