@@ -15,6 +15,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 from enum import Enum
 
@@ -87,6 +88,9 @@ def replica_main(index: int, env: dict, threads: int | None, model: str, kwargs:
                  inbox, outbox, log_level: int) -> None:
     """Entry point of a replica process: its GPUs (set before CUDA starts), its CPU threads,
     then an engine core sending whole outputs."""
+    # A process group of its own, which its tensor-parallel workers join: if the replica is
+    # killed, the front end can stop them at once (see _Replica.stop).
+    os.setpgid(0, 0)
     os.environ.update(env)
     if threads is not None:
         import torch
@@ -162,6 +166,12 @@ class _Replica:
                            self.index, STOP_TIMEOUT_S)
             self.proc.terminate()
             self.proc.join()
+        if self.proc.exitcode != 0:
+            # Killed: its tensor-parallel workers would only notice within a second or so.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # none left
         self.reader.join(STOP_TIMEOUT_S)
         self.inbox.close()
         self.outbox.close()

@@ -39,6 +39,21 @@ def without_ids(outputs):
         for o in outputs]
 
 
+def running_in_group(pgid: int) -> list[int]:
+    """Pids of the processes of group pgid that still run (a zombie whose parent died waits
+    for init, which may not reap it in a container)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(pid))
+    return pids
+
+
 @pytest.fixture(scope="module")
 def expected(toy_models):
     with LLM(toy_models[MODEL], **KW) as llm:
@@ -98,7 +113,9 @@ def test_replica_gpus_are_disjoint_and_checked(toy_models, monkeypatch):
 
 
 def test_a_killed_replica_is_named_and_shutdown_cleans_up(toy_models):
-    llm = LLM(toy_models[MODEL], **{**KW, "max_model_len": 512}, data_parallel_size=2)
+    # Replicas of two tensor-parallel ranks: the killed one leaves a worker behind.
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], **{**KW, "max_model_len": 512},
+              data_parallel_size=2, tensor_parallel_size=2)
     victim = llm.replicas[1].proc
     long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
@@ -121,10 +138,14 @@ def test_a_killed_replica_is_named_and_shutdown_cleans_up(toy_models):
     llm.shutdown()  # idempotent
     assert all(not p.is_alive() for p in procs) and procs[0].exitcode == 0
     assert not set(procs) & set(multiprocessing.active_children())
+    # No tensor-parallel worker is left running in either replica's process group.
+    assert [running_in_group(p.pid) for p in procs] == [[], []]
 
 
-def test_shutdown_stops_every_replica(toy_models):
-    llm = LLM(toy_models[MODEL], data_parallel_size=2, **KW)
+def test_shutdown_stops_every_replica(dp2):
+    # Last in this module: it shuts the module's replicas down (the fixture's own shutdown
+    # then does nothing).
+    llm = dp2
     procs = [r.proc for r in llm.replicas]
     llm.shutdown()
     assert [p.exitcode for p in procs] == [0, 0]
