@@ -81,6 +81,13 @@ def _replica_kwargs(kwargs: dict, bundle: dict) -> dict:
     return kwargs
 
 
+def _no_room(dp: int, bundle: dict, have: dict) -> str:
+    """The error for replicas the cluster cannot place."""
+    have = {k: v for k, v in have.items() if k in bundle}
+    return (f"data_parallel_size={dp} needs {dp} x {bundle} (one bundle per replica, each on "
+            f"one node); the Ray cluster has {have}: lower data_parallel_size or add nodes")
+
+
 class RayLLM:
     """data_parallel_size replicas as Ray actors (any node of the cluster); generate() as
     LLM's."""
@@ -102,13 +109,14 @@ class RayLLM:
         self.actors: list = []
         self._keys = itertools.count()
         self._closed = False
+        have = ray.cluster_resources()
+        # Checked first: a placement group that cannot fit would wait for the whole timeout.
+        if any(have.get(k, 0) < v * dp for k, v in bundle.items()):
+            raise ValueError(_no_room(dp, bundle, have))
         self.pg = placement_group([bundle] * dp, strategy="SPREAD")
         try:
             if not self.pg.wait(PLACEMENT_TIMEOUT_S):
-                raise ValueError(f"data_parallel_size={dp} needs {dp} x {bundle} (one bundle "
-                                 f"per replica, on one node each); the Ray cluster has "
-                                 f"{ray.cluster_resources()}: lower data_parallel_size or "
-                                 "add nodes")
+                raise ValueError(_no_room(dp, bundle, ray.cluster_resources()))
             actor = ray.remote(Replica)
             replica_kwargs = _replica_kwargs(kwargs, bundle)
             for r in range(dp):

@@ -53,6 +53,11 @@ def test_ray_replicas_match_dp1_over_a_list_and_a_killed_actor_is_named(cluster,
     assert ray.util.placement_group_table(llm.pg)["state"] == "REMOVED"
 
 
+def test_more_replicas_than_the_cluster_holds_is_a_value_error(cluster, toy_models):
+    with pytest.raises(ValueError, match=r"data_parallel_size=8 needs 8 x \{'CPU': 1\}"):
+        LLM(toy_models[MODEL], data_parallel_size=8, distributed_executor_backend="ray", **KW)
+
+
 def test_ray_dataset_matches_dp1(cluster, toy_models, expected):
     from nanovllm.ray import generate_dataset
 
