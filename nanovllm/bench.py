@@ -52,6 +52,10 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     help="async_scheduling=False: the host waits for every step")
     ap.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
                     help="tensor_parallel_size")
+    ap.add_argument("--dp", "--data-parallel-size", dest="dp", type=int, default=1,
+                    help="data_parallel_size: engine replicas, each on its own --tp GPUs")
+    ap.add_argument("--ray", action="store_true",
+                    help="replicas as Ray actors (distributed_executor_backend='ray')")
     ap.add_argument("--block-size", type=int, default=256)
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
@@ -66,6 +70,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
 
 def check_bench_args(args: argparse.Namespace) -> None:
     """ValueError naming the first workload option out of range (randint would fail later)."""
+    if args.dp < 1:
+        raise ValueError(f"--dp={args.dp} must be >= 1")
     if args.num_seqs < 1:
         raise ValueError(f"--num-seqs={args.num_seqs} must be >= 1")
     for kind in ("input", "output"):
@@ -90,6 +96,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     t = time.perf_counter()
     llm = LLM(path, load_format=load_format, enforce_eager=args.enforce_eager,
               max_model_len=args.max_model_len, tensor_parallel_size=args.tp,
+              data_parallel_size=args.dp,
+              distributed_executor_backend="ray" if args.ray else "mp",
               kvcache_block_size=args.block_size, attention_backend=args.attention_backend,
               async_scheduling=False if args.sync else None, device=args.device,
               dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
@@ -127,7 +135,8 @@ def run_bench(args: argparse.Namespace) -> dict:
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": total,
               "seconds": round(elapsed, 3), "throughput_tok_s": round(total / elapsed, 1),
               "kv_cache_dtype": args.kv_cache_dtype,
-              "num_kvcache_blocks": llm.executor.num_kvcache_blocks}
+              "tensor_parallel_size": args.tp, "data_parallel_size": args.dp,
+              "num_kvcache_blocks": _kv_blocks(llm)}
     print(f"Total: {total}tok, Time: {elapsed:.2f}s, Throughput: {total / elapsed:.2f}tok/s")
     print(f"KV cache: {args.kv_cache_dtype}, {result['num_kvcache_blocks']} blocks of "
           f"{args.block_size} tokens")
@@ -148,3 +157,9 @@ def run_bench(args: argparse.Namespace) -> dict:
     llm.shutdown()
     return result
 
+
+def _kv_blocks(llm) -> int:
+    """KV blocks of the engine (of each replica, with data parallelism)."""
+    if hasattr(llm, "executor"):
+        return llm.executor.num_kvcache_blocks
+    return llm.stats()[0]["num_blocks"]

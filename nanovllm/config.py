@@ -17,6 +17,8 @@ ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
 # "auto" stores K/V in the model's dtype; the fp8 kinds store them in 8 bits with per-layer,
 # per-kv-head scales ("fp8" is vLLM's name for fp8_e4m3).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# Where data-parallel replicas run: processes of this host ("mp") or Ray actors ("ray").
+EXECUTOR_BACKENDS = ("mp", "ray")
 # config.json fields with no sensible default: without them the model's shape is unknown.
 REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers",
                    "num_attention_heads", "vocab_size")
@@ -240,6 +242,10 @@ class Config:
     max_model_len: int = 4096
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
+    # Replicas of the whole engine (each with its own tensor-parallel group), requests spread
+    # over them; distributed_executor_backend says where they run.
+    data_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"
     enforce_eager: bool = False
     kvcache_block_size: int = 256
     num_kvcache_blocks: int = -1
@@ -270,6 +276,11 @@ class Config:
         self._check_int("max_num_seqs", 1)
         self._check_int("max_model_len", 2)
         self._check_int("tensor_parallel_size", 1, 8)
+        self._check_int("data_parallel_size", 1)
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend={self.distributed_executor_backend!r}"
+                             f" must be one of {EXECUTOR_BACKENDS} ('mp': replicas are "
+                             "processes of this host; 'ray': Ray actors, across machines)")
         bs = self.kvcache_block_size
         if not isinstance(bs, int) or bs < 16 or bs & (bs - 1):
             raise ValueError(f"kvcache_block_size={bs!r} must be a power of two >= 16")

@@ -6,7 +6,21 @@ from nanovllm.outputs import RequestOutput
 
 
 class LLM(LLMEngine):
-    """`LLM(path, **config).generate(prompts, sampling_params)`, as in vLLM / nano-vLLM."""
+    """`LLM(path, **config).generate(prompts, sampling_params)`, as in vLLM / nano-vLLM.
+    With data_parallel_size > 1 it is a DataParallelLLM (replica processes of this host;
+    generate, chat, stats, shutdown); with distributed_executor_backend="ray", a RayLLM
+    (replicas as Ray actors, across machines; generate, shutdown)."""
+
+    def __new__(cls, model=None, **kwargs):
+        if cls is LLM and kwargs.get("distributed_executor_backend") == "ray":
+            from nanovllm.ray import RayLLM
+
+            return RayLLM(model, **kwargs)
+        if cls is LLM and kwargs.get("data_parallel_size", 1) != 1:
+            from nanovllm.engine.data_parallel import DataParallelLLM
+
+            return DataParallelLLM(model, **kwargs)
+        return super().__new__(cls)
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
              chat_template: str | None = None,

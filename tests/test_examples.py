@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("script", ["example.py", "examples/streaming_steps.py",
-                                    "examples/tensor_parallel.py"])
+                                    "examples/tensor_parallel.py", "examples/data_parallel.py"])
 def test_script_falls_back_to_the_demo_model(script, tmp_path):
     env = dict(os.environ, HOME=str(tmp_path), TMPDIR=str(tmp_path), CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))

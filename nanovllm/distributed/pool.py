@@ -4,13 +4,13 @@ Workers are woken through semaphores, not Events: Event.set() waits for every sl
 wake, so it would block forever on a worker killed while it waited.
 """
 import os
-import signal
 import threading
 import time
 from multiprocessing import connection, get_context
 
 from nanovllm.config import Config
 from nanovllm.distributed.worker import WorkerSpec, worker_main
+from nanovllm.utils.exit_status import exit_description
 
 # How long to wait for an exited worker's status to become readable (normally microseconds).
 REAP_TIMEOUT_S = 5.0
@@ -74,14 +74,9 @@ class WorkerPool:
                     code = _status_from_other_reaper(p)
                 if code is None and p.sentinel not in ready:
                     continue
-                if code is None:  # reaped by someone else: the status is gone
-                    how = "exit status unknown"
-                elif code < 0:
-                    how = f"signal {signal.Signals(-code).name}"
-                else:
-                    how = f"exit code {code}"
-                return (f"tensor-parallel worker rank {rank} (pid {p.pid}) died ({how}); "
-                        "shut this LLM down and create a new one")
+                # code None: reaped by someone else, the status is gone.
+                return (f"tensor-parallel worker rank {rank} (pid {p.pid}) died "
+                        f"({exit_description(code)}); shut this LLM down and create a new one")
         return None
 
     def stop(self, clean: bool) -> None:

@@ -1,4 +1,6 @@
-"""Which device and dtype a ModelRunner uses."""
+"""Which device and dtype a ModelRunner uses, and which GPUs each data-parallel replica gets."""
+import os
+
 import torch
 
 from nanovllm.config import Config
@@ -32,3 +34,21 @@ def resolve_dtype(config: Config, device: torch.device) -> torch.dtype:
     if device.type == "cpu":
         return torch.float32
     return DTYPES.get(str(config.hf_config.torch_dtype).replace("torch.", ""), torch.bfloat16)
+
+
+def replica_gpus(config: Config) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES for each data-parallel replica: disjoint sets of
+    tensor_parallel_size GPUs, from config.device's index on; None when running on CPU."""
+    device = resolve_device(config)
+    if device.type != "cuda":
+        return None
+    dp, tp = config.data_parallel_size, config.tensor_parallel_size
+    # The children see only their own GPUs; name them as this process sees them.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    first = device.index or 0
+    if len(ids) - first < dp * tp:
+        raise ValueError(f"data_parallel_size={dp} x tensor_parallel_size={tp} needs {dp * tp} "
+                         f"GPUs (from cuda:{first} on); {len(ids) - first} visible: lower "
+                         "data_parallel_size or tensor_parallel_size")
+    return [",".join(ids[first + r * tp: first + (r + 1) * tp]) for r in range(dp)]

@@ -11,7 +11,9 @@ Front end -> core: ("add", key, prompt, params, priority), ("abort", key), ("sta
 ("stop",). Core -> front end: ("ready", config), ("added", key, reply, error),
 ("items", {key: [item, ...]}), ("stats", token, dict), ("dead", error or None) last.
 An item is ("sample", index, new ids, logprob entries, stop strings, end or None) or
-("end", prompt logprobs); `end` is (final text, finish reason, stop reason).
+("end", prompt logprobs); `end` is (final text, finish reason, stop reason). A core started
+with stream=False (a data-parallel replica: LLM.generate wants whole results) sends one item
+per request instead, when it ends: ("output", its RequestOutput, as LLMEngine.step makes it).
 """
 import logging
 import pickle
@@ -37,8 +39,8 @@ MAX_SEND_INTERVAL_S = 0.05
 class EngineCore:
     """An LLMEngine and, per request, what its stream was already sent."""
 
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
+    def __init__(self, engine: LLMEngine, stream: bool = True):
+        self.engine, self.stream = engine, stream
         self._keys: dict[int, int] = {}  # engine request id -> front end's stream key
         self._ids: dict[int, int] = {}  # stream key -> engine request id
         self._copied: dict[tuple[int, int], int] = {}  # (key, sample) -> tokens sent
@@ -65,6 +67,9 @@ class EngineCore:
 
     def step(self, out: dict[int, list]) -> None:
         """Run one engine step; append each stream's new items to out[key]."""
+        if not self.stream:
+            self._step_outputs(out)
+            return
         updated, finished = self.engine.step_updates()
         for seq in updated:
             key = self._keys.get(seq.request_id)
@@ -90,6 +95,15 @@ class EngineCore:
             for index in range(req.sampling_params.n):
                 self._copied.pop((key, index), None)
                 self._ended.discard((key, index))
+
+    def _step_outputs(self, out: dict[int, list]) -> None:
+        """Run one engine step; each request that ended gets its whole RequestOutput."""
+        outputs, _ = self.engine.step()
+        for output in outputs:
+            key = self._keys.pop(output.request_id, None)
+            if key is not None:
+                del self._ids[key]
+                out[key] = [("output", output)]
 
     def _push(self, items: list, key: int, seq: Sequence) -> list:
         """Append a sample's newly known tokens (with their logprob entries), and its end if
@@ -121,10 +135,12 @@ class EngineCore:
                     num_aborted=self.num_aborted)
 
 
-def run_core(engine: LLMEngine, inbox: Connection, outbox: Connection) -> None:
+def run_core(engine: LLMEngine, inbox: Connection, outbox: Connection,
+             stream: bool = True) -> None:
     """Serve commands from `inbox` until "stop" (or the front end goes away), stepping
-    while there is work; the last message sent is ("dead", error or None)."""
-    core, pending, last_send = EngineCore(engine), {}, 0.0
+    while there is work; the last message sent is ("dead", error or None). stream=False:
+    whole outputs of ended requests instead of streamed items."""
+    core, pending, last_send = EngineCore(engine, stream), {}, 0.0
     error = None
 
     def flush():
@@ -196,9 +212,9 @@ def _picklable(error: BaseException | None) -> BaseException | None:
 
 
 def core_process_main(model: str, kwargs: dict, inbox: Connection, outbox: Connection,
-                      log_level: int = logging.WARNING) -> None:
+                      log_level: int = logging.WARNING, stream: bool = True) -> None:
     """Entry point of the engine process: build the engine (a failure is reported as
-    "dead"), then run the core until stopped."""
+    "dead"), then run the core until stopped (stream: see run_core)."""
     # Ctrl-C reaches every process of the terminal's group: the front end decides when the
     # engine stops (it finishes or aborts requests first), so the core ignores SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -209,6 +225,6 @@ def core_process_main(model: str, kwargs: dict, inbox: Connection, outbox: Conne
         outbox.send(("dead", _picklable(e)))
         return
     try:
-        run_core(engine, inbox, outbox)
+        run_core(engine, inbox, outbox, stream)
     finally:
         engine.shutdown()

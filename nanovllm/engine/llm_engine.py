@@ -25,6 +25,10 @@ class LLMEngine:
 
     def __init__(self, model: str, **kwargs):
         config = Config.from_kwargs(model, **kwargs)
+        if config.data_parallel_size != 1 or config.distributed_executor_backend != "mp":
+            raise ValueError("an LLMEngine is one replica: data_parallel_size and "
+                             "distributed_executor_backend='ray' are for LLM(...), which "
+                             "starts the replicas")
         self.config = config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
         self.text = TextDecoder(self.tokenizer)
@@ -204,15 +208,7 @@ class LLMEngine:
                              "(an aborted one until step() has returned its output): finish "
                              "them with step() until is_finished() (or abort_all()) before "
                              "calling generate(), which would otherwise drop their outputs")
-        prompts = prompt_list(prompts)
-        sps = _per_prompt("sampling_params", sampling_params, len(prompts))
-        if priority is not None and (isinstance(priority, (str, bytes, Integral))
-                                     or not isinstance(priority, Iterable)):
-            raise ValueError(f"priority must be None or a list with one int per prompt, got "
-                             f"{type(priority).__name__}")
-        priorities = [0] * len(prompts) if priority is None else list(priority)
-        if len(priorities) != len(prompts):
-            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        prompts, sps, priorities = generate_args(prompts, sampling_params, priority)
         # Validate everything before queueing anything: a bad request leaves no trace.
         seqs = [self._make_sequence(p, sp, pr) for p, sp, pr in zip(prompts, sps, priorities)]
         for seq in seqs:
@@ -255,6 +251,21 @@ def _finished_requests(seqs: list[Sequence]) -> list[Sequence]:
     just ended, completed: each request once, when its last sample ends."""
     reqs = {s.request_id: s.request for s in seqs if s.request_finished}
     return list(reqs.values())
+
+
+def generate_args(prompts, sampling_params, priority) -> tuple[list, list, list]:
+    """generate()'s arguments as three lists of one entry per prompt: prompts, sampling
+    params (None: the defaults) and priorities."""
+    prompts = prompt_list(prompts)
+    sps = _per_prompt("sampling_params", sampling_params, len(prompts))
+    if priority is not None and (isinstance(priority, (str, bytes, Integral))
+                                 or not isinstance(priority, Iterable)):
+        raise ValueError(f"priority must be None or a list with one int per prompt, got "
+                         f"{type(priority).__name__}")
+    priorities = [0] * len(prompts) if priority is None else list(priority)
+    if len(priorities) != len(prompts):
+        raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+    return prompts, sps, priorities
 
 
 def _per_prompt(name: str, value, n: int) -> list:

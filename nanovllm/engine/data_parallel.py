@@ -1,0 +1,338 @@
+"""Data parallelism on one host: N engine replicas behind one LLM.generate.
+
+`LLM(model, data_parallel_size=N)` returns a DataParallelLLM. Each replica is an engine core
+(engine_core.py) in a process of its own, with its own scheduler, KV cache and (when
+tensor_parallel_size > 1) its own tensor-parallel group; on CUDA each sees only its own
+GPUs. generate() sends every request to the replica with the fewest pending tokens (prompt
+plus max_tokens of the requests it has not finished), collects the whole RequestOutputs the
+replicas send back as requests end, and returns them in input order. A replica that dies
+raises a RuntimeError naming it, as a dead tensor-parallel worker does. No torch here on
+CPU: the replicas import it.
+"""
+import atexit
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+from enum import Enum
+
+from tqdm.auto import tqdm
+
+from nanovllm.config import Config
+from nanovllm.engine.engine_core import core_process_main
+from nanovllm.engine.llm_engine import generate_args
+from nanovllm.engine.prompts import parse_prompt
+from nanovllm.engine.tokenizer import load_tokenizer
+from nanovllm.llm import LLM
+from nanovllm.outputs import RequestOutput
+from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.exit_status import exit_description
+
+logger = logging.getLogger(__name__)
+
+# How long shutdown() waits for a replica to stop by itself before terminating it.
+STOP_TIMEOUT_S = 30.0
+
+
+class State(Enum):
+    """Where the replicas stand as a whole."""
+
+    READY = "ready"    # every replica serving
+    FAILED = "failed"  # a replica died: nothing more can be served
+    CLOSED = "closed"  # shut down
+
+
+def request_cost(num_prompt_tokens: int, sp) -> int:
+    """The tokens a request will put through its replica: its prompt and every sample's
+    output (at most max_tokens)."""
+    sp = SamplingParams() if sp is None else sp
+    return num_prompt_tokens + getattr(sp, "max_tokens", 0) * getattr(sp, "n", 1)
+
+
+def balance(costs: list[int], loads: list[int]) -> list[int]:
+    """The replica for each request, in order: the one with the fewest pending tokens at the
+    time (loads, updated in place)."""
+    chosen = []
+    for cost in costs:
+        r = min(range(len(loads)), key=loads.__getitem__)
+        loads[r] += cost
+        chosen.append(r)
+    return chosen
+
+
+def encode_prompts(prompts: list, tokenizer) -> list[tuple]:
+    """(prompt to send, its token count) per prompt: text is tokenized here, so replicas are
+    balanced by tokens and skip tokenizing; a prompt this side cannot read goes as it is
+    (its replica raises the error LLM.generate would)."""
+    out = []
+    for prompt in prompts:
+        try:
+            text, ids = parse_prompt(prompt)
+        except ValueError:
+            out.append((prompt, 0))
+            continue
+        if ids is None and tokenizer is not None:
+            ids = tokenizer.encode(text)
+        if ids is None:
+            out.append((prompt, len(text)))
+        else:
+            out.append(({"prompt": text, "prompt_token_ids": ids} if text is not None else ids,
+                        len(ids)))
+    return out
+
+
+def replica_main(index: int, env: dict, threads: int | None, model: str, kwargs: dict,
+                 inbox, outbox, log_level: int) -> None:
+    """Entry point of a replica process: its GPUs (set before CUDA starts), its CPU threads,
+    then an engine core sending whole outputs."""
+    # A process group of its own, which its tensor-parallel workers join: if the replica is
+    # killed, the front end can stop them at once (see _Replica.stop).
+    os.setpgid(0, 0)
+    os.environ.update(env)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    core_process_main(model, kwargs, inbox, outbox, log_level, stream=False)
+
+
+class _Replica:
+    """One replica process, its pipes, and a thread that forwards what it sends."""
+
+    def __init__(self, index: int, model: str, kwargs: dict, env: dict, threads: int | None,
+                 messages: queue.Queue):
+        self.index = index
+        ctx = mp.get_context("spawn")  # CUDA cannot be forked into a child
+        to_core, self.inbox = ctx.Pipe(duplex=False)
+        self.outbox, from_core = ctx.Pipe(duplex=False)
+        level = logging.getLogger().getEffectiveLevel()
+        self.proc = ctx.Process(target=replica_main, name=f"nanovllm-dp{index}",
+                                args=(index, env, threads, model, kwargs, to_core, from_core,
+                                      level))
+        self.proc.start()
+        to_core.close()
+        from_core.close()
+        self.pending: dict[int, int] = {}  # key -> cost of the requests it has not finished
+        # A reader per replica: a replica blocked writing to a full pipe stops reading its
+        # commands, so replies must be drained while generate() is still sending.
+        self.reader = threading.Thread(target=self._read, args=(messages,),
+                                       name=f"nanovllm-dp{index}-reader", daemon=True)
+        self.reader.start()
+
+    @property
+    def load(self) -> int:
+        """Pending tokens: what balance() compares."""
+        return sum(self.pending.values())
+
+    def _read(self, messages: queue.Queue) -> None:
+        try:
+            while True:
+                msg = self.outbox.recv()
+                messages.put((self.index, msg))
+                if msg[0] == "dead":
+                    return
+        except (EOFError, OSError):
+            messages.put((self.index, ("gone",)))
+
+    def send(self, msg: tuple) -> None:
+        self.inbox.send(msg)
+
+    def send_quietly(self, msg: tuple) -> None:
+        """Send, ignoring a replica that is gone (stopping or aborting: nothing to do)."""
+        try:
+            self.inbox.send(msg)
+        except OSError:
+            pass
+
+    def died(self, error: BaseException | None) -> str:
+        """Why this replica stopped serving, for the error generate() raises."""
+        where = f"data-parallel replica {self.index} (pid {self.proc.pid})"
+        if error is not None:
+            how = f"stopped on an error: {type(error).__name__}: {error}"
+        else:
+            self.proc.join(5.0)  # its pipe closes a moment before its status is readable
+            how = f"died ({exit_description(self.proc.exitcode)})"
+        return f"{where} {how}; shut this LLM down and create a new one"
+
+    def stop(self) -> None:
+        """Ask the replica to stop, then wait for it (terminate it if it does not)."""
+        self.send_quietly(("stop",))
+        self.proc.join(STOP_TIMEOUT_S)
+        if self.proc.is_alive():
+            logger.warning("data-parallel replica %d did not stop in %.0f s: terminating it",
+                           self.index, STOP_TIMEOUT_S)
+            self.proc.terminate()
+            self.proc.join()
+        if self.proc.exitcode != 0:
+            # Killed: its tensor-parallel workers would only notice within a second or so.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # none left
+        self.reader.join(STOP_TIMEOUT_S)
+        self.inbox.close()
+        self.outbox.close()
+
+
+class DataParallelLLM:
+    """data_parallel_size engine replicas, each a process with its own GPUs; generate() and
+    chat() as LLM's."""
+
+    def __init__(self, model: str, **kwargs):
+        config = Config.from_kwargs(model, **kwargs)
+        if config.distributed_executor_backend == "ray":
+            raise ValueError("distributed_executor_backend='ray' replicas are started by "
+                             "nanovllm.ray.RayLLM (pip install -e '.[ray]')")
+        self.config = config
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+        dp = config.data_parallel_size
+        if config.device == "cpu":
+            gpus = None  # no torch needed to know it
+        else:
+            from nanovllm.engine.device import replica_gpus
+
+            gpus = replica_gpus(config)
+        # Replicas on CPU share its cores; more threads than cores only adds contention.
+        threads = None if gpus else max(1, (os.cpu_count() or 1) // dp)
+        kwargs = {**kwargs, "data_parallel_size": 1}
+        if gpus:
+            kwargs["device"] = "cuda:0"  # the first of the replica's own GPUs
+        self.state = State.READY
+        self.failure: str | None = None
+        self._messages: queue.Queue = queue.Queue()
+        self._keys = itertools.count()
+        self.replicas: list[_Replica] = []
+        atexit.register(self.shutdown)
+        try:
+            for r in range(dp):
+                env = {} if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus[r]}
+                self.replicas.append(_Replica(r, config.model, kwargs, env, threads,
+                                              self._messages))
+            self._wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _wait_ready(self) -> None:
+        """Wait for every replica's engine; the first failure to start is raised."""
+        waiting = set(range(len(self.replicas)))
+        while waiting:
+            index, msg = self._messages.get()
+            if msg[0] == "ready":
+                waiting.discard(index)
+            elif msg[0] in ("dead", "gone"):
+                error = msg[1] if msg[0] == "dead" else None
+                if error is not None:
+                    raise error  # e.g. a bad checkpoint: the error LLM(...) would raise
+                raise RuntimeError(self.replicas[index].died(None).replace(
+                    " died", " died while starting"))
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop every replica process (idempotent)."""
+        if self.state is State.CLOSED:
+            return
+        self.state = State.CLOSED
+        for replica in self.replicas:
+            replica.send_quietly(("stop",))  # all at once: they stop in parallel
+        for replica in self.replicas:
+            replica.stop()
+        atexit.unregister(self.shutdown)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def _check_serving(self) -> None:
+        if self.state is State.CLOSED:
+            raise RuntimeError("this LLM has been shut down; create a new one")
+        if self.state is State.FAILED:
+            raise RuntimeError(self.failure)
+
+    # -- batch API --------------------------------------------------------------------------
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
+                 priority: list[int] | None = None) -> list[RequestOutput]:
+        """LLM.generate over the replicas: RequestOutputs in input order (request_id: an id
+        unique across this LLM's replicas)."""
+        self._check_serving()
+        prompts, sps, priorities = generate_args(prompts, sampling_params, priority)
+        encoded = encode_prompts(prompts, self.tokenizer)
+        costs = [request_cost(n, sp) for (_, n), sp in zip(encoded, sps)]
+        loads = [replica.load for replica in self.replicas]
+        keys = [next(self._keys) for _ in prompts]
+        position = {key: i for i, key in enumerate(keys)}
+        where: dict[int, _Replica] = {}
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        bar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True,
+                   disable=not use_tqdm)
+        try:
+            for key, (prompt, _), sp, pr, cost, r in zip(keys, encoded, sps, priorities, costs,
+                                                         balance(costs, loads)):
+                replica = where[key] = self.replicas[r]
+                replica.pending[key] = cost
+                replica.send(("add", key, prompt, sp, pr))
+            left = len(keys)
+            while left:
+                for key, output in self._next_outputs():
+                    i = position.get(key)
+                    if i is None or results[i] is not None:
+                        continue  # an aborted request of an earlier call
+                    if isinstance(output, BaseException):
+                        raise output  # a bad request: the error LLM.generate raises
+                    output.request_id = key
+                    results[i] = output
+                    left -= 1
+                    bar.update(1)
+        except BaseException:
+            # Drop what is still running (its outputs, arriving later, are ignored).
+            for key, replica in where.items():
+                if results[position[key]] is None and self.state is State.READY:
+                    replica.send_quietly(("abort", key))
+            raise
+        finally:
+            bar.close()
+        return results
+
+    chat = LLM.chat
+
+    def stats(self) -> list[dict]:
+        """Each replica's engine stats (KV blocks, live requests, idle...), in replica order."""
+        self._check_serving()
+        token = next(self._keys)
+        for replica in self.replicas:
+            replica.send(("stats", token))
+        got: dict[int, dict] = {}
+        while len(got) < len(self.replicas):
+            got.update(self._next_outputs(stats_token=token))
+        return [got[r] for r in range(len(self.replicas))]
+
+    def _next_outputs(self, stats_token: int | None = None) -> list[tuple[int, object]]:
+        """Wait for the next message from any replica: (key, RequestOutput) of each request
+        it finished, (key, error) of a request it refused, or (replica index, stats) for a
+        reply to stats_token; a dead replica raises RuntimeError naming it."""
+        index, msg = self._messages.get()
+        replica, kind = self.replicas[index], msg[0]
+        if kind == "items":
+            outputs = []
+            for key, items in msg[1].items():
+                replica.pending.pop(key, None)
+                outputs.append((key, items[-1][1]))
+            return outputs
+        if kind == "added":
+            _, key, _, error = msg
+            if error is not None:
+                replica.pending.pop(key, None)
+                return [(key, error)]
+        elif kind == "stats":
+            return [(index, msg[2])] if msg[1] == stats_token else []
+        elif kind in ("dead", "gone"):
+            error = msg[1] if kind == "dead" else None
+            self.failure = self.failure or replica.died(error)
+            self.state = State.FAILED
+            raise RuntimeError(self.failure) from error
+        return []

@@ -1,0 +1,154 @@
+"""Data parallelism on one host: replica processes give DP=1's outputs in input order, a
+dead replica is named, and shutdown leaves nothing behind."""
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine import device as device_module
+from nanovllm.engine.data_parallel import DataParallelLLM, balance
+from nanovllm.engine.llm_engine import LLMEngine
+from tests.support.prompts import make_prompts
+
+MODEL = "tied_mha_d16"
+KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model_len=256,
+          num_kvcache_blocks=48)
+# 64 prompts: text and token ids, greedy and seeded, one with logprobs and two samples.
+PROMPTS = [f"prompt {i} " * (1 + i % 4) for i in range(32)] + make_prompts(1, n=32)
+PARAMS = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True) if i % 2 else
+          SamplingParams(temperature=0.9, seed=i, max_tokens=6, ignore_eos=True)
+          for i in range(63)] + [SamplingParams(temperature=0.9, seed=5, max_tokens=6, n=2,
+                                                logprobs=2)]
+
+
+def without_ids(outputs):
+    """The outputs as comparable tuples, request ids left out (each LLM numbers its own) and
+    logprobs rounded (a replica's batches differ from DP=1's: fp32 sums differ in the last
+    bits; the tokens may not)."""
+    def rounded(position):
+        return {t: (round(p.logprob, 4), p.rank, p.decoded_token) for t, p in position.items()}
+
+    return [(o.prompt, o.prompt_token_ids, o.finished, [
+        (c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason,
+         c.logprobs and [rounded(p) for p in c.logprobs]) for c in o.outputs])
+        for o in outputs]
+
+
+def running_in_group(pgid: int) -> list[int]:
+    """Pids of the processes of group pgid that still run (a zombie whose parent died waits
+    for init, which may not reap it in a container)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(pid))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def expected(toy_models):
+    with LLM(toy_models[MODEL], **KW) as llm:
+        return without_ids(llm.generate(PROMPTS, PARAMS, use_tqdm=False))
+
+
+@pytest.fixture(scope="module")
+def dp2(toy_models):
+    llm = LLM(toy_models[MODEL], data_parallel_size=2, **KW)
+    yield llm
+    llm.shutdown()
+
+
+def test_balance_sends_each_request_to_the_least_loaded_replica():
+    loads = [0, 5, 0]
+    assert balance([4, 4, 3, 10], loads) == [0, 2, 0, 2]
+    assert loads == [7, 5, 14]
+
+
+def test_dp2_matches_dp1_in_input_order(dp2, expected):
+    assert isinstance(dp2, DataParallelLLM)
+    outputs = dp2.generate(PROMPTS, PARAMS, use_tqdm=False)
+    assert without_ids(outputs) == expected
+    assert len({o.request_id for o in outputs}) == len(PROMPTS)
+    # Both replicas served, and finished with every block free.
+    stats = dp2.stats()
+    assert len(stats) == 2 and all(s["idle"] and s["num_free_blocks"] == s["num_blocks"]
+                                   for s in stats)
+
+
+def test_a_bad_request_raises_and_leaves_the_replicas_serving(dp2, expected):
+    with pytest.raises(ValueError, match="max_model_len"):
+        dp2.generate(PROMPTS[:7] + [[5] * 300], PARAMS[:8], use_tqdm=False)
+    assert without_ids(dp2.generate(PROMPTS[:9], PARAMS[:9], use_tqdm=False)) == expected[:9]
+    chat = dp2.chat([{"role": "user", "content": "hi"}], PARAMS[1], use_tqdm=False)
+    assert len(chat) == 1 and chat[0].finished
+
+
+def test_bad_arguments(toy_models):
+    with pytest.raises(ValueError, match="data_parallel_size"):
+        LLM(toy_models[MODEL], data_parallel_size=0, **KW)
+    with pytest.raises(ValueError, match="one replica"):
+        LLMEngine(toy_models[MODEL], data_parallel_size=2, **KW)
+
+
+def test_replica_gpus_are_disjoint_and_checked(toy_models, monkeypatch):
+    from nanovllm.config import Config
+
+    monkeypatch.setattr(device_module, "resolve_device", lambda config: torch.device("cuda", 0))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    path = toy_models["tied_gqa4_d16_l4"]
+    assert device_module.replica_gpus(Config(path, data_parallel_size=2,
+                                             tensor_parallel_size=2)) == ["4,5", "6,7"]
+    assert device_module.replica_gpus(Config(path, data_parallel_size=3)) == ["4", "5", "6"]
+    with pytest.raises(ValueError, match="needs 6 GPUs"):
+        device_module.replica_gpus(Config(path, data_parallel_size=3, tensor_parallel_size=2))
+
+
+def test_a_killed_replica_is_named_and_shutdown_cleans_up(toy_models):
+    # Replicas of two tensor-parallel ranks: the killed one leaves a worker behind.
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], **{**KW, "max_model_len": 512},
+              data_parallel_size=2, tensor_parallel_size=2)
+    victim = llm.replicas[1].proc
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+    def kill_once_it_works():  # seconds of work queued on each replica: kill it under way
+        while not llm.replicas[1].pending:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        os.kill(victim.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once_it_works)
+    killer.start()
+    with pytest.raises(RuntimeError, match=rf"data-parallel replica 1 \(pid {victim.pid}\) "
+                                           r"died \(signal SIGKILL\)"):
+        llm.generate(make_prompts(2, n=64), long, use_tqdm=False)
+    killer.join()
+    with pytest.raises(RuntimeError, match="data-parallel replica 1"):
+        llm.generate(["again"], use_tqdm=False)
+    procs = [r.proc for r in llm.replicas]
+    llm.shutdown()
+    llm.shutdown()  # idempotent
+    assert all(not p.is_alive() for p in procs) and procs[0].exitcode == 0
+    assert not set(procs) & set(multiprocessing.active_children())
+    # No tensor-parallel worker is left running in either replica's process group.
+    assert [running_in_group(p.pid) for p in procs] == [[], []]
+
+
+def test_shutdown_stops_every_replica(dp2):
+    # Last in this module: it shuts the module's replicas down (the fixture's own shutdown
+    # then does nothing).
+    llm = dp2
+    procs = [r.proc for r in llm.replicas]
+    llm.shutdown()
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert not set(procs) & set(multiprocessing.active_children())
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate(["x"], use_tqdm=False)
