@@ -5,8 +5,8 @@ import signal
 
 import pytest
 
-from nanovllm import LLM, SamplingParams
-from tests.support.prompts import make_prompts
+from nanovllm import LLM
+from tests.support.replicas import mixed_requests
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -14,10 +14,7 @@ pytestmark = pytest.mark.ray
 MODEL = "tied_mha_d16"
 KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model_len=256,
           num_kvcache_blocks=48)
-PROMPTS = [f"prompt {i} " * (1 + i % 4) for i in range(32)] + make_prompts(3, n=32)
-PARAMS = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True) if i % 2 else
-          SamplingParams(temperature=0.9, seed=i, max_tokens=6, ignore_eos=True)
-          for i in range(64)]
+PROMPTS, PARAMS = mixed_requests(3)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

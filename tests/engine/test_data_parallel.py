@@ -14,16 +14,14 @@ from nanovllm.engine import device as device_module
 from nanovllm.engine.data_parallel import DataParallelLLM, balance
 from nanovllm.engine.llm_engine import LLMEngine
 from tests.support.prompts import make_prompts
+from tests.support.replicas import mixed_requests
 
 MODEL = "tied_mha_d16"
 KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model_len=256,
           num_kvcache_blocks=48)
-# 64 prompts: text and token ids, greedy and seeded, one with logprobs and two samples.
-PROMPTS = [f"prompt {i} " * (1 + i % 4) for i in range(32)] + make_prompts(1, n=32)
-PARAMS = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True) if i % 2 else
-          SamplingParams(temperature=0.9, seed=i, max_tokens=6, ignore_eos=True)
-          for i in range(63)] + [SamplingParams(temperature=0.9, seed=5, max_tokens=6, n=2,
-                                                logprobs=2)]
+# 64 prompts: text and token ids, greedy and seeded, the last with logprobs and two samples.
+PROMPTS, PARAMS = mixed_requests(1)
+PARAMS[-1] = SamplingParams(temperature=0.9, seed=5, max_tokens=6, n=2, logprobs=2)
 
 
 def without_ids(outputs):
