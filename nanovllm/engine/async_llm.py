@@ -19,17 +19,15 @@ import logging
 import multiprocessing as mp
 import sys
 import threading
-from collections import deque
 from collections.abc import AsyncIterator
 
 from nanovllm.config import Config
-from nanovllm.engine import logprobs as lp
 from nanovllm.engine.engine_core import core_process_main, run_core
 from nanovllm.engine.llm_engine import LLMEngine
 from nanovllm.engine.prompts import conversation_list
-from nanovllm.engine.text_stream import TextStream
+from nanovllm.engine.request_stream import RequestStream
 from nanovllm.engine.tokenizer import TextDecoder, chat_prompt, load_tokenizer
-from nanovllm.outputs import CompletionOutput, RequestOutput
+from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -79,8 +77,8 @@ class AsyncLLM:
             self._thread.start()
         self.tokenizer = tokenizer
         self.config = self._wait_ready()
-        self._streams: dict[int, _Stream] = {}  # stream key -> stream (reader thread side)
-        self._live: dict[str, _Stream] = {}  # caller's request id -> stream (event loop side)
+        self._streams: dict[int, RequestStream] = {}  # stream key -> stream (reader thread side)
+        self._live: dict[str, RequestStream] = {}  # caller's request id -> stream (event loop side)
         self._keys, self._auto_ids, self._tokens = (itertools.count() for _ in range(3))
         self._stats: dict[int, concurrent.futures.Future] = {}
         self.error: BaseException | None = None  # why the engine core stopped, if it did
@@ -194,7 +192,7 @@ class AsyncLLM:
                 self._proc.terminate()
                 self._proc.join()
 
-    async def _add(self, prompt, sp, request_id, priority) -> "_Stream":
+    async def _add(self, prompt, sp, request_id, priority) -> "RequestStream":
         if not self.is_running:
             raise EngineDeadError(_dead_message(self.error))
         if request_id is None:
@@ -202,7 +200,7 @@ class AsyncLLM:
         elif request_id in self._live:
             raise ValueError(f"request_id {request_id!r} is already in use by a running request")
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop, request_id, next(self._keys), self._text)
+        stream = RequestStream(loop, request_id, next(self._keys), self._text)
         self._live[request_id] = stream
         with self._close_lock:
             if self._closed:
@@ -279,7 +277,7 @@ class AsyncLLM:
 
     def _deliver(self, news: dict[int, list]) -> None:
         """Hand each stream its items; wake them all, one cross-thread call per loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Stream]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[RequestStream]] = {}
         for key, items in news.items():
             stream = self._streams.get(key)
             if stream is None or not items:
@@ -310,81 +308,7 @@ class AsyncLLM:
             _wake_soon(loop, group)
 
 
-class _Stream:
-    """One request's outputs in transit: filled by the reader thread, read on the loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, request_id: str, key: int,
-                 text: TextDecoder):
-        self.loop, self.request_id, self.key = loop, request_id, key
-        self.reply = loop.create_future()  # settled when the core has added the request
-        self.answered = False  # whether the core's reply to the add came (reader thread)
-        self._text = text
-        self._event = asyncio.Event()
-        # What the core sent since the last read (deque: appends and pops are atomic under
-        # the GIL, a list swap is not).
-        self.items: deque = deque()
-        self.done = False  # the core has nothing more for this request
-        self._error: BaseException | None = None
-        # Per sample: its text so far and cumulative logprob.
-        self._texts: dict[int, TextStream] = {}
-        self._cum: dict[int, float] = {}
-        self.prompt: tuple = (None, [])  # (text, token ids), from the core's reply
-
-    def fail(self, error: BaseException) -> None:
-        self._error, self.done = error, True
-
-    def wake(self) -> None:
-        self._event.set()
-
-    async def next_output(self) -> RequestOutput:
-        """The next delta: everything that arrived since the last one."""
-        while not self.items and self._error is None:
-            self._event.clear()
-            await self._event.wait()
-        if self._error is not None and not self.items:
-            raise self._error
-        items = [self.items.popleft() for _ in range(len(self.items))]
-        return self._delta(items)
-
-    def _delta(self, items: list) -> RequestOutput:
-        parts: dict[int, list] = {}  # sample index -> [ids, entries, text, end]
-        finished, prompt_lps = False, None
-        for item in items:
-            if item[0] == "end":  # the request's end, with its prompt logprobs
-                finished, prompt_lps = True, item[1]
-                continue
-            _, index, ids, entries, stops, end = item
-            part = parts.setdefault(index, [[], None, "", None])
-            text = self._texts.get(index)
-            if text is None:
-                text = self._texts[index] = TextStream(self._text.decode, stops)
-            part[0] += ids
-            if entries is not None:
-                part[1] = (part[1] or []) + entries
-            if end is None:
-                part[2] += text.add(ids)
-            else:  # the final text, cut at a stop string, replaces the held-back tail
-                text.token_ids += ids
-                part[2] += text.finish(end[0])
-                part[3] = end
-        completions = []
-        for index in sorted(parts):
-            ids, entries, text, end = parts[index]
-            fields = lp.completion_fields(entries, ids, self._text.token_text)
-            if fields["cumulative_logprob"] is not None:
-                total = self._cum.get(index, 0.0) + fields["cumulative_logprob"]
-                self._cum[index] = fields["cumulative_logprob"] = total
-            reason, stop_reason = (None, None) if end is None else end[1:]
-            completions.append(CompletionOutput(index=index, text=text, token_ids=ids,
-                                                finish_reason=reason, stop_reason=stop_reason,
-                                                **fields))
-        prompt, prompt_ids = self.prompt
-        return RequestOutput(request_id=self.request_id, prompt=prompt,
-                             prompt_token_ids=prompt_ids, outputs=completions,
-                             finished=finished, prompt_logprobs=prompt_lps)
-
-
-def _wake_soon(loop: asyncio.AbstractEventLoop, streams: list[_Stream]) -> None:
+def _wake_soon(loop: asyncio.AbstractEventLoop, streams: list[RequestStream]) -> None:
     """Wake every stream in the list on its loop: one cross-thread call for all of them."""
     _call_soon(loop, _wake_all, streams)
 
@@ -397,7 +321,7 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
         pass
 
 
-def _wake_all(streams: list[_Stream]) -> None:
+def _wake_all(streams: list[RequestStream]) -> None:
     for stream in streams:
         stream.wake()
 
