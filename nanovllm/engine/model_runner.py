@@ -12,12 +12,12 @@ from nanovllm.engine.kv_cache import allocate_kv_cache, allocate_kv_scales, kv_c
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import BlockTables, StepInputs, decode_inputs, prefill_inputs
 from nanovllm.engine.step_output import LogprobsStep, StepResult, prompt_pass
+from nanovllm.engine.warmup import compile_kernels, size_activations
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.layers.penalties import apply_penalties, penalty_tensors
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import MODELS
-from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.utils.loader import init_dummy_weights, load_model, read_kv_scales
@@ -76,7 +76,7 @@ class ModelRunner:
                            for _ in range(2)] if self.pinned else [])
         self._turn = 0
         self._calibrate_kv = False  # see below: after the kernel warm-up
-        self.warmup()
+        size_activations(self)
         clock.lap("warm-up")
         self.kv_cache = allocate_kv_cache(config, self.attn_layers, self.kv_dtype, self.device,
                                           self.max_blocks_per_seq, log=rank == 0)
@@ -85,7 +85,7 @@ class ModelRunner:
         self.kv_scales = (allocate_kv_scales(self.attn_layers, self.device, loaded)
                           if fp8_kv else None)
         clock.lap("KV cache")
-        self.warmup_kernels()
+        compile_kernels(self)
         clock.lap("kernel warm-up")
         # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch).
         self._calibrate_kv = fp8_kv and loaded is None
@@ -99,52 +99,6 @@ class ModelRunner:
             logger.info("attention: %s; start-up %s", self.backend_name, clock)
 
     # -- set-up -----------------------------------------------------------------------------
-    @torch.inference_mode()
-    def warmup(self) -> None:
-        """Run the largest prefill and sampling batch once, to size activation memory."""
-        if self.device.type != "cuda":
-            # Only the GPU sizes its KV cache from this peak; on a CPU the same 16k-token
-            # prefill would cost minutes of start-up for nothing.
-            return
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        cfg = self.config
-        seq_len = min(cfg.max_model_len, cfg.max_num_batched_tokens)
-        num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
-        n = num_seqs * seq_len
-        input_ids = torch.zeros(n, dtype=torch.int32, device=self.device)
-        positions = (torch.arange(n, device=self.device) % seq_len).int()
-        cu = torch.arange(0, n + 1, seq_len, dtype=torch.int32, device=self.device)
-        set_context(is_prefill=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seq_len,
-                    max_seqlen_k=seq_len)
-        self.model.compute_logits(self.model(input_ids, positions))
-        reset_context()
-        if self.rank == 0:
-            self._warm_sampler(min(cfg.max_num_seqs, 512), 1.0, torch.float32)
-        torch.cuda.synchronize()
-
-    def warmup_kernels(self) -> None:
-        """Run real prefills (short and long) and sampling so every kernel variant is compiled
-        before the first request, not in the middle of someone's generate."""
-        if self.device.type != "cuda":
-            return
-        lengths = {min(16, self.config.max_model_len - 1),
-                   min(600, self.config.max_model_len - 1, self.config.max_num_batched_tokens)}
-        sp = SamplingParams(temperature=0.6, max_tokens=1)
-        for n in lengths:
-            need = -(-n // self.block_size)
-            if need > self.num_kvcache_blocks:
-                continue
-            seq = Sequence([0] * n, sp, self.block_size)
-            # Blocks 0.. are scratch here: any block is written before it is read later.
-            seq.block_table = list(range(need))
-            seq.num_scheduled_tokens = n
-            self.run([seq], True)
-        if self.rank == 0:
-            for rows in (1, 64):
-                self._warm_sampler(rows, 0.6, self.dtype)
-        torch.cuda.synchronize()
-
     def _checkpoint_kv_scales(self) -> torch.Tensor | None:
         """This rank's heads of the checkpoint's k_scale/v_scale, or None (calibrate)."""
         if self.config.load_format == "dummy":
@@ -157,12 +111,6 @@ class ModelRunner:
             logger.info("fp8 KV cache: k/v scales from the checkpoint")
         local = self.attn_layers[0].num_kv_heads  # this rank's share
         return scales[:, :, self.rank * local:(self.rank + 1) * local]
-
-    def _warm_sampler(self, rows: int, temperature: float, dtype: torch.dtype) -> None:
-        logits = torch.randn(rows, self.config.hf_config.vocab_size, device=self.device,
-                             dtype=dtype)
-        self.sampler(logits, SamplingTensors(torch.full((rows,), temperature,
-                                                        device=self.device)))
 
     def release_graphs(self) -> None:
         """Destroy the decode graphs (before leaving an NCCL group: see DecodeGraphs.release)."""

@@ -1,0 +1,64 @@
+"""Start-up passes of a ModelRunner: the activation peak that sizes the KV cache, and one
+run of every kernel variant so none compiles in the middle of a user's generate."""
+import torch
+
+from nanovllm.engine.sequence import Sequence
+from nanovllm.layers.sampler import SamplingTensors
+from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.context import reset_context, set_context
+
+
+@torch.inference_mode()
+def size_activations(runner) -> None:
+    """Run the largest prefill and sampling batch once, to size activation memory."""
+    if runner.device.type != "cuda":
+        # Only the GPU sizes its KV cache from this peak; on a CPU the same 16k-token
+        # prefill would cost minutes of start-up for nothing.
+        return
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    cfg = runner.config
+    seq_len = min(cfg.max_model_len, cfg.max_num_batched_tokens)
+    num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
+    n = num_seqs * seq_len
+    input_ids = torch.zeros(n, dtype=torch.int32, device=runner.device)
+    positions = (torch.arange(n, device=runner.device) % seq_len).int()
+    cu = torch.arange(0, n + 1, seq_len, dtype=torch.int32, device=runner.device)
+    set_context(is_prefill=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seq_len,
+                max_seqlen_k=seq_len)
+    runner.model.compute_logits(runner.model(input_ids, positions))
+    reset_context()
+    if runner.rank == 0:
+        warm_sampler(runner, min(cfg.max_num_seqs, 512), 1.0, torch.float32)
+    torch.cuda.synchronize()
+
+
+def compile_kernels(runner) -> None:
+    """Run real prefills (short and long) and sampling so every kernel variant is compiled
+    before the first request, not in the middle of someone's generate."""
+    if runner.device.type != "cuda":
+        return
+    lengths = {min(16, runner.config.max_model_len - 1),
+               min(600, runner.config.max_model_len - 1, runner.config.max_num_batched_tokens)}
+    sp = SamplingParams(temperature=0.6, max_tokens=1)
+    for n in lengths:
+        need = -(-n // runner.block_size)
+        if need > runner.num_kvcache_blocks:
+            continue
+        seq = Sequence([0] * n, sp, runner.block_size)
+        # Blocks 0.. are scratch here: any block is written before it is read later.
+        seq.block_table = list(range(need))
+        seq.num_scheduled_tokens = n
+        runner.run([seq], True)
+    if runner.rank == 0:
+        for rows in (1, 64):
+            warm_sampler(runner, rows, 0.6, runner.dtype)
+    torch.cuda.synchronize()
+
+
+def warm_sampler(runner, rows: int, temperature: float, dtype: torch.dtype) -> None:
+    """Sample once from random logits of `rows` rows (compiles that sampler variant)."""
+    logits = torch.randn(rows, runner.config.hf_config.vocab_size, device=runner.device,
+                         dtype=dtype)
+    runner.sampler(logits, SamplingTensors(torch.full((rows,), temperature,
+                                                      device=runner.device)))
