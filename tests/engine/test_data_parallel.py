@@ -150,3 +150,21 @@ def test_shutdown_stops_every_replica(dp2):
     assert not set(procs) & set(multiprocessing.active_children())
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate(["x"], use_tqdm=False)
+
+
+@pytest.mark.gpu
+def test_dp2_on_two_gpus_matches_dp1_and_uses_both(toy_models):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    # float32 and small caches: the same tokens whatever the batching, little memory held.
+    kw = dict(dtype="float32", kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+    path = toy_models[MODEL]
+    with LLM(path, **kw) as ref:
+        expected = without_ids(ref.generate(PROMPTS, PARAMS, use_tqdm=False))
+    free = [torch.cuda.mem_get_info(i)[0] for i in range(2)]
+    with LLM(path, data_parallel_size=2, **kw) as llm:
+        assert without_ids(llm.generate(PROMPTS, PARAMS, use_tqdm=False)) == expected
+        # Each replica process holds a CUDA context and a KV cache on its own GPU.
+        used = [free[i] - torch.cuda.mem_get_info(i)[0] for i in range(2)]
+        assert min(used) > 100 * 2 ** 20, used
+        assert [s["num_blocks"] for s in llm.stats()] == [64, 64]
