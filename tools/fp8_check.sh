@@ -9,7 +9,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TEST_TIMEOUT:-270} python3 -m pytest -q -p no:logging -m gpu tests --ignore=tests/server > "$OUT/tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
 fi
-timeout 90 python3 tools/bench_kernels.py --fp8 "$OUT/best_fp8.json" 2>&1 | tee "$OUT/kern.log" | tail -9
+timeout 180 python3 tools/bench_kernels.py --fp8 "$OUT/best_fp8.json" 2>&1 | tee "$OUT/kern.log" | tail -9
 timeout 70 python3 bench.py --single > "$OUT/bench_bf16.log" 2>&1
 echo "[bf16] $(grep -E "Total|Single|KV cache:" "$OUT/bench_bf16.log" | tr '\n' ' ')"
 # The fp8 run with the sweep's fastest decode config (the shipped default when it is absent).

@@ -18,10 +18,11 @@ MAX_SPLITS = 64
 # Tunables (module level so tools/bench_kernels.py and tests can override them).
 # BLOCK_N: keys per tile; USE_DOT: tl.dot with the GQA group padded to 16 rows, else
 # broadcast-multiply-sum (no padding waste, but measured 2.5x slower on H100: 1200 vs 2900 GB/s).
-# WAVES: target programs per SM when splitting (see choose_num_splits).
+# WAVES: target programs per SM when splitting (see choose_num_splits). KV_LHS: the transposed
+# dots of _attend_kv_lhs (cache tiles as the left operand; with USE_DOT only).
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
 CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
-              USE_DOT=True, WAVES=2)
+              USE_DOT=True, WAVES=2, KV_LHS=False)
 # An fp8 cache has its own tiles: a 64-key tile is half the bytes of a bf16 one, so it takes
 # more stages in flight to keep HBM busy (H100, `bench_kernels.py --fp8`, b=256 ctx=2048:
 # 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us). FP16_DOT: with
@@ -44,7 +45,7 @@ def _decode_partial_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
-    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr,
+    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_LHS: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     b = tl.program_id(0)
@@ -83,22 +84,57 @@ def _decode_partial_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
         if FP16_DOT:
             q = q.to(tl.float16)
+    bt_row = bt_ptr + b * stride_btb
+    kv_head_off = kvh * stride_kh
+    if KV_LHS:
+        acc, m_i, l_i = _attend_kv_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end,
+                                       qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM,
+                                       BLOCK_SIZE, BLOCK_N, PAGE_TILE, DOT_PREC, KV_FP8)
+    else:
+        acc, m_i, l_i = _attend_q_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end,
+                                      qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM,
+                                      BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8)
+
+    out = acc / l_i[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale_ptr + kvh)
+    if DIRECT:
+        tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        tl.store(o_ptr + o_off, out, mask=g_mask[:, None])
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, m_i + tl.log2(l_i), mask=g_mask)
+        _split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, stride_ob, stride_oh, stride_os,
+                    stride_lb, stride_lh, stride_outb, stride_outh, NUM_SPLITS, SPLITS_PAD,
+                    NUM_KV_HEADS, G, HEAD_DIM)
+
+
+@triton.jit
+def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr):
+    """(mask, cache offset) of the keys n .. n + BLOCK_N of one sequence (paged)."""
+    offs_n = n + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    if PAGE_TILE:
+        # BLOCK_N divides block_size and tiles are aligned: the whole tile lives in one page.
+        page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
+    else:
+        page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    return n_mask, page * stride_kblk + (offs_n % BLOCK_SIZE) * stride_kslot
+
+
+@triton.jit
+def _attend_q_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, qk_scale,
+                  stride_kblk, stride_kslot, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
+                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr):
+    """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l)."""
+    offs_d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
-    bt_row = bt_ptr + b * stride_btb
-    kv_head_off = kvh * stride_kh
-
     for n in range(start, end, BLOCK_N):
-        offs_n = n + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        if PAGE_TILE:
-            # BLOCK_N divides block_size and tiles are aligned: the whole tile lives in one page.
-            page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
-            tok_off = page * stride_kblk + (offs_n % BLOCK_SIZE) * stride_kslot
-        else:
-            page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-            tok_off = page * stride_kblk + (offs_n % BLOCK_SIZE) * stride_kslot
+        n_mask, tok_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE,
+                                       BLOCK_N, PAGE_TILE)
         kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         if KV_FP8:
@@ -118,18 +154,45 @@ def _decode_partial_kernel(
         else:
             pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
+    return acc, m_i, l_i
 
-    out = acc / l_i[:, None]
-    if KV_FP8:
-        out = out * tl.load(v_scale_ptr + kvh)
-    if DIRECT:
-        tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
-    else:
-        tl.store(o_ptr + o_off, out, mask=g_mask[:, None])
-        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, m_i + tl.log2(l_i), mask=g_mask)
-        _split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, stride_ob, stride_oh, stride_os,
-                    stride_lb, stride_lh, stride_outb, stride_outh, NUM_SPLITS, SPLITS_PAD,
-                    NUM_KV_HEADS, G, HEAD_DIM)
+
+@triton.jit
+def _attend_kv_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, qk_scale,
+                   stride_kblk, stride_kslot, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
+                   DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr):
+    """The same, transposed: S^T = K Q^T, O^T = V^T P^T, so the cache tiles are the dots' left
+    operands. Hopper's wgmma takes its left operand from registers, its right one only from
+    shared memory: a widened fp8 tile on the left skips a write back to shared memory, and the
+    right operands (Q^T, fixed per program, and the small P^T) are the cheap ones to stage."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_t = tl.trans(q)  # [D, G_PAD]
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc_t = tl.zeros([HEAD_DIM, G_PAD], tl.float32)
+    for n in range(start, end, BLOCK_N):
+        n_mask, tok_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE,
+                                       BLOCK_N, PAGE_TILE)
+        k = tl.load(k_cache_ptr + tok_off[:, None] + kv_head_off + offs_d[None, :],
+                    mask=n_mask[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
+        s_t = tl.dot(k, q_t, input_precision=DOT_PREC)  # [BLOCK_N, G_PAD]
+        s_t = tl.where(n_mask[:, None], s_t * qk_scale, float("-inf"))
+        # online_softmax_step along axis 0 (keys are rows here).
+        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p_t = tl.exp2(s_t - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p_t, axis=0)
+        m_i = m_new
+        # V^T loaded directly: [D, BLOCK_N], contiguous along D as the cache is.
+        v_t = tl.load(v_cache_ptr + tok_off[None, :] + kv_head_off + offs_d[:, None],
+                      mask=n_mask[None, :], other=0.0)
+        if KV_FP8:
+            v_t = v_t.to(q.dtype)
+        acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t.to(v_t.dtype), input_precision=DOT_PREC)
+    return tl.trans(acc_t), m_i, l_i
 
 
 @triton.jit
@@ -245,6 +308,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and cfg["FP16_DOT"] and q.dtype == torch.bfloat16,
+        KV_LHS=use_dot and cfg["KV_LHS"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o
