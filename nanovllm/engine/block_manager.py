@@ -1,4 +1,5 @@
 """Fixed-size KV blocks: free list, ref counts and a verified prefix cache. No torch here."""
+import struct
 from collections import OrderedDict
 
 import xxhash
@@ -27,7 +28,8 @@ def chain_hash(token_ids, prefix: int = -1) -> int:
     h = xxhash.xxh64()
     if prefix != -1:
         h.update(prefix.to_bytes(8, "little"))
-    h.update(b"".join(t.to_bytes(4, "little", signed=True) for t in token_ids))
+    # Each token as 4 little-endian bytes; struct packs a block ~10x faster than int.to_bytes.
+    h.update(struct.pack(f"<{len(token_ids)}i", *token_ids))
     return h.intdigest()
 
 

@@ -55,6 +55,11 @@ def parse_prompt(prompt) -> tuple[str | None, list | None]:
 
 def check_token_ids(token_ids: list, vocab_size: int) -> list[int]:
     """token_ids as plain ints, or ValueError naming the ones outside [0, vocab_size)."""
+    ids = list(token_ids)
+    # Fast path for the common case, plain ints in range: the generic check below costs ~0.4 us
+    # a token (an ABC isinstance), i.e. tens of ms inside a timed generate of long prompts.
+    if all(type(t) is int for t in ids) and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
+        return ids
     bad = [t for t in token_ids
            if not isinstance(t, Integral) or isinstance(t, bool) or not 0 <= t < vocab_size]
     if bad:
