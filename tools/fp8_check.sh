@@ -25,3 +25,7 @@ runpy.run_path('bench.py', run_name='__main__')" "$OUT/best_fp8.json" > "$OUT/be
 echo "[fp8] $(grep -E "CONFIG|Total|Single|KV cache:|Error" "$OUT/bench_fp8.log" | tr '\n' ' ')"
 timeout ${ACC_TIMEOUT:-100} python3 tools/fp8_accuracy.py --dummy-qwen3 --kv-cache-dtype ${ACC_KINDS:-fp8_e5m2} \
   --json "$OUT/acc.json" 2>&1 | grep -v Writing | tail -3
+if [ "${PROFILE:-0}" = 1 ]; then  # where an fp8 run's decode steps spend their time
+  timeout 120 python3 tools/profile_bench.py --kv-cache-dtype fp8_e4m3 > "$OUT/profile_fp8.log" 2>&1
+  grep -A12 "^wall" "$OUT/profile_fp8.log"
+fi

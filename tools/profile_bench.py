@@ -1,6 +1,6 @@
 """Where does bench.py's time go? Per-phase step timing plus a kernel profile of decode steps.
 
-    python tools/profile_bench.py [--num-seqs 256]
+    python tools/profile_bench.py [--num-seqs 256] [--kv-cache-dtype fp8_e4m3]
 """
 import argparse
 import time
@@ -23,8 +23,9 @@ def main():
     ap.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s for 'ideal'")
     ap.add_argument("--single", action="store_true",
                     help="instead: kernel profile of bs=1 decode (GPU time vs wall per step)")
+    ap.add_argument("--kv-cache-dtype", default="auto")
     args = ap.parse_args()
-    llm = LLM(dummy_model_dir(), load_format="dummy")
+    llm = LLM(dummy_model_dir(), load_format="dummy", kv_cache_dtype=args.kv_cache_dtype)
     if args.single:
         return profile_single(llm)
     seed(0)
@@ -90,7 +91,9 @@ def main():
     # Decode by batch size: where the time goes against what reading the KV cache and the
     # weights at copy bandwidth would take.
     hf = llm.config.hf_config
-    kv_bytes = 2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim * 2
+    # K and V of one token, all layers, at the cache's element size (1 byte for fp8).
+    kv_bytes = (2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim
+                * executor.runner.kv_cache.element_size())
     weights = sum(p.numel() * p.element_size() for p in executor.runner.model.parameters())
     print(f"{'batch<=':>8} {'steps':>6} {'seconds':>8} {'ms/step':>8} {'ideal s':>8} {'KV TB/s':>8}")
     for b in BUCKETS:
