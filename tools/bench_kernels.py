@@ -1,6 +1,7 @@
 """GPU micro-benchmark of the nanovllm attention kernels (Qwen3-0.6B shapes: 16 q / 8 kv heads, d=128).
 
-Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep] [--fp8 [BEST.json]]
+Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep] [--fp8 [BEST.json]] [--order]
+--order: only the decode kernel's launch orders (HEAD_FAST, longest first) on mixed lengths.
 --fp8: only the decode kernel, bf16 vs fp8 caches (effective KV-read bandwidth = cache bytes
 read / time, so an fp8 cache reading 2x the tokens per byte shows as the same GB/s at 2x speed).
 Times: 'ms' = triton.testing.do_bench median (L2 flushed, Python launch overhead included);
@@ -231,8 +232,44 @@ def bench_decode_fp8(json_path=None):
             json.dump(cfg, f)
 
 
+def bench_decode_order():
+    """Launch order of the decode programs (HEAD_FAST grid, longest-first `order`) on batches
+    of mixed context lengths, bf16 and fp8 caches; effective GB/s = bytes of the contexts read."""
+    print("\n== decode launch order (do_bench, L2 flushed; ctx: uniform in [lo, hi]) ==", flush=True)
+    base, base8 = dict(triton_decode.CONFIG), dict(triton_decode.CONFIG_FP8)
+    variants = (("seq", False, False), ("seq+lpt", False, True), ("head", True, False),
+                ("head+lpt", True, True))
+    for batch, lo, hi in ((256, 2048, 2048), (256, 100, 2048), (128, 100, 2048), (64, 100, 2048)):
+        q, k_cache, v_cache, _, bt, scale = make_decode(batch, hi)
+        g = torch.Generator().manual_seed(batch)
+        ctx = torch.randint(lo, hi + 1, (batch,), generator=g).int().cuda()
+        order = torch.argsort(ctx, descending=True).int()
+        tokens = int(ctx.sum())
+        for name, dtype in (("bf16", DT), ("fp8", torch.float8_e4m3fn)):
+            kc, vc = (k_cache, v_cache) if dtype == DT else (k_cache.to(dtype), v_cache.to(dtype))
+            ones = torch.ones(HKV, device="cuda")
+            scales = dict(k_scale=ones, v_scale=ones) if dtype != DT else {}
+            nbytes = tokens * HKV * D * 2 * kc.element_size()
+            row = []
+            for label, head_fast, lpt in variants:
+                for cfg in (triton_decode.CONFIG, triton_decode.CONFIG_FP8):
+                    cfg.update(HEAD_FAST=head_fast, LPT=lpt)
+                kw = dict(scales, order=order)
+                ms = do_bench(lambda: decode_attention(q, kc, vc, ctx, bt, scale, **kw),
+                              return_mode="median")
+                row.append(f"{label}:{ms * 1e3:.0f}us/{nbytes / ms / 1e6:.0f}GB/s")
+            print(f"b={batch:<4} ctx={lo}-{hi} {name}: " + "  ".join(row), flush=True)
+            del kc, vc
+        del q, k_cache, v_cache
+    triton_decode.CONFIG.update(base)
+    triton_decode.CONFIG_FP8.update(base8)
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
+    if "--order" in sys.argv:
+        bench_decode_order()
+        sys.exit(0)
     if "--fp8" in sys.argv:
         bench_decode_fp8(sys.argv[sys.argv.index("--fp8") + 1] if sys.argv[-1] != "--fp8"
                          else None)

@@ -26,12 +26,13 @@ class DecodeGraphs:
         self.batch_sizes = graph_batch_sizes(max_bs)
         self.max_bs, self.width = max_bs, width
         # One device buffer holds every graph input, so a step uploads with one copy: rows
-        # ids, positions, slots, context lens, feed rows (read outside the graph), then the
-        # block table. Two pinned host mirrors take turns: with async scheduling the next
-        # step is staged while this one's copy may still be queued.
-        self.buf = torch.zeros((5 + width) * max_bs, dtype=torch.int32, device=device)
-        self.meta = self.buf[: 5 * max_bs].view(5, max_bs)
-        self.table = self.buf[5 * max_bs:].view(max_bs, width)
+        # ids, positions, slots, context lens, order, feed rows (read outside the graph),
+        # then the block table. Two pinned host mirrors take turns: with async scheduling the
+        # next step is staged while this one's copy may still be queued.
+        self.buf = torch.zeros((6 + width) * max_bs, dtype=torch.int32, device=device)
+        self.meta = self.buf[: 6 * max_bs].view(6, max_bs)
+        self.meta[4] = torch.arange(max_bs, dtype=torch.int32, device=device)  # a permutation
+        self.table = self.buf[6 * max_bs:].view(max_bs, width)
         self.hosts = [torch.zeros(self.buf.numel(), dtype=torch.int32).pin_memory()
                       for _ in range(2)]
         self.turn = 0
@@ -44,7 +45,8 @@ class DecodeGraphs:
         pool = None
         for bs in reversed(self.batch_sizes):
             set_context(is_prefill=False, slot_mapping=self.meta[2, :bs],
-                        context_lens=self.meta[3, :bs], block_tables=self.table[:bs])
+                        context_lens=self.meta[3, :bs], block_tables=self.table[:bs],
+                        decode_order=self.meta[4, :bs])
             args = self.meta[0, :bs], self.meta[1, :bs]
             self.outputs[:bs] = self.model(*args)  # warm-up (compiles, autotunes)
             graph = torch.cuda.CUDAGraph()
@@ -67,12 +69,12 @@ class DecodeGraphs:
         host_t = self.hosts[self.turn]
         self.turn ^= 1
         host = host_t.numpy()
-        host[: 4 * rows] = inputs.decode_meta.ravel()
-        host[4 * rows: 5 * rows] = -1 if inputs.feed_rows is None else inputs.feed_rows
-        host[5 * rows:] = inputs.block_tables.ravel()
+        host[: 5 * rows] = inputs.decode_meta.ravel()
+        host[5 * rows: 6 * rows] = -1 if inputs.feed_rows is None else inputs.feed_rows
+        host[6 * rows:] = inputs.block_tables.ravel()
         self.buf.copy_(host_t, non_blocking=True)
         if inputs.feed_rows is not None:
-            feed_tokens(self.meta[0, :n], self.meta[4, :n], sampled)
+            feed_tokens(self.meta[0, :n], self.meta[5, :n], sampled)
         bs = next(b for b in self.batch_sizes if b >= n)
         # The graph baked in its own tensors; the context only serves code outside the graph.
         set_context(is_prefill=False, context_lens=self.meta[3, :bs])

@@ -152,11 +152,11 @@ class ModelRunner:
             parts = self._upload(inputs.decode_meta, inputs.block_tables,
                                  *(() if feed is None else (feed,)))
             meta, tables = parts[0], parts[1]
-            ids, pos, slots, lens = meta[:, :n]
+            ids, pos, slots, lens, order = meta[:, :n]
             if feed is not None:
                 feed_tokens(ids, parts[2][:n], self.sampled)
             set_context(is_prefill=False, slot_mapping=slots, context_lens=lens,
-                        block_tables=tables[:n])
+                        block_tables=tables[:n], decode_order=order)
         return self.model(ids, pos)
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int] | None:

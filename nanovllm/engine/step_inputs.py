@@ -21,6 +21,9 @@ class StepInputs:
     slot_mapping: np.ndarray     # [tokens] cache slot each new K/V goes to; -1 = nowhere
     block_tables: np.ndarray     # [rows, width] physical block ids, 0-padded
     context_lens: np.ndarray | None = None  # decode: [rows] tokens attended, 0 = padding row
+    # decode: [rows] the real rows by context length, longest first, then the padding rows:
+    # the order the decode kernel may start their programs in (see triton_decode's LPT).
+    order: np.ndarray | None = None
     cu_seqlens_q: np.ndarray | None = None  # prefill: [num_seqs + 1]
     cu_seqlens_k: np.ndarray | None = None  # prefill: [num_seqs + 1]
     max_seqlen_q: int = 0
@@ -34,8 +37,10 @@ class StepInputs:
 
     @property
     def decode_meta(self) -> np.ndarray:
-        """[4, rows]: ids, positions, slots, context lens (the decode graphs' input rows)."""
-        return np.stack([self.input_ids, self.positions, self.slot_mapping, self.context_lens])
+        """[5, rows]: ids, positions, slots, context lens, order (the decode graphs' input
+        rows)."""
+        return np.stack([self.input_ids, self.positions, self.slot_mapping, self.context_lens,
+                         self.order])
 
 
 def block_table_array(seqs: list[Sequence], width: int, rows: int | None = None) -> np.ndarray:
@@ -147,11 +152,15 @@ def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
     slots[:n] = [s.block_table[(m - 1) // block_size] * block_size + (m - 1) % block_size
                  for s, m in zip(seqs, lens[:n].tolist())]
     positions = np.maximum(lens - 1, 0).astype(np.int32)
+    # Padding rows keep their places after the real ones, so order[:b] is a permutation of
+    # 0..b-1 for any graph size b >= n.
+    order = np.arange(rows, dtype=np.int32)
+    order[:n] = np.argsort(-lens[:n], kind="stable")
     return StepInputs(is_prefill=False, num_seqs=n, input_ids=ids, positions=positions,
                       slot_mapping=slots,
                       block_tables=(block_table_array(seqs, width, rows) if tables is None
                                     else tables.gather(seqs, rows)),
-                      context_lens=lens, feed_rows=feed)
+                      context_lens=lens, order=order, feed_rows=feed)
 
 
 def _i32(values) -> np.ndarray:

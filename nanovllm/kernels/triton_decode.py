@@ -19,10 +19,14 @@ MAX_SPLITS = 64
 # BLOCK_N: keys per tile; USE_DOT: tl.dot with the GQA group padded to 16 rows, else
 # broadcast-multiply-sum (no padding waste, but measured 2.5x slower on H100: 1200 vs 2900 GB/s).
 # WAVES: target programs per SM when splitting (see choose_num_splits). KV_LHS: the transposed
-# dots of _attend_kv_lhs (cache tiles as the left operand; with USE_DOT only).
+# dots of _attend_kv_lhs (cache tiles as the left operand; with USE_DOT only). HEAD_FAST:
+# launch a sequence's kv heads one after another (grid axis 0 = kv head): a token's K (and V)
+# for all kv heads is one contiguous run in the cache, so its programs, running together,
+# read whole DRAM rows instead of one head's slice of each at a time (1/8 of 1-2 KB here).
+# LPT: start rows in the `order` the engine gives (longest context first), when it gives one.
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
 CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
-              USE_DOT=True, WAVES=2, KV_LHS=False)
+              USE_DOT=True, WAVES=2, KV_LHS=False, HEAD_FAST=False, LPT=False)
 # An fp8 cache has its own tiles: a 64-key tile is half the bytes of a bf16 one, so it takes
 # more stages in flight to keep HBM busy (H100, `bench_kernels.py --fp8`, b=256 ctx=2048:
 # 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us). FP16_DOT: with
@@ -34,7 +38,7 @@ CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTE
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, ctx_ptr, bt_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr,
-    k_scale_ptr, v_scale_ptr, qk_scale,
+    k_scale_ptr, v_scale_ptr, order_ptr, qk_scale,
     stride_qb, stride_qh,
     stride_kblk, stride_kslot, stride_kh,
     stride_btb,
@@ -46,11 +50,22 @@ def _decode_partial_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_LHS: tl.constexpr,
+    HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
+    # decode_attention for why the order matters.
+    if HEAD_FAST:
+        kvh = tl.program_id(0)
+        r = tl.program_id(1)
+    else:
+        r = tl.program_id(0)
+        kvh = tl.program_id(1)
     s = tl.program_id(2)
+    if ORDERED:
+        b = tl.load(order_ptr + r)
+    else:
+        b = r
     ctx = tl.load(ctx_ptr + b)
     # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see PAGE_TILE).
     split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -258,9 +273,12 @@ def alloc_decode_workspace(batch, num_heads, head_dim, num_splits, device):
 
 
 def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num_splits=None,
-                     workspace=None, k_scale=None, v_scale=None):
+                     workspace=None, k_scale=None, v_scale=None, order=None):
     """Paged decode attention: q [B, H, D] over the first context_lens[b] cached tokens -> [B, H, D].
-    An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv])."""
+    An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]).
+    order (int32 [B], a permutation of the rows, optional): the order in which rows' programs
+    start. Longest context first keeps a long row from starting last and running alone
+    while the rest of the GPU idles (the tail of a batch of mixed lengths)."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
@@ -273,6 +291,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         num_splits = choose_num_splits(batch, num_kv_heads, q.device)
     num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
     cfg = CONFIG_FP8 if kv_fp8 else CONFIG
+    if not cfg["LPT"]:
+        order = None
     block_n = cfg["BLOCK_N"]
     use_dot = cfg["USE_DOT"]
     g_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
@@ -295,9 +315,12 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         po_strides = po.stride()[:3]
         lse_strides = lse.stride()[:2]
         counters = _split_counters(q.device, batch * num_kv_heads)
-    _decode_partial_kernel[(batch, num_kv_heads, num_splits)](
+    head_fast = cfg["HEAD_FAST"]
+    grid = (num_kv_heads, batch, num_splits) if head_fast else (batch, num_kv_heads, num_splits)
+    _decode_partial_kernel[grid](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
-        k_scale if kv_fp8 else q, v_scale if kv_fp8 else q, scale * LOG2E,
+        k_scale if kv_fp8 else q, v_scale if kv_fp8 else q,
+        order if order is not None else context_lens, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -308,7 +331,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and cfg["FP16_DOT"] and q.dtype == torch.bfloat16,
-        KV_LHS=use_dot and cfg["KV_LHS"],
+        KV_LHS=use_dot and cfg["KV_LHS"], HEAD_FAST=head_fast, ORDERED=order is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

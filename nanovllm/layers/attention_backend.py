@@ -83,7 +83,7 @@ class TritonBackend:
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                v_scale=None) -> torch.Tensor:
         return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale,
-                            k_scale=k_scale, v_scale=v_scale)
+                            k_scale=k_scale, v_scale=v_scale, order=ctx.decode_order)
 
 
 class FlashBackend(TritonBackend):

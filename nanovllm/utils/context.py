@@ -17,6 +17,7 @@ class Context:
     slot_mapping: torch.Tensor | None = None
     context_lens: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
+    decode_order: torch.Tensor | None = None  # decode: rows longest first (StepInputs.order)
     calibrate_kv: bool = False  # prefill: set the fp8 KV scales from this step's K/V first
 
 

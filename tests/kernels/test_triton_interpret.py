@@ -92,6 +92,24 @@ def test_decode_per_token_paging_and_workspace(kv_lhs, monkeypatch):
     assert rel_err(o, ref) < TOL
 
 
+@pytest.mark.parametrize("head_fast", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_launch_orders(head_fast, num_splits, monkeypatch):
+    # kv heads fastest in the grid, and rows started in a given order (longest first): the
+    # same attention, each row's output in its own place.
+    monkeypatch.setitem(triton_decode.CONFIG, "HEAD_FAST", head_fast)
+    monkeypatch.setitem(triton_decode.CONFIG, "LPT", True)
+    c = make_paged_case([(1, 7), (1, 40), (1, 1), (1, 23)], 16, 4, 2, 16, seed=8)
+    ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
+    order = torch.argsort(c.context_lens, descending=True).int()
+    assert order.tolist() == [1, 3, 0, 2]
+    for o in (None, order):
+        out = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale,
+                               num_splits=num_splits, order=o)
+        assert rel_err(out, ref) < TOL
+
+
 @pytest.mark.usefixtures("poisoned_empty")
 def test_decode_broadcast_variant(monkeypatch):
     monkeypatch.setitem(triton_decode.CONFIG, "USE_DOT", False)
