@@ -125,7 +125,8 @@ def run_bench(args: argparse.Namespace) -> dict:
                                  max_tokens=randint(args.min_output_len, args.max_output_len))
                   for _ in range(args.num_seqs)]
 
-    llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # warm-up
+    # Warm-up: one prompt per replica (balancing sends each to a different one).
+    llm.generate(["Benchmark: "] * args.dp, SamplingParams(), use_tqdm=False)
     t = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t
