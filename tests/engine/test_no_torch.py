@@ -8,7 +8,7 @@ def test_control_plane_and_engine_loop_import_no_torch():
     code = ("import sys\n"
             "import nanovllm.engine.sequence, nanovllm.engine.block_manager, "
             "nanovllm.engine.scheduler, nanovllm.engine.stop_rules, nanovllm.sampling_params, "
-            "nanovllm.config, "
+            "nanovllm.config, nanovllm.model_config, "
             "nanovllm.engine.step_inputs, nanovllm.engine.executor, nanovllm.engine.tokenizer, "
             "nanovllm.engine.llm_engine, nanovllm.engine.prompts, nanovllm.engine.logprobs, "
             "nanovllm.outputs, nanovllm.engine.async_llm, nanovllm.engine.text_stream, "
