@@ -11,6 +11,7 @@ def test_control_plane_and_engine_loop_import_no_torch():
             "nanovllm.config, nanovllm.model_config, "
             "nanovllm.engine.step_inputs, nanovllm.engine.executor, nanovllm.engine.tokenizer, "
             "nanovllm.engine.llm_engine, nanovllm.engine.prompts, nanovllm.engine.logprobs, "
+            "nanovllm.engine.request_outputs, "
             "nanovllm.outputs, nanovllm.engine.async_llm, nanovllm.engine.text_stream, "
             "nanovllm.engine.request_stream, nanovllm.engine.core_reader, "
             "nanovllm.engine.engine_core, nanovllm, nanovllm.engine.data_parallel\n"
