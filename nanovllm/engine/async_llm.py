@@ -1,19 +1,18 @@
 """AsyncLLM: the online engine's front end; requests streamed to asyncio.
 
-The engine itself runs in an engine core (engine_core.py): by default a process of its own,
-so its step loop never waits for the GIL while this process detokenizes and serves HTTP;
-with engine_process=False a thread of this process (the engine then in reach, as
-`self.engine`). Either way the two sides talk over pipes: callers (asyncio tasks, on any
-event loop) send commands, and one reader thread here takes what each request learned (new
-token ids, logprobs, the end), appends it to the request's stream and wakes the event loop
-once for all of them. The consumer turns ids into text when it reads (TextStream), so a slow
-consumer gets several steps' tokens in one delta instead of slowing the engine down. A
-request whose consumer stops listening (the async-for loop is left, or its task cancelled)
-is aborted and its blocks freed.
+The engine itself runs in an engine core (engine_core.py): by default a process of its own, so
+its step loop never waits for the GIL while this process detokenizes and serves HTTP; with
+engine_process=False a thread of this process (the engine then in reach, as `self.engine`).
+Either way the two sides talk over pipes: callers (asyncio tasks, on any event loop) send
+commands, and one reader thread (core_reader.py) takes what each request learned (new token
+ids, logprobs, the end), appends it to the request's stream and wakes the event loop once for
+all of them. The consumer turns ids into text when it reads (TextStream), so a slow consumer
+gets several steps' tokens in one delta instead of slowing the engine down. A request whose
+consumer stops listening (the async-for loop is left, or its task cancelled) is aborted and
+its blocks freed.
 """
 import asyncio
 import atexit
-import concurrent.futures
 import itertools
 import logging
 import multiprocessing as mp
@@ -22,6 +21,7 @@ import threading
 from collections.abc import AsyncIterator
 
 from nanovllm.config import Config
+from nanovllm.engine.core_reader import CoreReader, EngineDeadError, dead_message
 from nanovllm.engine.engine_core import core_process_main, run_core
 from nanovllm.engine.llm_engine import LLMEngine
 from nanovllm.engine.prompts import conversation_list
@@ -38,10 +38,6 @@ logger = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.0005
 # How long shutdown() waits for the engine process to stop before it is terminated.
 STOP_TIMEOUT_S = 30.0
-
-
-class EngineDeadError(RuntimeError):
-    """The engine core stopped on an error (or was shut down): no request can be served."""
 
 
 class AsyncLLM:
@@ -77,21 +73,13 @@ class AsyncLLM:
             self._thread.start()
         self.tokenizer = tokenizer
         self.config = self._wait_ready()
-        self._streams: dict[int, RequestStream] = {}  # stream key -> stream (reader thread side)
         self._live: dict[str, RequestStream] = {}  # caller's request id -> stream (event loop side)
-        self._keys, self._auto_ids, self._tokens = (itertools.count() for _ in range(3))
-        self._stats: dict[int, concurrent.futures.Future] = {}
-        self.error: BaseException | None = None  # why the engine core stopped, if it did
+        self._keys, self._auto_ids = itertools.count(), itertools.count()
         self._stopping = False
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        # Set (under the lock) once the core is gone: an "add" sent after that would wait
-        # forever for its reply, so the check and the send share the lock.
-        self._closed = False
-        self._close_lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, name="nanovllm-reader", daemon=True)
-        self._reader.start()
+        self._reader = CoreReader(self._outbox, self._exit_code)
         atexit.register(self.shutdown)
 
     def _wait_ready(self) -> Config:
@@ -105,16 +93,23 @@ class AsyncLLM:
         self._join_core()
         error = msg[1]
         if error is None:
-            code = self._proc.exitcode if self._proc is not None else None
             error = EngineDeadError(f"the engine process exited while starting (exit code "
-                                    f"{code})")
+                                    f"{self._exit_code()})")
         raise error
+
+    def _exit_code(self) -> int | None:
+        return self._proc.exitcode if self._proc is not None else None
 
     # -- the caller's side ------------------------------------------------------------------
     @property
     def is_running(self) -> bool:
         """Whether the engine core is alive and serving."""
         return self._reader.is_alive() and self.error is None and not self._stopping
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the engine core stopped, if it did."""
+        return self._reader.error
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0
@@ -158,14 +153,7 @@ class AsyncLLM:
         """The engine's KV blocks (num_blocks, num_free_blocks), live requests, whether it is
         idle, and how many requests were aborted while running. Blocks for one round trip to
         the core (at most a step)."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        token = next(self._tokens)
-        self._stats[token] = future
-        with self._close_lock:
-            if self._closed:
-                del self._stats[token]
-                raise EngineDeadError(_dead_message(self.error))
-            self._send(("stats", token))
+        future = self._reader.ask_stats(lambda token: self._send(("stats", token)))
         return future.result(timeout)
 
     def shutdown(self) -> None:
@@ -174,8 +162,7 @@ class AsyncLLM:
         if not self._stopping:
             self._stopping = True
             self._send_quietly(("stop",))
-        if threading.current_thread() is not self._reader:
-            self._reader.join()
+        self._reader.join()
         self._join_core()
         if self.engine is not None:
             self.engine.shutdown()
@@ -194,7 +181,7 @@ class AsyncLLM:
 
     async def _add(self, prompt, sp, request_id, priority) -> "RequestStream":
         if not self.is_running:
-            raise EngineDeadError(_dead_message(self.error))
+            raise EngineDeadError(dead_message(self.error))
         if request_id is None:
             request_id = f"req-{next(self._auto_ids)}"
         elif request_id in self._live:
@@ -202,16 +189,11 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         stream = RequestStream(loop, request_id, next(self._keys), self._text)
         self._live[request_id] = stream
-        with self._close_lock:
-            if self._closed:
-                del self._live[request_id]
-                raise EngineDeadError(_dead_message(self.error))
-            self._streams[stream.key] = stream
-            try:
-                self._send(("add", stream.key, prompt, sp, priority))
-            except BaseException:  # e.g. params that cannot be pickled
-                del self._streams[stream.key], self._live[request_id]
-                raise
+        try:
+            self._reader.add(stream, lambda: self._send(("add", stream.key, prompt, sp, priority)))
+        except BaseException:  # the core is gone, or e.g. params that cannot be pickled
+            del self._live[request_id]
+            raise
         try:
             await stream.reply
         except BaseException:
@@ -232,112 +214,3 @@ class AsyncLLM:
             self._send(msg)
         except OSError:
             pass
-
-    # -- the reader thread ------------------------------------------------------------------
-    def _read(self) -> None:
-        try:
-            while True:
-                msg = self._outbox.recv()
-                kind = msg[0]
-                if kind == "items":
-                    self._deliver(msg[1])
-                elif kind == "added":
-                    self._added(*msg[1:])
-                elif kind == "stats":
-                    future = self._stats.pop(msg[1], None)
-                    if future is not None:
-                        future.set_result(msg[2])
-                elif kind == "dead":
-                    self.error = msg[1]
-                    return
-        except (EOFError, OSError):
-            code = self._proc.exitcode if self._proc is not None else None
-            self.error = EngineDeadError(f"the engine core went away (exit code {code})")
-        except BaseException as e:  # noqa: BLE001 - reported to every stream, then logged
-            self.error = e
-            logger.exception("the reader thread stopped")
-            # Nobody reads the core's pipe any more: closing it makes the core's next send
-            # fail, so it stops instead of blocking on a full pipe forever.
-            self._outbox.close()
-        finally:
-            if self.error is not None:
-                logger.error("the engine core stopped: %r", self.error)
-            self._fail_all(EngineDeadError(_dead_message(self.error)))
-
-    def _added(self, key: int, reply, error: BaseException | None) -> None:
-        stream = self._streams.get(key)
-        if stream is None:
-            return
-        if error is not None:
-            del self._streams[key]
-        else:
-            stream.prompt = reply[1:]
-        stream.answered = True
-        _call_soon(stream.loop, _settle, stream.reply, error)
-
-    def _deliver(self, news: dict[int, list]) -> None:
-        """Hand each stream its items; wake them all, one cross-thread call per loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[RequestStream]] = {}
-        for key, items in news.items():
-            stream = self._streams.get(key)
-            if stream is None or not items:
-                continue
-            stream.items.extend(items)
-            if items[-1][0] == "end":
-                stream.done = True
-                del self._streams[key]
-            by_loop.setdefault(stream.loop, []).append(stream)
-        for loop, streams in by_loop.items():
-            _wake_soon(loop, streams)
-
-    def _fail_all(self, error: BaseException) -> None:
-        with self._close_lock:
-            self._closed = True
-            streams, self._streams = self._streams, {}
-        for future in list(self._stats.values()):
-            future.set_exception(error)
-        self._stats.clear()
-        by_loop: dict = {}
-        for stream in streams.values():
-            if not stream.answered:  # its add was never answered
-                _call_soon(stream.loop, _settle, stream.reply, error)
-                continue
-            stream.fail(error)
-            by_loop.setdefault(stream.loop, []).append(stream)
-        for loop, group in by_loop.items():
-            _wake_soon(loop, group)
-
-
-def _wake_soon(loop: asyncio.AbstractEventLoop, streams: list[RequestStream]) -> None:
-    """Wake every stream in the list on its loop: one cross-thread call for all of them."""
-    _call_soon(loop, _wake_all, streams)
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
-    """fn(*args) on loop's thread, soon; nothing if the loop was closed (nobody listens)."""
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:
-        pass
-
-
-def _wake_all(streams: list[RequestStream]) -> None:
-    for stream in streams:
-        stream.wake()
-
-
-def _settle(future: asyncio.Future, error: BaseException | None) -> None:
-    if future.done():  # the caller gave up waiting (cancelled)
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(None)
-
-
-def _dead_message(error: BaseException | None) -> str:
-    if error is None:
-        return "the engine has been shut down"
-    if isinstance(error, EngineDeadError):
-        return str(error)
-    return f"the engine stopped on an error: {type(error).__name__}: {error}"

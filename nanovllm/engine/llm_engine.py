@@ -9,12 +9,14 @@ from tqdm.auto import tqdm
 
 from nanovllm.config import Config
 from nanovllm.engine import logprobs
-from nanovllm.engine.prompts import check_token_ids, parse_prompt, prompt_list
+# generate_args is imported from here too (data-parallel front ends).
+from nanovllm.engine.prompts import check_token_ids, generate_args, parse_prompt
+from nanovllm.engine.request_outputs import finished_requests, request_output
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.tokenizer import TextDecoder, load_tokenizer, resolve_eos_ids
 from nanovllm.engine.executor import create_executor
-from nanovllm.outputs import CompletionOutput, RequestOutput
+from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ class LLMEngine:
         `generate` returns; a request with n > 1 comes back once, when its last sample ends."""
         seqs, num_tokens = self._step()
         seqs, self._aborted = self._aborted + seqs, []
-        return [self._output(req) for req in _finished_requests(seqs)], num_tokens
+        return [request_output(req, self.text) for req in finished_requests(seqs)], num_tokens
 
     def step_updates(self) -> tuple[list[Sequence], list[Sequence]]:
         """Run one step for a streaming front end (AsyncLLM); returns (the samples whose
@@ -129,7 +131,7 @@ class LLMEngine:
         step). The sequences are the engine's own: read them on the engine's thread only."""
         finished, _ = self._step()
         finished, self._aborted = self._aborted + finished, []
-        return self._updated, _finished_requests(finished)
+        return self._updated, finished_requests(finished)
 
     def _step(self) -> tuple[list[Sequence], int]:
         if self._closed:
@@ -175,25 +177,6 @@ class LLMEngine:
         """True when no request is waiting, running or in flight, and step() owes no output."""
         return self.scheduler.is_finished() and self._in_flight is None and not self._aborted
 
-    # -- outputs ----------------------------------------------------------------------------
-    def _output(self, req: Sequence) -> RequestOutput:
-        """req's RequestOutput (req: a request's first sample), one completion per sample."""
-        decode = self.text.token_text
-        completions = [CompletionOutput(
-            index=s.index, text=self.text.completion_text(s), token_ids=s.completion_token_ids,
-            finish_reason=s.finish_reason, stop_reason=s.stop_reason,
-            **logprobs.completion_fields(s.logprobs, s.completion_token_ids, decode))
-            for s in req.samples]
-        # Samples never forked: the request was aborted before its prompt was computed.
-        unforked = logprobs.completion_fields(None if req.logprobs is None else [], [], decode)
-        completions += [CompletionOutput(index=i, text="", token_ids=[],
-                                         finish_reason=req.finish_reason, **unforked)
-                        for i in range(len(req.samples), req.sampling_params.n)]
-        return RequestOutput(request_id=req.seq_id, prompt=req.prompt,
-                             prompt_token_ids=req.prompt_token_ids, outputs=completions,
-                             finished=req.request_finished,
-                             prompt_logprobs=logprobs.prompt_logprobs(req, decode))
-
     # -- batch API --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
                  priority: list[int] | None = None) -> list[RequestOutput]:
@@ -227,13 +210,13 @@ class LLMEngine:
                 # refresh=False: redraw at tqdm's own pace, not on every step.
                 bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s",
                                 refresh=False)
-                bar.update(len(_finished_requests(finished)))
+                bar.update(len(finished_requests(finished)))
         except BaseException:
             self.abort_all()
             raise
         finally:
             bar.close()
-        return [self._output(seq) for seq in seqs]
+        return [request_output(seq, self.text) for seq in seqs]
 
     def abort_all(self) -> None:
         """Drop every queued and running request, freeing their blocks; unlike
@@ -245,34 +228,3 @@ class LLMEngine:
             self._in_flight = None
             self.scheduler.num_in_flight -= 1
 
-
-def _finished_requests(seqs: list[Sequence]) -> list[Sequence]:
-    """The requests (first samples), in order of first mention, that seqs, the samples that
-    just ended, completed: each request once, when its last sample ends."""
-    reqs = {s.request_id: s.request for s in seqs if s.request_finished}
-    return list(reqs.values())
-
-
-def generate_args(prompts, sampling_params, priority) -> tuple[list, list, list]:
-    """generate()'s arguments as three lists of one entry per prompt: prompts, sampling
-    params (None: the defaults) and priorities."""
-    prompts = prompt_list(prompts)
-    sps = _per_prompt("sampling_params", sampling_params, len(prompts))
-    if priority is not None and (isinstance(priority, (str, bytes, Integral))
-                                 or not isinstance(priority, Iterable)):
-        raise ValueError(f"priority must be None or a list with one int per prompt, got "
-                         f"{type(priority).__name__}")
-    priorities = [0] * len(prompts) if priority is None else list(priority)
-    if len(priorities) != len(prompts):
-        raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
-    return prompts, sps, priorities
-
-
-def _per_prompt(name: str, value, n: int) -> list:
-    """One value for every prompt, or a list with one per prompt."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"got {len(value)} {name} for {n} prompts: give one, or one per "
-                             f"prompt")
-        return list(value)
-    return [value] * n

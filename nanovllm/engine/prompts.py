@@ -1,10 +1,11 @@
-"""The prompt forms generate() and chat() accept, checked before anything is queued.
+"""The prompt forms generate() and chat() accept, and generate()'s per-prompt arguments,
+checked before anything is queued.
 
 A prompt is a string, a list (or 1-D array) of token ids, or one of vLLM's prompt dicts:
 {"prompt": text} or {"prompt_token_ids": ids} (optionally with "prompt": the text those ids
 came from, reported back in the output). No torch here.
 """
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from numbers import Integral
 
 ACCEPTED = ('a string, a list of token ids, {"prompt": str} or {"prompt_token_ids": '
@@ -24,6 +25,31 @@ def prompt_list(prompts) -> list:
                          "generate([token_ids]) or generate({'prompt_token_ids': token_ids}) "
                          "for one token-id prompt")
     return prompts
+
+
+def generate_args(prompts, sampling_params, priority) -> tuple[list, list, list]:
+    """generate()'s arguments as three lists of one entry per prompt: prompts, sampling
+    params (None: the defaults) and priorities."""
+    prompts = prompt_list(prompts)
+    sps = _per_prompt("sampling_params", sampling_params, len(prompts))
+    if priority is not None and (isinstance(priority, (str, bytes, Integral))
+                                 or not isinstance(priority, Iterable)):
+        raise ValueError(f"priority must be None or a list with one int per prompt, got "
+                         f"{type(priority).__name__}")
+    priorities = [0] * len(prompts) if priority is None else list(priority)
+    if len(priorities) != len(prompts):
+        raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+    return prompts, sps, priorities
+
+
+def _per_prompt(name: str, value, n: int) -> list:
+    """One value for every prompt, or a list with one per prompt."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"got {len(value)} {name} for {n} prompts: give one, or one per "
+                             f"prompt")
+        return list(value)
+    return [value] * n
 
 
 def parse_prompt(prompt) -> tuple[str | None, list | None]:

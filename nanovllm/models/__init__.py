@@ -1,4 +1,4 @@
-"""Model registry: HF architecture name -> our implementation (config.SUPPORTED_ARCHITECTURES
+"""Model registry: HF architecture name -> our implementation (model_config.SUPPORTED_ARCHITECTURES
 lists the same names, so config.json is refused before any model is built)."""
 from nanovllm.models.llama import LlamaForCausalLM
 from nanovllm.models.qwen2 import Qwen2ForCausalLM
