@@ -19,7 +19,7 @@ import os
 
 from nanovllm.config import Config
 from nanovllm.engine.data_parallel import balance, encode_prompts, request_cost
-from nanovllm.engine.llm_engine import generate_args
+from nanovllm.engine.prompts import generate_args
 from nanovllm.engine.tokenizer import load_tokenizer
 from nanovllm.llm import LLM
 from nanovllm.outputs import RequestOutput

@@ -18,8 +18,7 @@ from enum import Enum
 from tqdm.auto import tqdm
 
 from nanovllm.config import Config
-from nanovllm.engine.llm_engine import generate_args
-from nanovllm.engine.prompts import parse_prompt
+from nanovllm.engine.prompts import generate_args, parse_prompt
 from nanovllm.engine.replica import Replica
 from nanovllm.engine.tokenizer import load_tokenizer
 from nanovllm.llm import LLM

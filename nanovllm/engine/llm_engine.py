@@ -9,7 +9,6 @@ from tqdm.auto import tqdm
 
 from nanovllm.config import Config
 from nanovllm.engine import logprobs
-# generate_args is imported from here too (data-parallel front ends).
 from nanovllm.engine.prompts import check_token_ids, generate_args, parse_prompt
 from nanovllm.engine.request_outputs import finished_requests, request_output
 from nanovllm.engine.scheduler import Scheduler
