@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import (INTERPRET, LOG2E, dot_precision, fp8_meta,
-                                      online_softmax_step)
+from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
+from nanovllm.kernels.decode_tiles import attend_kv_lhs, attend_q_lhs
 
 MAX_SPLITS = 64
 
@@ -19,7 +19,7 @@ MAX_SPLITS = 64
 # BLOCK_N: keys per tile; USE_DOT: tl.dot with the GQA group padded to 16 rows, else
 # broadcast-multiply-sum (no padding waste, but measured 2.5x slower on H100: 1200 vs 2900 GB/s).
 # WAVES: target programs per SM when splitting (see choose_num_splits). KV_LHS: the transposed
-# dots of _attend_kv_lhs (cache tiles as the left operand; with USE_DOT only). HEAD_FAST:
+# dots of attend_kv_lhs (cache tiles as the left operand; with USE_DOT only). HEAD_FAST:
 # launch a sequence's kv heads one after another (grid axis 0 = kv head): a token's K (and V)
 # for all kv heads is one contiguous run in the cache, so its programs, running together,
 # read whole DRAM rows instead of one head's slice of each at a time (1/8 of 1-2 KB here).
@@ -102,13 +102,13 @@ def _decode_partial_kernel(
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = kvh * stride_kh
     if KV_LHS:
-        acc, m_i, l_i = _attend_kv_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end,
-                                       qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM,
-                                       BLOCK_SIZE, BLOCK_N, PAGE_TILE, DOT_PREC, KV_FP8)
+        acc, m_i, l_i = attend_kv_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start,
+                                      end, qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM,
+                                      BLOCK_SIZE, BLOCK_N, PAGE_TILE, DOT_PREC, KV_FP8)
     else:
-        acc, m_i, l_i = _attend_q_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end,
-                                      qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM,
-                                      BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8)
+        acc, m_i, l_i = attend_q_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start,
+                                     end, qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM,
+                                     BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8)
 
     out = acc / l_i[:, None]
     if KV_FP8:
@@ -121,93 +121,6 @@ def _decode_partial_kernel(
         _split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, stride_ob, stride_oh, stride_os,
                     stride_lb, stride_lh, stride_outb, stride_outh, NUM_SPLITS, SPLITS_PAD,
                     NUM_KV_HEADS, G, HEAD_DIM)
-
-
-@triton.jit
-def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr):
-    """(mask, cache offset) of the keys n .. n + BLOCK_N of one sequence (paged)."""
-    offs_n = n + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < end
-    if PAGE_TILE:
-        # BLOCK_N divides block_size and tiles are aligned: the whole tile lives in one page.
-        page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
-    else:
-        page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    return n_mask, page * stride_kblk + (offs_n % BLOCK_SIZE) * stride_kslot
-
-
-@triton.jit
-def _attend_q_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, qk_scale,
-                  stride_kblk, stride_kslot, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
-                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr):
-    """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l)."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
-    for n in range(start, end, BLOCK_N):
-        n_mask, tok_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE,
-                                       BLOCK_N, PAGE_TILE)
-        kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(q.dtype)
-        if USE_DOT:
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        else:
-            qk = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-        # exp2 domain: qk_scale already includes log2(e).
-        qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
-        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-        v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-        if KV_FP8:
-            v = v.to(q.dtype)
-        if USE_DOT:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        else:
-            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        acc = acc * alpha[:, None] + pv
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _attend_kv_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, qk_scale,
-                   stride_kblk, stride_kslot, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
-                   DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr):
-    """The same, transposed: S^T = K Q^T, O^T = V^T P^T, so the cache tiles are the dots' left
-    operands. Hopper's wgmma takes its left operand from registers, its right one only from
-    shared memory: a widened fp8 tile on the left skips a write back to shared memory, and the
-    right operands (Q^T, fixed per program, and the small P^T) are the cheap ones to stage."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_t = tl.trans(q)  # [D, G_PAD]
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc_t = tl.zeros([HEAD_DIM, G_PAD], tl.float32)
-    for n in range(start, end, BLOCK_N):
-        n_mask, tok_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE,
-                                       BLOCK_N, PAGE_TILE)
-        k = tl.load(k_cache_ptr + tok_off[:, None] + kv_head_off + offs_d[None, :],
-                    mask=n_mask[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(q.dtype)
-        s_t = tl.dot(k, q_t, input_precision=DOT_PREC)  # [BLOCK_N, G_PAD]
-        s_t = tl.where(n_mask[:, None], s_t * qk_scale, float("-inf"))
-        # online_softmax_step along axis 0 (keys are rows here).
-        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
-        alpha = tl.exp2(m_i - m_new)
-        p_t = tl.exp2(s_t - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p_t, axis=0)
-        m_i = m_new
-        # V^T loaded directly: [D, BLOCK_N], contiguous along D as the cache is.
-        v_t = tl.load(v_cache_ptr + tok_off[None, :] + kv_head_off + offs_d[:, None],
-                      mask=n_mask[None, :], other=0.0)
-        if KV_FP8:
-            v_t = v_t.to(q.dtype)
-        acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t.to(v_t.dtype), input_precision=DOT_PREC)
-    return tl.trans(acc_t), m_i, l_i
 
 
 @triton.jit
