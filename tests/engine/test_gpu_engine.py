@@ -36,16 +36,18 @@ def test_triton_matches_torch_eager_and_graphs(toy_models, block_size):
     assert graphs == ref
 
 
-def test_triton_launch_orders_match_torch(toy_models, monkeypatch):
-    # Decode programs started kv head by kv head and longest row first (eager and graphs):
-    # the engine's order row reaches the kernel and each row's output lands in its place.
+@pytest.mark.parametrize("orders", [True, False])
+def test_triton_launch_orders_match_torch(toy_models, monkeypatch, orders):
+    # Decode programs started kv head by kv head and longest row first (the default), or in
+    # plain grid order (eager and graphs): the engine's order row reaches the kernel and each
+    # row's output lands in its place.
     from nanovllm.kernels import triton_decode
 
     path = toy_models["untied_gqa4_d64"]
     ps = make_prompts(2, 12, **PROMPTS)
     ref = greedy(path, ps, attention_backend="torch", enforce_eager=True, kvcache_block_size=16)
-    monkeypatch.setitem(triton_decode.CONFIG, "HEAD_FAST", True)
-    monkeypatch.setitem(triton_decode.CONFIG, "LPT", True)
+    monkeypatch.setitem(triton_decode.CONFIG, "HEAD_FAST", orders)
+    monkeypatch.setitem(triton_decode.CONFIG, "LPT", orders)
     for eager in (True, False):
         assert greedy(path, ps, attention_backend="triton", enforce_eager=eager,
                       kvcache_block_size=16) == ref
