@@ -179,8 +179,6 @@ def fp8_case(batch, ctx, dtype):
 FP8_SHAPES = ((1, 4096), (32, 1024), (64, 2048), (128, 1024), (256, 1024), (256, 2048))
 FP8_SWEEP = ((64, 4, 3), (64, 4, 4), (64, 4, 5), (128, 4, 2), (128, 4, 3), (128, 4, 4),
              (128, 8, 3), (256, 4, 2), (256, 8, 2), (256, 8, 3))
-# The transposed dots (cache tiles as the left operand, see _attend_kv_lhs) on a few tiles.
-FP8_SWEEP_LHS = ((64, 4, 3), (64, 4, 5), (128, 4, 3), (128, 8, 3), (128, 8, 4))
 
 
 def bench_decode_fp8(json_path=None):
@@ -194,15 +192,10 @@ def bench_decode_fp8(json_path=None):
     cfg0 = dict(triton_decode.CONFIG_FP8)
     variants = [("default", {}), ("bf16-dot", dict(FP16_DOT=False))] + [
         (f"BN{bn}/w{w}/s{st}", dict(BLOCK_N=bn, num_warps=w, num_stages=st))
-        for bn, w, st in FP8_SWEEP] + [
-        (f"LHS/BN{bn}/w{w}/s{st}", dict(BLOCK_N=bn, num_warps=w, num_stages=st, KV_LHS=True))
-        for bn, w, st in FP8_SWEEP_LHS]
+        for bn, w, st in FP8_SWEEP]
     for batch, ctx in FP8_SHAPES:
         args = make_decode(batch, ctx)
         bf_ms[batch, ctx] = do_bench(lambda: decode_attention(*args), return_mode="median")
-        triton_decode.CONFIG["KV_LHS"] = True  # the transposed dots on a bf16 cache too
-        bf_lhs = do_bench(lambda: decode_attention(*args), return_mode="median")
-        triton_decode.CONFIG["KV_LHS"] = False
         kv = batch * ctx * HKV * D * 2
         del args
         args = fp8_case(batch, ctx, torch.float8_e4m3fn)
@@ -220,7 +213,7 @@ def bench_decode_fp8(json_path=None):
         triton_decode.CONFIG_FP8.update(cfg0)
         del args
         print(f"b={batch:<4} ctx={ctx:<5} bf16:{bf_ms[batch, ctx] * 1e3:.0f}us/"
-              f"{2 * kv / bf_ms[batch, ctx] / 1e6:.0f}GB/s  bf16-LHS:{bf_lhs * 1e3:.0f}us  "
+              f"{2 * kv / bf_ms[batch, ctx] / 1e6:.0f}GB/s  "
               + "  ".join(row), flush=True)
     best = min(totals, key=totals.get)
     print(f"fastest fp8 config on b>=64: {best}")

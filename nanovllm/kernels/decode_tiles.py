@@ -1,5 +1,5 @@
-"""The decode kernel's inner loop: one program's online softmax over its K/V tiles, in two
-orientations (see triton_decode.py, CONFIG's KV_LHS), and the paged address of a tile."""
+"""The decode kernel's inner loop: one program's online softmax over its K/V tiles, and the
+paged address of a tile."""
 import triton
 import triton.language as tl
 
@@ -21,7 +21,7 @@ def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE: tl.const
 
 
 @triton.jit
-def attend_q_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, qk_scale,
+def attend_tiles(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, qk_scale,
                  stride_kblk, stride_kslot, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr):
@@ -53,41 +53,3 @@ def attend_q_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, q
             pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
     return acc, m_i, l_i
-
-
-@triton.jit
-def attend_kv_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, qk_scale,
-                  stride_kblk, stride_kslot, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
-                  DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr):
-    """The same, transposed: S^T = K Q^T, O^T = V^T P^T, so the cache tiles are the dots' left
-    operands. Hopper's wgmma takes its left operand from registers, its right one only from
-    shared memory: a widened fp8 tile on the left skips a write back to shared memory, and the
-    right operands (Q^T, fixed per program, and the small P^T) are the cheap ones to stage."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_t = tl.trans(q)  # [D, G_PAD]
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc_t = tl.zeros([HEAD_DIM, G_PAD], tl.float32)
-    for n in range(start, end, BLOCK_N):
-        n_mask, tok_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE,
-                                       BLOCK_N, PAGE_TILE)
-        k = tl.load(k_cache_ptr + tok_off[:, None] + kv_head_off + offs_d[None, :],
-                    mask=n_mask[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(q.dtype)
-        s_t = tl.dot(k, q_t, input_precision=DOT_PREC)  # [BLOCK_N, G_PAD]
-        s_t = tl.where(n_mask[:, None], s_t * qk_scale, float("-inf"))
-        # online_softmax_step along axis 0 (keys are rows here).
-        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
-        alpha = tl.exp2(m_i - m_new)
-        p_t = tl.exp2(s_t - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p_t, axis=0)
-        m_i = m_new
-        # V^T loaded directly: [D, BLOCK_N], contiguous along D as the cache is.
-        v_t = tl.load(v_cache_ptr + tok_off[None, :] + kv_head_off + offs_d[:, None],
-                      mask=n_mask[None, :], other=0.0)
-        if KV_FP8:
-            v_t = v_t.to(q.dtype)
-        acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t.to(v_t.dtype), input_precision=DOT_PREC)
-    return tl.trans(acc_t), m_i, l_i

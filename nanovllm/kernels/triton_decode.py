@@ -12,15 +12,14 @@ import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_reduce import split_done
-from nanovllm.kernels.decode_tiles import attend_kv_lhs, attend_q_lhs
+from nanovllm.kernels.decode_tiles import attend_tiles
 
 MAX_SPLITS = 64
 
 # Tunables (module level so tools/bench_kernels.py and tests can override them).
 # BLOCK_N: keys per tile; USE_DOT: tl.dot with the GQA group padded to 16 rows, else
 # broadcast-multiply-sum (no padding waste, but measured 2.5x slower on H100: 1200 vs 2900 GB/s).
-# WAVES: target programs per SM when splitting (see choose_num_splits). KV_LHS: the transposed
-# dots of attend_kv_lhs (cache tiles as the left operand; with USE_DOT only). HEAD_FAST:
+# WAVES: target programs per SM when splitting (see choose_num_splits). HEAD_FAST:
 # launch a sequence's kv heads one after another (grid axis 0 = kv head): a token's K (and V)
 # for all kv heads is one contiguous run in the cache, so its programs, running together,
 # read whole DRAM rows instead of one head's slice of each at a time (1/8 of 1-2 KB here).
@@ -28,10 +27,11 @@ MAX_SPLITS = 64
 # HEAD_FAST + LPT are on: H100, `bench_kernels.py --order`, 256 rows of 100-2048 tokens: bf16
 # 401 -> 383 us, fp8 241 -> 221 us (128 rows: 224 -> 204, 149 -> 121); uniform lengths
 # unchanged; bench.py 19,229 -> 19,933 tok/s bf16, 24,371 -> 25,528 fp8 (same call).
-# KV_LHS stays off: no faster in the same sweep (fp8 b=256 ctx=2048: 406-412 vs 403 us).
+# (Transposed dots, the cache tiles as wgmma's register operand, were tried and measured no
+# faster: fp8 b=256 ctx=2048 406-412 vs 403 us; see docs/PERF_NOTES.md.)
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
 CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
-              USE_DOT=True, WAVES=2, KV_LHS=False, HEAD_FAST=True, LPT=True)
+              USE_DOT=True, WAVES=2, HEAD_FAST=True, LPT=True)
 # An fp8 cache has its own tiles: a 64-key tile is half the bytes of a bf16 one, so it takes
 # more stages in flight to keep HBM busy (H100, `bench_kernels.py --fp8`, b=256 ctx=2048:
 # 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us). FP16_DOT: with
@@ -54,7 +54,7 @@ def _decode_partial_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
-    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_LHS: tl.constexpr,
+    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
@@ -106,14 +106,9 @@ def _decode_partial_kernel(
             q = q.to(tl.float16)
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = kvh * stride_kh
-    if KV_LHS:
-        acc, m_i, l_i = attend_kv_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start,
-                                      end, qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM,
-                                      BLOCK_SIZE, BLOCK_N, PAGE_TILE, DOT_PREC, KV_FP8)
-    else:
-        acc, m_i, l_i = attend_q_lhs(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start,
-                                     end, qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM,
-                                     BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8)
+    acc, m_i, l_i = attend_tiles(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end,
+                                 qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM, BLOCK_SIZE,
+                                 BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8)
 
     out = acc / l_i[:, None]
     if KV_FP8:
@@ -211,7 +206,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and cfg["FP16_DOT"] and q.dtype == torch.bfloat16,
-        KV_LHS=use_dot and cfg["KV_LHS"], HEAD_FAST=head_fast, ORDERED=order is not None,
+        HEAD_FAST=head_fast, ORDERED=order is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

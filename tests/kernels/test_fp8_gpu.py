@@ -52,13 +52,11 @@ def test_store_gpu_same_bytes_as_torch(dtype):
     assert torch.equal(caches[5].view(torch.uint8), caches[3].view(torch.uint8))
 
 
-@pytest.mark.parametrize("kv_lhs", [False, True])
 @pytest.mark.parametrize("fp16_dot", [True, False])
 @pytest.mark.parametrize("dtype", FP8)
 @pytest.mark.parametrize("batch,ctx", [(1, 3000), (4, 700), (64, 300)])
-def test_decode_fp8_gpu(dtype, batch, ctx, fp16_dot, kv_lhs, monkeypatch):
+def test_decode_fp8_gpu(dtype, batch, ctx, fp16_dot, monkeypatch):
     monkeypatch.setitem(triton_decode.CONFIG_FP8, "FP16_DOT", fp16_dot)
-    monkeypatch.setitem(triton_decode.CONFIG_FP8, "KV_LHS", kv_lhs)
     c = fp8_case([(1, ctx - i % 5) for i in range(batch)], 256, dtype, seed=batch)
     args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     ref = decode_attention_torch(*args, c.k_scale, c.v_scale)

@@ -72,12 +72,10 @@ def test_fused_rope_store_quantizes_like_reference():
     assert same_bytes(kc, rk) and same_bytes(vc, rv)
 
 
-@pytest.mark.parametrize("kv_lhs", [False, True])
 @pytest.mark.parametrize("dtype", FP8)
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.usefixtures("poisoned_empty")
-def test_decode_fp8(dtype, num_splits, kv_lhs, monkeypatch):
-    monkeypatch.setitem(triton_decode.CONFIG_FP8, "KV_LHS", kv_lhs)
+def test_decode_fp8(dtype, num_splits):
     c = quantized_case(make_paged_case([(1, 40), (1, 7), (1, 1)], 16, 4, 2, 16, seed=4), dtype)
     ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables,
                                  c.scale, c.k_scale, c.v_scale)

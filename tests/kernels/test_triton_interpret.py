@@ -63,12 +63,10 @@ def test_prefill(kind, block_size, heads):
     assert rel_err(ref, naive_attention(c)) < 1e-5
 
 
-@pytest.mark.parametrize("kv_lhs", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 2, 4])
 @pytest.mark.parametrize("heads", [(2, 2), (4, 2), (4, 1)])
 @pytest.mark.usefixtures("poisoned_empty")
-def test_decode(num_splits, heads, kv_lhs, monkeypatch):
-    monkeypatch.setitem(triton_decode.CONFIG, "KV_LHS", kv_lhs)  # both dot orientations
+def test_decode(num_splits, heads):
     # ctx 1 and 7 leave most splits empty; 40 spans 3 tiles of 16 keys.
     c = make_paged_case([(1, 1), (1, 40), (1, 7)], 16, heads[0], heads[1], 16, seed=4)
     ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
@@ -76,12 +74,10 @@ def test_decode(num_splits, heads, kv_lhs, monkeypatch):
     assert rel_err(o, ref) < TOL
 
 
-@pytest.mark.parametrize("kv_lhs", [False, True])
 @pytest.mark.usefixtures("poisoned_empty")
-def test_decode_per_token_paging_and_workspace(kv_lhs, monkeypatch):
+def test_decode_per_token_paging_and_workspace(monkeypatch):
     # BLOCK_N (32) larger than block_size (16): K/V tiles gather across pages token by token.
     monkeypatch.setitem(triton_decode.CONFIG, "BLOCK_N", 32)
-    monkeypatch.setitem(triton_decode.CONFIG, "KV_LHS", kv_lhs)
     c = make_paged_case([(1, 45), (1, 3)], 16, 4, 2, 16, seed=5)
     ws = triton_decode.alloc_decode_workspace(4, 4, 16, 8, "cpu")  # larger than needed
     ws[0].fill_(float("nan"))
