@@ -81,6 +81,30 @@ def check_bench_args(args: argparse.Namespace) -> None:
                              f"1 <= min <= max")
 
 
+def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:
+    """The benchmark's prompts (token ids) and SamplingParams, the same on every call."""
+    from nanovllm import SamplingParams
+
+    # Token ids are drawn from [0, 10000] as in nano-vLLM; a smaller vocabulary (the tiny test
+    # models) takes them modulo its size, which leaves a real model's workload unchanged.
+    def tok() -> int:
+        return randint(0, 10000) % vocab
+
+    seed(0)
+    if args.shared_prefix:
+        prefix = [tok() for _ in range(2000)]
+        prompts = [prefix + [tok() for _ in range(randint(1, 100))] for _ in range(512)]
+        params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 300))
+                  for _ in range(512)]
+    else:
+        prompts = [[tok() for _ in range(randint(args.min_input_len, args.max_input_len))]
+                   for _ in range(args.num_seqs)]
+        params = [SamplingParams(temperature=0.6, ignore_eos=True,
+                                 max_tokens=randint(args.min_output_len, args.max_output_len))
+                  for _ in range(args.num_seqs)]
+    return prompts, params
+
+
 def run_bench(args: argparse.Namespace) -> dict:
     """Build the engine, run the workload, print the figures; returns them as a dict."""
     from nanovllm import LLM, SamplingParams
@@ -105,25 +129,8 @@ def run_bench(args: argparse.Namespace) -> dict:
               gpu_memory_utilization=args.gpu_memory_utilization)
     startup = time.perf_counter() - t
 
-    # Token ids are drawn from [0, 10000] as in nano-vLLM; a smaller vocabulary (the tiny test
-    # models) takes them modulo its size, which leaves a real model's workload unchanged.
     vocab = llm.config.hf_config.vocab_size
-
-    def tok() -> int:
-        return randint(0, 10000) % vocab
-
-    seed(0)
-    if args.shared_prefix:
-        prefix = [tok() for _ in range(2000)]
-        prompts = [prefix + [tok() for _ in range(randint(1, 100))] for _ in range(512)]
-        params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 300))
-                  for _ in range(512)]
-    else:
-        prompts = [[tok() for _ in range(randint(args.min_input_len, args.max_input_len))]
-                   for _ in range(args.num_seqs)]
-        params = [SamplingParams(temperature=0.6, ignore_eos=True,
-                                 max_tokens=randint(args.min_output_len, args.max_output_len))
-                  for _ in range(args.num_seqs)]
+    prompts, params = workload(args, vocab)
 
     # Warm-up: one prompt per replica (balancing sends each to a different one).
     llm.generate(["Benchmark: "] * args.dp, SamplingParams(), use_tqdm=False)
@@ -144,7 +151,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     if args.single:
         sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=512)
-        one = [[tok() for _ in range(32)]]
+        one = [[randint(0, 10000) % vocab for _ in range(32)]]  # the workload's draws go on
         llm.generate(one, SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
         t = time.perf_counter()
         llm.generate(one, sp, use_tqdm=False)
