@@ -14,9 +14,9 @@ import sys
 import time
 
 sys.path.insert(0, ".")
-from nanovllm import LLM, SamplingParams  # noqa: E402
-from nanovllm.bench import add_bench_args, check_bench_args, dummy_model_dir, workload  # noqa: E402
-from nanovllm.engine.data_parallel import balance, request_cost  # noqa: E402
+from nanovllm import LLM, SamplingParams
+from nanovllm.bench import add_bench_args, check_bench_args, dummy_model_dir, workload
+from nanovllm.engine.data_parallel import balance, request_cost
 
 
 def timed(llm, prompts, params) -> float:
