@@ -4,9 +4,11 @@ replica's share of it as `LLM(data_parallel_size=N)` would split it, one after a
     python tools/dp_projection.py --num-seqs 512 --dp 2 [--json out.json]
 
 DP=N runs its replicas side by side, so its time is about the slowest share's time; the
-projection is total tokens / that time. What it leaves out: the replicas' process hops (a
-pickle per request and per output) and two GPUs sharing one host's CPUs. The real run is
-`bench.py --dp N` on N GPUs (tools/dp_check.sh).
+projection is total tokens / that time. The replicas' process hops (a pickle per request and
+per output) are measured too: the whole workload once more through a single replica process
+(DataParallelLLM with one replica), and the projection scaled by that run's time over the
+in-process one. Left out: N GPUs sharing one host's CPUs. The real run is `bench.py --dp N`
+on N GPUs (tools/dp_check.sh).
 """
 import argparse
 import json
@@ -16,7 +18,7 @@ import time
 sys.path.insert(0, ".")
 from nanovllm import LLM, SamplingParams
 from nanovllm.bench import add_bench_args, check_bench_args, dummy_model_dir, workload
-from nanovllm.engine.data_parallel import balance, request_cost
+from nanovllm.engine.data_parallel import DataParallelLLM, balance, request_cost
 
 
 def timed(llm, prompts, params) -> float:
@@ -36,13 +38,19 @@ def main():
     n = args.dp
     # Prefix caching off: the shares repeat the whole run's prompts, and cached blocks from it
     # would flatter them.
-    llm = LLM(dummy_model_dir(args.model_shape), load_format="dummy",
-              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              kvcache_block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype,
+    kw = dict(load_format="dummy", max_model_len=args.max_model_len,
+              max_num_seqs=args.max_num_seqs, kvcache_block_size=args.block_size,
+              kv_cache_dtype=args.kv_cache_dtype,
               gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
               enforce_eager=args.enforce_eager, device=args.device, dtype=args.dtype,
               attention_backend=args.attention_backend)
-    prompts, params = workload(args, llm.config.hf_config.vocab_size)
+    model = dummy_model_dir(args.model_shape)
+    # The replica process first: it gives all its GPU memory back when it exits.
+    with DataParallelLLM(model, data_parallel_size=1, **kw) as llm:
+        prompts, params = workload(args, llm.config.hf_config.vocab_size)
+        llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)
+        via_replica = timed(llm, prompts, params)
+    llm = LLM(model, **kw)
     owner = balance([request_cost(len(p), sp) for p, sp in zip(prompts, params)], [0] * n)
     llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)
     total = sum(sp.max_tokens for sp in params)
@@ -57,15 +65,20 @@ def main():
     result = {"num_seqs": args.num_seqs, "dp": n, "output_tokens": total,
               "kv_blocks": llm.executor.num_kvcache_blocks,
               "tp1_seconds": round(whole, 3), "tp1_tok_s": round(total / whole, 1),
+              "replica_seconds": round(via_replica, 3),
+              "replica_tok_s": round(total / via_replica, 1),
               "shares": shares, "projected_dp_tok_s": round(total / slowest, 1),
-              "projected_ratio": round(whole / slowest, 3)}
+              "projected_ratio": round(whole / slowest, 3),
+              "with_hops_ratio": round(whole / (slowest * via_replica / whole), 3)}
     llm.shutdown()
     print(f"TP=1: {total} tokens in {whole:.2f}s = {total / whole:,.0f} tok/s "
           f"({result['kv_blocks']} KV blocks)")
+    print(f"through one replica process: {via_replica:.2f}s = {total / via_replica:,.0f} tok/s")
     for r, s in enumerate(shares):
         print(f"  share {r}: {s['seqs']} seqs, {s['output_tokens']} tokens in {s['seconds']:.2f}s")
     print(f"DP={n} projected: {result['projected_dp_tok_s']:,.0f} tok/s = "
-          f"{result['projected_ratio']:.2f}x TP=1")
+          f"{result['projected_ratio']:.2f}x TP=1; with the process hops "
+          f"{result['with_hops_ratio']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -168,3 +168,26 @@ def test_dp2_on_two_gpus_matches_dp1_and_uses_both(toy_models):
         used = [free[i] - torch.cuda.mem_get_info(i)[0] for i in range(2)]
         assert min(used) > 100 * 2 ** 20, used
         assert [s["num_blocks"] for s in llm.stats()] == [64, 64]
+
+
+@pytest.mark.gpu
+def test_a_replica_process_on_one_gpu_matches_in_process_and_dies_named(toy_models):
+    # One replica through the process path (what each of DP=N's replicas runs): one GPU is
+    # enough to check the CUDA side of it, the replica's own CUDA context and its failure.
+    kw = dict(dtype="float32", kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+    path = toy_models[MODEL]
+    with LLM(path, **kw) as ref:
+        expected = without_ids(ref.generate(PROMPTS, PARAMS, use_tqdm=False))
+    llm = DataParallelLLM(path, data_parallel_size=1, **kw)
+    try:
+        assert without_ids(llm.generate(PROMPTS, PARAMS, use_tqdm=False)) == expected
+        assert [s["num_blocks"] for s in llm.stats()] == [64]
+        victim = llm.replicas[0].proc
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match=rf"data-parallel replica 0 \(pid {victim.pid}\) "
+                                               r"died \(signal SIGKILL\)"):
+            llm.generate(["again"], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert not victim.is_alive()
+    assert victim not in multiprocessing.active_children()
