@@ -53,8 +53,10 @@ class CoreReader:
             self._streams[stream.key] = stream
             try:
                 send()
-            except BaseException:  # e.g. params that cannot be pickled
+            except BaseException as e:  # e.g. params that cannot be pickled
                 del self._streams[stream.key]
+                if isinstance(e, OSError):
+                    raise self._gone() from e
                 raise
 
     def ask_stats(self, send: Callable[[int], None]) -> concurrent.futures.Future:
@@ -67,8 +69,17 @@ class CoreReader:
             if self._closed:
                 del self._stats[token]
                 raise EngineDeadError(dead_message(self.error))
-            send(token)
+            try:
+                send(token)
+            except OSError as e:
+                del self._stats[token]
+                raise self._gone() from e
         return future
+
+    def _gone(self) -> EngineDeadError:
+        """The error for a send that found the core's pipe closed: the core died, and this
+        thread has not read the end of its pipe yet."""
+        return EngineDeadError(f"the engine core went away (exit code {self._exit_code()})")
 
     def _read(self) -> None:
         try:
@@ -87,8 +98,7 @@ class CoreReader:
                     self.error = msg[1]
                     return
         except (EOFError, OSError):
-            self.error = EngineDeadError(f"the engine core went away (exit code "
-                                         f"{self._exit_code()})")
+            self.error = self._gone()
         except BaseException as e:  # noqa: BLE001 - reported to every stream, then logged
             self.error = e
             logger.exception("the reader thread stopped")

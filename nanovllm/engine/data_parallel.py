@@ -171,7 +171,7 @@ class DataParallelLLM:
                                                          balance(costs, loads)):
                 replica = where[key] = self.replicas[r]
                 replica.pending[key] = cost
-                replica.send(("add", key, prompt, sp, pr))
+                self._send(replica, ("add", key, prompt, sp, pr))
             left = len(keys)
             while left:
                 for key, output in self._next_outputs():
@@ -201,11 +201,21 @@ class DataParallelLLM:
         self._check_serving()
         token = next(self._keys)
         for replica in self.replicas:
-            replica.send(("stats", token))
+            self._send(replica, ("stats", token))
         got: dict[int, dict] = {}
         while len(got) < len(self.replicas):
             got.update(self._next_outputs(stats_token=token))
         return [got[r] for r in range(len(self.replicas))]
+
+    def _send(self, replica: Replica, msg: tuple) -> None:
+        """Send to a replica; if its pipe is gone it died (maybe before its reader saw it):
+        the same named error as a death noticed while waiting."""
+        try:
+            replica.send(msg)
+        except OSError as e:
+            self.failure = self.failure or replica.died(None)
+            self.state = State.FAILED
+            raise RuntimeError(self.failure) from e
 
     def _next_outputs(self, stats_token: int | None = None) -> list[tuple[int, object]]:
         """Wait for the next message from any replica: (key, RequestOutput) of each request

@@ -1,5 +1,6 @@
-"""AsyncLLM after its engine thread stopped: a request that got past the is_running check
-just before the thread's last drain still fails at once instead of waiting forever."""
+"""AsyncLLM after its engine stopped: a request that got past the is_running check just
+before the reader's last drain still fails at once instead of waiting forever, and one whose
+send finds the dead core's pipe closed raises EngineDeadError, not BrokenPipeError."""
 import asyncio
 
 import pytest
@@ -23,3 +24,29 @@ def test_add_after_the_last_drain_fails_fast(toy_models, monkeypatch):
     with pytest.raises(EngineDeadError):
         asyncio.run(first_output())
     assert not llm._live  # the request left no trace
+
+
+def test_a_send_to_a_dead_core_raises_engine_dead_error(toy_models):
+    # The core died and the reader has not read the end of its pipe yet: the add's or the
+    # stats call's send fails on the closed pipe, and the caller gets EngineDeadError.
+    llm = AsyncLLM(toy_models["tied_mha_d16"], device="cpu", dtype="float32",
+                   kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=8,
+                   max_num_seqs=2)
+    try:
+        def broken(*args):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        llm._send = broken  # the race, made deterministic: the reader still reads
+
+        async def first_output():
+            gen = llm.generate([5, 6, 7], SamplingParams(max_tokens=2))
+            return await asyncio.wait_for(gen.__anext__(), timeout=5)
+
+        with pytest.raises(EngineDeadError, match="went away"):
+            asyncio.run(first_output())
+        assert not llm._live
+        with pytest.raises(EngineDeadError, match="went away"):
+            llm._reader.ask_stats(broken)
+    finally:
+        del llm._send
+        llm.shutdown()
