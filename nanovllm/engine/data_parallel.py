@@ -213,9 +213,14 @@ class DataParallelLLM:
         try:
             replica.send(msg)
         except OSError as e:
-            self.failure = self.failure or replica.died(None)
-            self.state = State.FAILED
-            raise RuntimeError(self.failure) from e
+            raise self._failed(replica, None) from e
+
+    def _failed(self, replica: Replica, error: BaseException | None) -> RuntimeError:
+        """Mark this LLM failed by `replica`'s death (the first one reported stays): the error
+        to raise."""
+        self.failure = self.failure or replica.died(error)
+        self.state = State.FAILED
+        return RuntimeError(self.failure)
 
     def _next_outputs(self, stats_token: int | None = None) -> list[tuple[int, object]]:
         """Wait for the next message from any replica: (key, RequestOutput) of each request
@@ -238,7 +243,5 @@ class DataParallelLLM:
             return [(index, msg[2])] if msg[1] == stats_token else []
         elif kind in ("dead", "gone"):
             error = msg[1] if kind == "dead" else None
-            self.failure = self.failure or replica.died(error)
-            self.state = State.FAILED
-            raise RuntimeError(self.failure) from error
+            raise self._failed(replica, error) from error
         return []
