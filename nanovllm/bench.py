@@ -81,6 +81,18 @@ def check_bench_args(args: argparse.Namespace) -> None:
                              f"1 <= min <= max")
 
 
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The LLM(...) arguments the benchmark options set, parallelism apart."""
+    model = getattr(args, "model", None)
+    return dict(load_format="dummy" if args.dummy or not model else "auto",
+                enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
+                kvcache_block_size=args.block_size, attention_backend=args.attention_backend,
+                async_scheduling=False if args.sync else None, device=args.device,
+                dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+                max_num_seqs=args.max_num_seqs,
+                gpu_memory_utilization=args.gpu_memory_utilization)
+
+
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:
     """The benchmark's prompts (token ids) and SamplingParams, the same on every call."""
     from nanovllm import SamplingParams
@@ -111,22 +123,14 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     check_bench_args(args)
     path = args.model or dummy_model_dir(args.model_shape)
-    load_format = "dummy" if args.dummy or not args.model else "auto"
     # Import the device side (torch, Triton, the model) outside the start-up timing, as the
     # figures before the engine stopped importing torch at module level were taken.
     t = time.perf_counter()
     import nanovllm.engine.model_runner  # noqa: F401
     imports = time.perf_counter() - t
     t = time.perf_counter()
-    llm = LLM(path, load_format=load_format, enforce_eager=args.enforce_eager,
-              max_model_len=args.max_model_len, tensor_parallel_size=args.tp,
-              data_parallel_size=args.dp,
-              distributed_executor_backend="ray" if args.ray else "mp",
-              kvcache_block_size=args.block_size, attention_backend=args.attention_backend,
-              async_scheduling=False if args.sync else None, device=args.device,
-              dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-              max_num_seqs=args.max_num_seqs,
-              gpu_memory_utilization=args.gpu_memory_utilization)
+    llm = LLM(path, tensor_parallel_size=args.tp, data_parallel_size=args.dp,
+              distributed_executor_backend="ray" if args.ray else "mp", **engine_kwargs(args))
     startup = time.perf_counter() - t
 
     vocab = llm.config.hf_config.vocab_size

@@ -17,7 +17,8 @@ import time
 
 sys.path.insert(0, ".")
 from nanovllm import LLM, SamplingParams
-from nanovllm.bench import add_bench_args, check_bench_args, dummy_model_dir, workload
+from nanovllm.bench import (add_bench_args, check_bench_args, dummy_model_dir, engine_kwargs,
+                            workload)
 from nanovllm.engine.data_parallel import DataParallelLLM, balance, request_cost
 
 
@@ -38,12 +39,7 @@ def main():
     n = args.dp
     # Prefix caching off: the shares repeat the whole run's prompts, and cached blocks from it
     # would flatter them.
-    kw = dict(load_format="dummy", max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, kvcache_block_size=args.block_size,
-              kv_cache_dtype=args.kv_cache_dtype,
-              gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-              enforce_eager=args.enforce_eager, device=args.device, dtype=args.dtype,
-              attention_backend=args.attention_backend)
+    kw = {**engine_kwargs(args), "enable_prefix_caching": False}
     model = dummy_model_dir(args.model_shape)
     # The replica process first: it gives all its GPU memory back when it exits.
     with DataParallelLLM(model, data_parallel_size=1, **kw) as llm:
