@@ -47,7 +47,7 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--min-output-len", type=int, default=100)
     ap.add_argument("--max-output-len", type=int, default=1024)
     ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--sync", action="store_true",
                     help="async_scheduling=False: the host waits for every step")
     ap.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
@@ -56,12 +56,20 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     help="data_parallel_size: engine replicas, each on its own --tp GPUs")
     ap.add_argument("--ray", action="store_true",
                     help="replicas as Ray actors (distributed_executor_backend='ray')")
-    ap.add_argument("--block-size", type=int, default=256)
+    ap.add_argument("--block-size", "--kvcache-block-size", dest="block_size", type=int,
+                    default=256)
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
     ap.add_argument("--dtype", choices=DTYPES, default="auto")
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                     help="KV cache storage (fp8: 8-bit K/V, ~2x the blocks)")
+    # The engine options bench.py has no name of its own for (every subcommand takes them).
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="most tokens in one step (default: the engine's)")
+    ap.add_argument("--num-kvcache-blocks", type=int, default=None,
+                    help="KV-cache blocks (default: as many as the memory budget allows)")
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                    default=None, help="reuse the KV cache of shared prefixes (default: on)")
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
@@ -90,7 +98,14 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 async_scheduling=False if args.sync else None, device=args.device,
                 dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                 max_num_seqs=args.max_num_seqs,
-                gpu_memory_utilization=args.gpu_memory_utilization)
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                **{key: getattr(args, key) for key in _ENGINE_DEFAULTS_OPTIONAL
+                   if getattr(args, key, None) is not None})
+
+
+# Options left unset (None) keep the engine's default.
+_ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
+                             "enable_prefix_caching")
 
 
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:

@@ -227,3 +227,36 @@ def test_chat_without_a_chat_template_says_so(model, tmp_path, capsys):
     assert main(["chat", str(bare), *ENGINE]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no chat template" in err and "--chat-template" in err
+
+
+def test_every_subcommand_takes_every_engine_option():
+    # The README promises the engine options on every subcommand; bench names some of them
+    # its own way (--tp, --block-size, --dummy, --sync) and must take the rest as well.
+    from nanovllm.bench import engine_kwargs
+    from nanovllm.cli import build_parser
+    from nanovllm.cli.options import _ENGINE_FLAGS, _ENGINE_OPTIONS
+
+    values = {int: "3", float: "0.5", str: "cpu"}
+    # What bench expresses another way: random weights (--dummy) and the overlap (--sync).
+    bench_own = {"--load-format", "--async-scheduling"}
+    for command in ("generate", "chat", "serve", "bench"):
+        for flag, key, kind, _ in _ENGINE_OPTIONS:
+            if command == "bench" and flag in bench_own:
+                continue
+            value = kind[0] if isinstance(kind, tuple) else values[kind]
+            args = build_parser().parse_args([command, flag, value])
+            assert str(getattr(args, key if command != "bench" else _bench_dest(key))) == value
+        for flag, key, _ in _ENGINE_FLAGS:
+            if command == "bench" and flag in bench_own:
+                continue
+            args = build_parser().parse_args([command, f"--no-{flag[2:]}"])
+            assert getattr(args, key) is False
+    args = build_parser().parse_args(["bench", "--no-enable-prefix-caching",
+                                      "--max-num-batched-tokens", "512"])
+    kw = engine_kwargs(args)
+    assert kw["enable_prefix_caching"] is False and kw["max_num_batched_tokens"] == 512
+    assert "num_kvcache_blocks" not in kw  # unset: the engine's default
+
+
+def _bench_dest(key: str) -> str:
+    return {"tensor_parallel_size": "tp", "kvcache_block_size": "block_size"}.get(key, key)

@@ -22,6 +22,7 @@ from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_output import StepResult
 from nanovllm.utils.loader import check_checkpoint
+from nanovllm.utils.spawn import GUARD_HINT
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,10 @@ class MultiprocExecutor:
             self._watchdog.start()
             # A worker that dies while spawning (e.g. a script without an
             # `if __name__ == "__main__":` guard) would leave the rendezvous below waiting.
-            self.workers.wait("starting", self._known_failure)
+            try:
+                self.workers.wait("starting", self._known_failure)
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}; {GUARD_HINT}") from None
             self.group = ProcessGroup(self.backend, port, n, 0, devices[0])
             self.runner = ModelRunner(config, rank=0, device=devices[0])
             self.workers.wait("loading the model", self._known_failure)

@@ -6,11 +6,12 @@ wake, so it would block forever on a worker killed while it waited.
 import os
 import threading
 import time
-from multiprocessing import connection, get_context
+from multiprocessing import connection
 
 from nanovllm.config import Config
 from nanovllm.distributed.worker import WorkerSpec, worker_main
 from nanovllm.utils.exit_status import exit_description
+from nanovllm.utils.spawn import spawn_context
 
 # How long to wait for an exited worker's status to become readable (normally microseconds).
 REAP_TIMEOUT_S = 5.0
@@ -22,7 +23,7 @@ class WorkerPool:
     """The spawned worker processes of one tensor-parallel engine, with their semaphores."""
 
     def __init__(self, config: Config, specs: list[WorkerSpec]):
-        ctx = get_context("spawn")
+        ctx = spawn_context("an LLM with tensor_parallel_size > 1")
         self.procs, self.requests, self.dones = [], [], []
         # Process.exitcode reaps with waitpid: the watchdog and a failed call must take turns.
         self._reap_lock = threading.Lock()

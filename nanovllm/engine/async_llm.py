@@ -29,6 +29,8 @@ from nanovllm.engine.request_stream import RequestStream
 from nanovllm.engine.tokenizer import TextDecoder, chat_prompt, load_tokenizer
 from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.exit_status import exit_description
+from nanovllm.utils.spawn import GUARD_HINT, spawn_context
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ class AsyncLLM:
         if engine_process:
             # Checked here so a bad argument raises ValueError before a process starts.
             config = Config.from_kwargs(model, **kwargs)
-            ctx = mp.get_context("spawn")  # CUDA cannot be forked into a child
+            ctx = spawn_context("AsyncLLM")
             level = logging.getLogger().getEffectiveLevel()
             self._proc = ctx.Process(target=core_process_main, name="nanovllm-engine",
                                      args=(model, kwargs, to_core, from_core, level))
@@ -93,8 +95,12 @@ class AsyncLLM:
         self._join_core()
         error = msg[1]
         if error is None:
-            error = EngineDeadError(f"the engine process exited while starting (exit code "
-                                    f"{self._exit_code()})")
+            code = self._exit_code()
+            # An exit (not a signal) before the core ran at all: most often a script without
+            # the __main__ guard, whose re-import in the child failed.
+            hint = f"; {GUARD_HINT}" if code is not None and code > 0 else ""
+            error = EngineDeadError(f"the engine process exited while starting "
+                                    f"({exit_description(code)}){hint}")
         raise error
 
     def _exit_code(self) -> int | None:

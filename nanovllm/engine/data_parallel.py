@@ -24,6 +24,7 @@ from nanovllm.engine.tokenizer import load_tokenizer
 from nanovllm.llm import LLM
 from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.spawn import GUARD_HINT
 
 
 class State(Enum):
@@ -124,7 +125,7 @@ class DataParallelLLM:
                 if error is not None:
                     raise error  # e.g. a bad checkpoint: the error LLM(...) would raise
                 raise RuntimeError(self.replicas[index].died(None).replace(
-                    " died", " died while starting"))
+                    " died", " died while starting") + f"; {GUARD_HINT}")
 
     # -- lifecycle --------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -1,7 +1,6 @@
 """One data-parallel replica: an engine-core process with its own GPUs, its two pipes, and
 a thread forwarding what it sends to the front end's queue (see data_parallel.py)."""
 import logging
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -9,6 +8,7 @@ import threading
 
 from nanovllm.engine.engine_core import core_process_main
 from nanovllm.utils.exit_status import exit_description
+from nanovllm.utils.spawn import spawn_context
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Replica:
     def __init__(self, index: int, model: str, kwargs: dict, env: dict, threads: int | None,
                  messages: queue.Queue):
         self.index = index
-        ctx = mp.get_context("spawn")  # CUDA cannot be forked into a child
+        ctx = spawn_context("DataParallelLLM")
         to_core, self.inbox = ctx.Pipe(duplex=False)
         self.outbox, from_core = ctx.Pipe(duplex=False)
         level = logging.getLogger().getEffectiveLevel()
