@@ -62,7 +62,7 @@ class AsyncLLM:
             self._proc.start()
             to_core.close()
             from_core.close()
-            tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+            tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
             self._text = TextDecoder(tokenizer)
         else:
             self.engine = LLMEngine(model, **kwargs)

@@ -83,7 +83,7 @@ class DataParallelLLM:
             raise ValueError("distributed_executor_backend='ray' replicas are started by "
                              "nanovllm.ray.RayLLM (pip install -e '.[ray]')")
         self.config = config
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
         dp = config.data_parallel_size
         if config.device == "cpu":
             gpus = None  # no torch needed to know it

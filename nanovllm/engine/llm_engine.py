@@ -31,7 +31,7 @@ class LLMEngine:
                              "distributed_executor_backend='ray' are for LLM(...), which "
                              "starts the replicas")
         self.config = config
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
         self.text = TextDecoder(self.tokenizer)
         self.executor = create_executor(config)
         eos_ids = resolve_eos_ids(config, self.tokenizer)
