@@ -111,6 +111,11 @@ class AsyncLLM:
         """Why the engine core stopped, if it did."""
         return self._reader.error
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without sampling_params gets: SamplingParams' defaults overridden by
+        the model's generation_config.json (a server fills omitted fields from it)."""
+        return SamplingParams(**self.config.generation_defaults.sampling)
+
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0
                        ) -> AsyncIterator[RequestOutput]:
