@@ -92,21 +92,35 @@ def check_bench_args(args: argparse.Namespace) -> None:
                              f"1 <= min <= max")
 
 
-def _device_defaults(args: argparse.Namespace) -> None:
-    """The workload sizes left unset, by device; on a CPU without a model or --model-shape,
-    the demo model (real SmolLM2 when installed), as the random 0.6B would take hours."""
+def _on_cpu(args: argparse.Namespace) -> bool:
     import torch
 
-    on_cpu = args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
-    for name, value in WORKLOADS["cpu" if on_cpu else "gpu"].items():
+    return args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
+
+
+def _device_defaults(args: argparse.Namespace) -> None:
+    """The workload sizes left unset: the device's defaults."""
+    for name, value in WORKLOADS["cpu" if _on_cpu(args) else "gpu"].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if on_cpu and not getattr(args, "model", None) and args.model_shape is None:
+
+
+def _bench_model(args: argparse.Namespace) -> str:
+    """--model; else on a CPU without --model-shape the demo model (real SmolLM2 when
+    installed: the random 0.6B would take hours there); else random weights of the shape."""
+    if args.model:
+        return args.model
+    if _on_cpu(args) and args.model_shape is None:
+        import contextlib
+        import sys
+
         from nanovllm.utils.toy import model_or_demo
 
-        args.model = model_or_demo(None)
-    if args.model_shape is None:
-        args.model_shape = "qwen3-0.6b"
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the figures
+            args.model = model_or_demo(None)
+        return args.model
+    args.model_shape = args.model_shape or "qwen3-0.6b"
+    return dummy_model_dir(args.model_shape)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -150,7 +164,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     from nanovllm import LLM, SamplingParams
 
     check_bench_args(args)
-    path = args.model or dummy_model_dir(args.model_shape)
+    path = _bench_model(args)
     # Import the device side (torch, Triton, the model) outside the start-up timing, as the
     # figures before the engine stopped importing torch at module level were taken.
     t = time.perf_counter()
