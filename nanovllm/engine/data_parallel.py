@@ -151,6 +151,10 @@ class DataParallelLLM:
             raise RuntimeError(self.failure)
 
     # -- batch API --------------------------------------------------------------------------
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without sampling_params gets (the replicas apply the same)."""
+        return SamplingParams(**self.config.generation_defaults.sampling)
+
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
                  priority: list[int] | None = None) -> list[RequestOutput]:
         """LLM.generate over the replicas: RequestOutputs in input order (request_id: an id

@@ -74,3 +74,20 @@ def test_greedy_chat_answers_equal_hf_and_end_with_stop(smol):
             assert out["finish_reason"] == "length" and len(ref) == 24
     assert stopped >= 3  # short factual answers end by themselves
     assert "Paris" in outs[0]["text"]
+
+
+def test_a_second_start_reads_no_gguf_metadata(smol, smollm2_path, monkeypatch):
+    # The first start (the fixture) cached the config, tensor index and tokenizer: a second
+    # one must not parse the file's metadata again (seconds) nor convert the tokenizer.
+    import gguf
+
+    from nanovllm.utils.gguf_loader import GGUFCheckpoint
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("GGUF metadata parsed again")
+
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    ckpt = GGUFCheckpoint(smollm2_path)
+    assert ckpt.config["architectures"] == ["LlamaForCausalLM"]
+    llm, _ = smol
+    assert ckpt.load_tokenizer().encode(TEXT) == llm.tokenizer.encode(TEXT)
