@@ -17,7 +17,8 @@ from nanovllm.utils.toy import model_or_demo
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", nargs="?", help="model directory, .gguf file or hub id (default: the demo model)")
+    ap.add_argument("model", nargs="?",
+                    help="model directory, .gguf file or hub id (default: the demo model)")
     ap.add_argument("--dp", type=int, default=2, help="replicas (data_parallel_size)")
     ap.add_argument("--tp", type=int, default=1, help="GPUs per replica (tensor_parallel_size)")
     ap.add_argument("--ray", action="store_true", help="replicas as Ray actors")

@@ -91,3 +91,25 @@ def test_a_second_start_reads_no_gguf_metadata(smol, smollm2_path, monkeypatch):
     assert ckpt.config["architectures"] == ["LlamaForCausalLM"]
     llm, _ = smol
     assert ckpt.load_tokenizer().encode(TEXT) == llm.tokenizer.encode(TEXT)
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_teacher_forced_logprobs_within_1e_3_of_hf(smollm2_path):
+    # The GPU path (Triton attention, CUDA graphs) on real weights, fp32 on both sides.
+    from transformers import AutoModelForCausalLM
+
+    llm = LLM(smollm2_path, dtype="float32", gpu_memory_utilization=0.3, max_model_len=1024)
+    out = llm.generate(TEXT, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    reply = llm.chat([{"role": "user", "content": QUESTIONS[0]}],
+                     SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
+    llm.shutdown()
+    ids = out.prompt_token_ids
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
+        dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids], device="cuda")).logits[0].float(), -1)
+    ours = torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))])
+    theirs = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].cpu()
+    assert (ours - theirs).abs().max() <= 1e-3
+    assert reply["text"] == "The capital of France is Paris." and reply["finish_reason"] == "stop"
