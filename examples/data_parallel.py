@@ -1,7 +1,7 @@
 """Generate with engine replicas: data parallelism (each replica on its own GPUs; on CPU, one
 process each), on this host or, with --ray, as Ray actors anywhere in a Ray cluster.
 
-    python examples/data_parallel.py [MODEL_DIR] [--dp 2] [--tp 1] [--ray]
+    python examples/data_parallel.py [MODEL] [--dp 2] [--tp 1] [--ray]
 
 Replicas are spawned processes, so the entry point must sit under `if __name__ == "__main__":`.
 On a Ray cluster (`ray start --head` here, `ray start --address=HEAD:6379` on the others)
@@ -17,7 +17,8 @@ from nanovllm.utils.toy import model_or_demo
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", nargs="?", help="model directory (default: a tiny demo model)")
+    ap.add_argument("model", nargs="?",
+                    help="model directory, .gguf file or hub id (default: the demo model)")
     ap.add_argument("--dp", type=int, default=2, help="replicas (data_parallel_size)")
     ap.add_argument("--tp", type=int, default=1, help="GPUs per replica (tensor_parallel_size)")
     ap.add_argument("--ray", action="store_true", help="replicas as Ray actors")

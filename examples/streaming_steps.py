@@ -1,6 +1,6 @@
 """Drive the engine step by step (add_request / step / is_finished) with mixed sampling.
 
-    python examples/streaming_steps.py [MODEL_DIR]   # no model here: a tiny demo model
+    python examples/streaming_steps.py [MODEL]   # no model here: the demo model
 """
 import sys
 

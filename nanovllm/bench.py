@@ -13,6 +13,15 @@ from random import randint, seed
 from nanovllm.config import DTYPES, KV_CACHE_DTYPES
 from nanovllm.utils.model_shapes import SHAPES
 
+# The workload's default sizes: nano-vLLM's on a GPU; on a CPU, one a 2-core machine
+# finishes in under a minute.
+WORKLOADS = {
+    "gpu": dict(num_seqs=256, min_input_len=100, max_input_len=1024, min_output_len=100,
+                max_output_len=1024),
+    "cpu": dict(num_seqs=8, min_input_len=16, max_input_len=64, min_output_len=16,
+                max_output_len=64),
+}
+
 
 def dummy_model_dir(shape: str = "qwen3-0.6b") -> str:
     """config.json of a known model's shape (bf16) + a small tokenizer; weights come from
@@ -37,15 +46,15 @@ def dummy_model_dir(shape: str = "qwen3-0.6b") -> str:
 def add_bench_args(ap: argparse.ArgumentParser) -> None:
     """The benchmark's options (all but the model), for bench.py and `nanovllm bench`."""
     ap.add_argument("--dummy", action="store_true", help="random weights even with a model")
-    ap.add_argument("--model-shape", choices=list(SHAPES), default="qwen3-0.6b",
-                    help="without --model: the shape of the random-weight model")
+    ap.add_argument("--model-shape", choices=list(SHAPES), default=None,
+                    help="without a model: the shape of the random-weight model (default: "
+                         "qwen3-0.6b; on a CPU the demo model, SmolLM2 when installed)")
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    ap.add_argument("--num-seqs", type=int, default=256)
-    ap.add_argument("--min-input-len", type=int, default=100)
-    ap.add_argument("--max-input-len", type=int, default=1024)
-    ap.add_argument("--min-output-len", type=int, default=100)
-    ap.add_argument("--max-output-len", type=int, default=1024)
+    for name in WORKLOADS["gpu"]:
+        gpu, cpu = WORKLOADS["gpu"][name], WORKLOADS["cpu"][name]
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
+                        help=f"default: {gpu} on a GPU, {cpu} on a CPU")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
     ap.add_argument("--sync", action="store_true",
@@ -77,7 +86,9 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
 
 
 def check_bench_args(args: argparse.Namespace) -> None:
-    """ValueError naming the first workload option out of range (randint would fail later)."""
+    """Fill in the device's defaults, then a ValueError naming the first workload option out
+    of range (randint would fail later)."""
+    _device_defaults(args)
     if args.dp < 1:
         raise ValueError(f"--dp={args.dp} must be >= 1")
     if args.num_seqs < 1:
@@ -87,6 +98,37 @@ def check_bench_args(args: argparse.Namespace) -> None:
         if not 1 <= lo <= hi:
             raise ValueError(f"--min-{kind}-len={lo} and --max-{kind}-len={hi} must satisfy "
                              f"1 <= min <= max")
+
+
+def _on_cpu(args: argparse.Namespace) -> bool:
+    import torch
+
+    return args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
+
+
+def _device_defaults(args: argparse.Namespace) -> None:
+    """The workload sizes left unset: the device's defaults."""
+    for name, value in WORKLOADS["cpu" if _on_cpu(args) else "gpu"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def _bench_model(args: argparse.Namespace) -> str:
+    """--model; else on a CPU without --model-shape the demo model (real SmolLM2 when
+    installed: the random 0.6B would take hours there); else random weights of the shape."""
+    if args.model:
+        return args.model
+    if _on_cpu(args) and args.model_shape is None:
+        import contextlib
+        import sys
+
+        from nanovllm.utils.toy import model_or_demo
+
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the figures
+            args.model = model_or_demo(None)
+        return args.model
+    args.model_shape = args.model_shape or "qwen3-0.6b"
+    return dummy_model_dir(args.model_shape)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -137,7 +179,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     from nanovllm import LLM, SamplingParams
 
     check_bench_args(args)
-    path = args.model or dummy_model_dir(args.model_shape)
+    path = _bench_model(args)
     # Import the device side (torch, Triton, the model) outside the start-up timing, as the
     # figures before the engine stopped importing torch at module level were taken.
     t = time.perf_counter()

@@ -1,17 +1,19 @@
 """Engine configuration (`Config`), validated up front.
 
-The model's config.json is parsed by `nanovllm.model_config.ModelConfig`, re-exported here.
+The model's config.json (or a GGUF file's metadata) is parsed by
+`nanovllm.model_config.ModelConfig`, re-exported here.
 """
 import os
 from dataclasses import dataclass, field, fields
 
+from nanovllm.generation_config import GenerationDefaults, load_generation_defaults
 from nanovllm.model_config import ModelConfig
 
 __all__ = ["ATTENTION_BACKENDS", "DTYPES", "EXECUTOR_BACKENDS", "KV_CACHE_DTYPES", "LOAD_FORMATS",
            "Config", "ModelConfig"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
 # "auto" stores K/V in the model's dtype; the fp8 kinds store them in 8 bits with per-layer,
 # per-kv-head scales ("fp8" is vLLM's name for fp8_e4m3).
@@ -24,7 +26,9 @@ EXECUTOR_BACKENDS = ("mp", "ray")
 class Config:
     """Everything `LLM(...)` accepts; names and defaults follow nano-vLLM / vLLM."""
 
-    model: str  # an os.PathLike is accepted and turned into a str
+    # A model directory, a .gguf file (or a directory holding one) or a hub id; an
+    # os.PathLike is accepted. Resolved to a local path: the directory or the .gguf file.
+    model: str
     max_num_batched_tokens: int = 16384
     max_num_seqs: int = 512
     max_model_len: int = 4096
@@ -47,19 +51,18 @@ class Config:
     seed: int = 0
     skip_tokenizer_init: bool = False
     async_scheduling: bool | None = None
+    # The tokenizer's directory or hub id (None: the model's; a GGUF file's own metadata).
+    tokenizer: str | None = None
+    # generation_config.json's default sampling values and end ids: "auto" (the model's),
+    # "none", or a directory holding one.
+    generation_config: str = "auto"
     hf_config: ModelConfig = field(init=False, repr=False)
+    generation_defaults: GenerationDefaults = field(init=False, repr=False)
 
     def __post_init__(self):
         # Frozen once validated: what the engine learns later (the KV block count, the eos
         # ids) is passed along as results, never written back here.
-        model = self.model
-        if isinstance(model, (str, os.PathLike)):
-            model = os.path.expanduser(os.fspath(model))
-        if not isinstance(model, str) or not os.path.isdir(model):
-            raise ValueError(f"model={self.model!r} is not a directory: give the path of a "
-                             "Hugging Face model directory (config.json + *.safetensors)")
-        object.__setattr__(self, "model", model)
-        object.__setattr__(self, "hf_config", ModelConfig.from_pretrained(model))
+        self._resolve_model()
         self._check_int("max_num_batched_tokens", 1)
         self._check_int("max_num_seqs", 1)
         self._check_int("max_model_len", 2)
@@ -106,6 +109,41 @@ class Config:
         self._check_tensor_parallel()
         object.__setattr__(self, "max_model_len",
                            min(self.max_model_len, self.hf_config.max_position_embeddings))
+
+    def _resolve_model(self) -> None:
+        """model, tokenizer -> local paths; hf_config and generation defaults read from them."""
+        from nanovllm.utils.gguf_loader import GGUFCheckpoint, find_gguf
+        from nanovllm.utils.hub import resolve_model_path
+
+        model = self.model
+        if not isinstance(model, (str, os.PathLike)):
+            raise ValueError(f"model={model!r} must be a path or a Hugging Face hub id")
+        model = resolve_model_path(os.fspath(model))
+        gguf = find_gguf(model)
+        if self.load_format == "gguf" and gguf is None:
+            raise ValueError(f"load_format='gguf' but {model!r} is neither a .gguf file nor a "
+                             "directory holding one")
+        if self.load_format == "safetensors" and gguf is not None:
+            raise ValueError(f"load_format='safetensors' but {model!r} is a GGUF checkpoint; "
+                             "use load_format='auto' or 'gguf'")
+        if gguf is not None:
+            model, ckpt = gguf, GGUFCheckpoint(gguf)
+            ckpt.check_types()
+            hf_config = ModelConfig.from_dict(ckpt.config, source=gguf)
+        else:
+            hf_config = ModelConfig.from_pretrained(model)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "hf_config", hf_config)
+        tokenizer = self.tokenizer
+        if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+            raise ValueError(f"tokenizer={tokenizer!r} must be None (the model's), a tokenizer "
+                             "directory or a hub id")
+        tokenizer = model if tokenizer is None else resolve_model_path(os.fspath(tokenizer),
+                                                                       "tokenizer")
+        object.__setattr__(self, "tokenizer", tokenizer)
+        folder = os.path.dirname(model) if gguf is not None else model
+        object.__setattr__(self, "generation_defaults",
+                           load_generation_defaults(self.generation_config, folder))
 
     def _check_tensor_parallel(self) -> None:
         """Every rank holds an equal share of the heads and of the MLP (of each expert's)."""

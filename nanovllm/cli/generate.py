@@ -41,7 +41,13 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Read and check every request, build the engine, generate, write the JSONL."""
-    sampling = sampling_kwargs(args)
+    from nanovllm.config import Config
+
+    model = resolve_model(args.model)
+    # Options a request leaves out take the model's generation_config.json values (vLLM's
+    # rule); Config is cheap to build here and checks the engine options before any input.
+    sampling = {**Config.from_kwargs(model, **engine_kwargs(args)).generation_defaults.sampling,
+                **sampling_kwargs(args)}
     requests = reqs.from_texts(args.prompt, sampling, args.chat)
     if args.input is not None:
         with open_text(args.input, "r") as f:
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Opened before the engine starts, so a bad --output path fails in a second.
     with open_text(args.output or "-", "w") as sink:
-        llm = LLM(resolve_model(args.model), **engine_kwargs(args))
+        llm = LLM(model, **engine_kwargs(args))
         try:
             prompts = [r.prompt if r.messages is None else chat_prompt(llm.tokenizer, r.messages)
                        for r in requests]

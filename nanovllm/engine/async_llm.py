@@ -64,7 +64,7 @@ class AsyncLLM:
             self._proc.start()
             to_core.close()
             from_core.close()
-            tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+            tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
             self._text = TextDecoder(tokenizer)
         else:
             self.engine = LLMEngine(model, **kwargs)
@@ -116,6 +116,11 @@ class AsyncLLM:
     def error(self) -> BaseException | None:
         """Why the engine core stopped, if it did."""
         return self._reader.error
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without sampling_params gets: SamplingParams' defaults overridden by
+        the model's generation_config.json (a server fills omitted fields from it)."""
+        return SamplingParams(**self.config.generation_defaults.sampling)
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0

@@ -84,7 +84,7 @@ class DataParallelLLM:
             raise ValueError("distributed_executor_backend='ray' replicas are started by "
                              "nanovllm.ray.RayLLM (pip install -e '.[ray]')")
         self.config = config
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
         dp = config.data_parallel_size
         if config.device == "cpu":
             gpus = None  # no torch needed to know it
@@ -152,6 +152,10 @@ class DataParallelLLM:
             raise RuntimeError(self.failure)
 
     # -- batch API --------------------------------------------------------------------------
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without sampling_params gets (the replicas apply the same)."""
+        return SamplingParams(**self.config.generation_defaults.sampling)
+
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
                  priority: list[int] | None = None) -> list[RequestOutput]:
         """LLM.generate over the replicas: RequestOutputs in input order (request_id: an id

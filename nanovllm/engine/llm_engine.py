@@ -31,7 +31,7 @@ class LLMEngine:
                              "distributed_executor_backend='ray' are for LLM(...), which "
                              "starts the replicas")
         self.config = config
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
         self.text = TextDecoder(self.tokenizer)
         self.executor = create_executor(config)
         eos_ids = resolve_eos_ids(config, self.tokenizer)
@@ -63,9 +63,14 @@ class LLMEngine:
         self.shutdown()
 
     # -- requests ---------------------------------------------------------------------------
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without sampling_params gets (vLLM's name): SamplingParams' defaults
+        overridden by the model's generation_config.json (see Config.generation_config)."""
+        return SamplingParams(**self.config.generation_defaults.sampling)
+
     def _make_sequence(self, prompt, sp: SamplingParams | None, priority=0) -> Sequence:
         """Tokenize and validate one request without touching engine state."""
-        sp = SamplingParams() if sp is None else sp
+        sp = self.get_default_sampling_params() if sp is None else sp
         if not isinstance(sp, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
         if not isinstance(priority, Integral) or isinstance(priority, bool):

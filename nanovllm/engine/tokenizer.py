@@ -11,9 +11,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 
 
 def load_tokenizer(path: str):
-    """AutoTokenizer from the model directory, with a clear error when it is missing."""
+    """AutoTokenizer from a model directory (or a GGUF file's metadata), with a clear error
+    when it is missing."""
     from transformers import AutoTokenizer
 
+    from nanovllm.utils.gguf_loader import GGUFCheckpoint, is_gguf
+
+    if is_gguf(path):
+        return GGUFCheckpoint(path).load_tokenizer()
     hint = ("add the tokenizer files of this model, or pass skip_tokenizer_init=True and give "
             "prompts as token ids")
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
@@ -29,12 +34,14 @@ def load_tokenizer(path: str):
 
 
 def resolve_eos_ids(config: Config, tokenizer) -> set[int]:
-    """config.eos, or (-1) the tokenizer's end token plus config.json's eos_token_id(s)."""
+    """config.eos, or (-1) the tokenizer's end token plus config.json's and
+    generation_config.json's eos_token_id(s)."""
     if config.eos != -1:
         return set(config.eos) if isinstance(config.eos, (list, tuple)) else {config.eos}
     hf_eos = config.hf_config.eos_token_id
     eos = {getattr(tokenizer, "eos_token_id", None)}
     eos |= set(hf_eos) if isinstance(hf_eos, list) else {hf_eos}
+    eos |= set(config.generation_defaults.eos_token_ids)
     eos.discard(None)
     return eos
 

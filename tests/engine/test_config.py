@@ -48,7 +48,7 @@ def test_bad_values(tmp_path, kw, field):
 def test_unknown_kwarg_and_missing_dir(tmp_path):
     with pytest.raises(ValueError, match="unknown argument"):
         Config.from_kwargs(write_config_dir(tmp_path / "m"), max_num_seq=3)
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ValueError, match="neither a local path nor a Hugging Face hub id"):
         Config(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="config.json"):

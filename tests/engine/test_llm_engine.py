@@ -75,5 +75,5 @@ def test_missing_files(tmp_path, toy_models):
         f.unlink()
     with pytest.raises(ValueError, match="safetensors"):
         LLM(str(d))
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ValueError, match="neither a local path nor a Hugging Face hub id"):
         LLM(str(tmp_path / "nope"))

