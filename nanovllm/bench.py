@@ -77,6 +77,10 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     help="most tokens in one step (default: the engine's)")
     ap.add_argument("--num-kvcache-blocks", type=int, default=None,
                     help="KV-cache blocks (default: as many as the memory budget allows)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="tokenizer directory or hub id (default: the model's)")
+    ap.add_argument("--generation-config", default=None,
+                    help="auto, none or a directory (the workload sets its own sampling)")
     ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                     default=None, help="reuse the KV cache of shared prefixes (default: on)")
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
@@ -147,7 +151,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 # Options left unset (None) keep the engine's default.
 _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
-                             "enable_prefix_caching")
+                             "enable_prefix_caching", "tokenizer", "generation_config")
 
 
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:
