@@ -12,8 +12,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "--min/--max-input-len tokens, each generating --min/--max-output-len "
                     "tokens (ignore_eos). Prints the throughput and start-up time.")
     p.add_argument("model", nargs="?", metavar="MODEL",
-                   help="Hugging Face Qwen3 directory (default: random weights in the "
-                        "Qwen3-0.6B shape, nothing to download)")
+                   help="a Hugging Face model directory, a .gguf file or a hub id (default: "
+                        "on a GPU, random weights in the --model-shape shape, nothing to "
+                        "download; on a CPU, the demo model)")
     add_bench_args(p)
     p.set_defaults(func=run, log_level_default="INFO")
     return p
