@@ -126,3 +126,18 @@ def test_fp8_logprobs_on_smollm2_real_weights(smollm2):
     # Decode reads every earlier token's K/V in e4m3 (3 mantissa bits): 0.059 mean, 0.21 max
     # here; 0.057 / 0.34 on the whole 336-token text.
     assert err["decode_mean"] < 0.08 and err["decode_max"] < 0.5
+
+
+@pytest.mark.parametrize("kind", ["auto", "fp8_e4m3"])
+def test_warm_up_compiles_fp8_prefill_over_cached_tokens(toy_models, kind):
+    from nanovllm.engine.warmup import warm_prefills
+
+    llm = LLM(toy_models["untied_gqa4_d64"], kv_cache_dtype=kind, **CPU)
+    runner = llm.executor.runner
+    seen = []
+    forward = runner.forward
+    runner.forward = lambda inputs: seen.append(inputs.has_cached_context) or forward(inputs)
+    warm_prefills(runner)  # the GPU's kernel warm-up, run here on the torch path
+    # Both prefill variants of an fp8 cache (own K/V exact; cached K/V read as fp8) run.
+    assert sorted(set(seen)) == ([False] if kind == "auto" else [False, True])
+    llm.shutdown()
