@@ -16,9 +16,18 @@ Usage (CPU, tiny random checkpoints built on the fly):
 GPU, the Qwen3-0.6B shape with random weights (load_format="dummy"):
     PYTHONPATH=. python tools/fp8_accuracy.py --dummy-qwen3
 Random weights make flat, odd logits, so greedy agreement there is a lower bound for real models.
+
+Real weights (--hf-dir DIR, or --gguf FILE dequantized into DIR first by tools/gguf_to_hf.py):
+teacher-forced logprobs of the actual next token over real English text (tools/fp8_text.txt;
+first half prefilled, the rest one decode step per token), for each model dtype / KV cache
+dtype pair of --runs against the first (fp32, fp32 cache): mean and max |delta logprob| over
+the prefill and the decode positions, and the mean KL divergence of the whole distribution.
+    PYTHONPATH=. python tools/fp8_accuracy.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        --hf-dir /tmp/smollm2-hf --json fp8_smollm2.json
 """
 import argparse
 import json
+import os
 import random
 import tempfile
 
@@ -28,6 +37,10 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import decode_inputs, prefill_inputs
 from nanovllm.utils.context import reset_context
+
+TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fp8_text.txt")
+# --hf-dir runs: (model dtype, kv_cache_dtype); the first is the reference.
+LOGPROB_RUNS = ["float32:auto", "bfloat16:auto", "bfloat16:fp8_e4m3", "float32:fp8_e4m3"]
 
 TOY_SHAPES = {
     "toy_gqa4_d64": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=64,
@@ -100,12 +113,63 @@ def compare(ref: dict, got: dict, prefill_len: int) -> dict:
             "mean_first_divergence": sum(first_diff) / len(first_diff)}
 
 
+def text_ids(model_dir: str, text_path: str = TEXT) -> list[int]:
+    """The English text as the checkpoint's tokenizer encodes it."""
+    from transformers import AutoTokenizer
+
+    with open(text_path) as f:
+        return AutoTokenizer.from_pretrained(model_dir)(f.read())["input_ids"]
+
+
+def logprob_errors(ref: torch.Tensor, got: torch.Tensor, ids: list[int],
+                   prefill_len: int) -> dict:
+    """|delta logprob| of each actual next token between two context_logits results (rows
+    < prefill_len came from the prefill, the rest from decode steps) and the mean KL(ref||got)."""
+    ref_lp, got_lp = torch.log_softmax(ref.float(), -1), torch.log_softmax(got.float(), -1)
+    rows, nxt = torch.arange(len(ids) - 1), torch.tensor(ids[1:])
+    d = (got_lp[rows, nxt] - ref_lp[rows, nxt]).abs()
+    kl = (ref_lp.exp() * (ref_lp - got_lp)).sum(-1)
+    pre, dec = d[:prefill_len], d[prefill_len:]
+    return {"prefill_mean": pre.mean().item(), "prefill_max": pre.max().item(),
+            "decode_mean": dec.mean().item(), "decode_max": dec.max().item(),
+            "kl_mean": kl.mean().item(), "positions": f"{len(pre)} prefill, {len(dec)} decode"}
+
+
+def run_logprobs(model_dir: str, args) -> dict:
+    """context_logits of the English text for every --runs pair, compared with the first."""
+    ids = text_ids(model_dir)
+    prefill_len = len(ids) // 2
+    ref, results = None, {}
+    for run in args.runs:
+        dtype, kv = run.split(":")
+        # The first prefill is the text's first half: it calibrates the fp8 scales.
+        llm = LLM(model_dir, dtype=dtype, kv_cache_dtype=kv, device=args.device,
+                  kvcache_block_size=args.block_size, max_model_len=len(ids) + 8,
+                  num_kvcache_blocks=-(-len(ids) // args.block_size) + 1, enforce_eager=True)
+        try:
+            logits = context_logits(llm, ids, prefill_len).cpu()
+        finally:
+            llm.shutdown()
+        if ref is None:
+            ref = logits
+            continue
+        results[run] = logprob_errors(ref, logits, ids, prefill_len)
+        print(f"{run} vs {args.runs[0]}: " + ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in results[run].items()), flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", action="append", default=[], help="checkpoint dir (repeatable)")
     ap.add_argument("--toy", action="store_true", help="tiny random checkpoints (CPU-sized)")
     ap.add_argument("--dummy-qwen3", action="store_true",
                     help="the Qwen3-0.6B shape with load_format='dummy'")
+    ap.add_argument("--hf-dir", help="real checkpoint: teacher-forced logprobs on English text")
+    ap.add_argument("--gguf", help="dequantize this GGUF into --hf-dir first (if it is empty)")
+    ap.add_argument("--runs", nargs="+", default=LOGPROB_RUNS,
+                    help="--hf-dir: dtype:kv_cache_dtype pairs, the first is the reference")
     ap.add_argument("--kv-cache-dtype", nargs="+", default=["fp8_e4m3", "fp8_e5m2"])
     ap.add_argument("--device", default=None)
     ap.add_argument("--context", type=int, default=2000)
@@ -116,6 +180,16 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
 
+    if args.hf_dir:
+        if args.gguf and not os.path.exists(os.path.join(args.hf_dir, "config.json")):
+            from tools.gguf_to_hf import gguf_to_hf
+
+            gguf_to_hf(args.gguf, args.hf_dir)
+        results = run_logprobs(args.hf_dir, args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     models = [(m, "auto") for m in args.model]
     if args.toy:
         from nanovllm.utils.toy import save_random_qwen3
@@ -129,7 +203,7 @@ def main() -> None:
 
         models.append((dummy_model_dir(), "dummy"))
     if not models:
-        ap.error("give --model, --toy or --dummy-qwen3")
+        ap.error("give --model, --toy, --dummy-qwen3 or --hf-dir")
 
     results = {}
     for model, load_format in models:

@@ -38,22 +38,32 @@ def compile_kernels(runner) -> None:
     before the first request, not in the middle of someone's generate."""
     if runner.device.type != "cuda":
         return
-    lengths = {min(16, runner.config.max_model_len - 1),
-               min(600, runner.config.max_model_len - 1, runner.config.max_num_batched_tokens)}
+    warm_prefills(runner)
+    if runner.rank == 0:
+        for rows in (1, 64):
+            warm_sampler(runner, rows, 0.6, runner.dtype)
+    torch.cuda.synchronize()
+
+
+def warm_prefills(runner) -> None:
+    """Real prefills, short and long; with an fp8 cache also one after cached tokens, which
+    reads the cache where the others attend to their own K/V (attention_backend.exact_chunk)."""
+    max_len = runner.config.max_model_len - 1
+    lengths = {(min(16, max_len), 0),
+               (min(600, max_len, runner.config.max_num_batched_tokens), 0)}
+    if runner.kv_scales is not None:
+        lengths.add((min(32, max_len), min(16, max_len // 2)))
     sp = SamplingParams(temperature=0.6, max_tokens=1)
-    for n in lengths:
+    for n, cached in sorted(lengths):
         need = -(-n // runner.block_size)
         if need > runner.num_kvcache_blocks:
             continue
         seq = Sequence([0] * n, sp, runner.block_size)
         # Blocks 0.. are scratch here: any block is written before it is read later.
         seq.block_table = list(range(need))
-        seq.num_scheduled_tokens = n
+        seq.num_cached_tokens = cached
+        seq.num_scheduled_tokens = n - cached
         runner.run([seq], True)
-    if runner.rank == 0:
-        for rows in (1, 64):
-            warm_sampler(runner, rows, 0.6, runner.dtype)
-    torch.cuda.synchronize()
 
 
 def warm_sampler(runner, rows: int, temperature: float, dtype: torch.dtype) -> None:

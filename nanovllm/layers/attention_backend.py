@@ -3,7 +3,8 @@
 Every backend offers rope_and_store / store_kv / prefill / decode over the paged cache layout
 [num_blocks, block_size, num_kv_heads, head_dim]; callers never branch on which one runs. An fp8
 cache comes with its per-kv-head scales (k_scale / v_scale, fp32 [Hkv]; None for a cache in the
-model's dtype), which torch and triton take and flash refuses (see choose_backend).
+model's dtype), which torch and triton take and flash refuses (see choose_backend). A prefill
+without cached context attends to its own K/V unquantized (see exact_chunk), as vLLM does.
 """
 import importlib.util
 import logging
@@ -35,8 +36,12 @@ class TorchBackend:
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
+        tables = ctx.block_tables
+        if exact_chunk(ctx, k_scale):
+            k_cache, v_cache, tables = chunk_as_cache(k, v, ctx)
+            k_scale = v_scale = None
         return torch_ref.prefill_attention_torch(q, k_cache, v_cache, ctx.cu_seqlens_q,
-                                                 ctx.cu_seqlens_k, ctx.block_tables, scale,
+                                                 ctx.cu_seqlens_k, tables, scale,
                                                  k_scale, v_scale)
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
@@ -65,10 +70,12 @@ class TritonBackend:
         needs it)."""
         weights = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight,
                                                              q_norm.eps)
+        # Only prefill reads the rotated keys back (decode steps never pay for writing them).
+        new_k = self.needs_new_k or exact_chunk(ctx, k_scale)
         out = self._rope_store(q, k, v, positions, rope.cos_sin_cache, *weights, k_cache,
-                               v_cache, ctx.slot_mapping, return_k=self.needs_new_k,
+                               v_cache, ctx.slot_mapping, return_k=new_k,
                                k_scale=k_scale, v_scale=v_scale)
-        return out if self.needs_new_k else (out, None)
+        return out if new_k else (out, None)
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,
                  v_scale=None) -> None:
@@ -76,8 +83,12 @@ class TritonBackend:
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
+        tables = ctx.block_tables
+        if exact_chunk(ctx, k_scale):
+            k_cache, v_cache, tables = chunk_as_cache(k, v, ctx)
+            k_scale = v_scale = None
         return self._prefill(q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.cu_seqlens_k,
-                             ctx.block_tables, scale, ctx.max_seqlen_q, k_scale=k_scale,
+                             tables, scale, ctx.max_seqlen_q, k_scale=k_scale,
                              v_scale=v_scale)
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
@@ -124,6 +135,30 @@ def norm_and_rotate(q, k, positions, rope, q_norm=None, k_norm=None):
     if q_norm is not None:
         q, k = q_norm(q), k_norm(k)
     return rope(positions, q, k)
+
+
+def exact_chunk(ctx: Context, k_scale) -> bool:
+    """Whether this step is a prefill over an fp8 cache that attends to nothing but its own
+    new tokens: it then reads their K/V unquantized, not back from the cache.
+
+    Reading them back quantized gave prefill positions decode's e4m3 error (SmolLM2 on CPU:
+    0.068 nats mean, now 0; docs/PERF_NOTES.md). Decode, and prefills over cached tokens
+    (prefix hits, later chunks), still read the fp8 cache."""
+    return ctx.is_prefill and k_scale is not None and not ctx.has_cached_context
+
+
+def chunk_as_cache(k: torch.Tensor, v: torch.Tensor, ctx: Context):
+    """This step's own K/V [T, Hkv, D] laid out as a paged cache of one-token blocks, with the
+    block tables that map each sequence to its tokens: the prefill kernels then attend to
+    them unchanged (no kernel knows this path)."""
+    num_tokens = k.shape[0]
+    k_cache = k.contiguous().view(num_tokens, 1, *k.shape[1:])
+    v_cache = v.contiguous().view(num_tokens, 1, *v.shape[1:])
+    cu = ctx.cu_seqlens_q
+    offsets = torch.arange(ctx.max_seqlen_q, dtype=cu.dtype, device=cu.device)
+    # Rows shorter than the longest point past their end; the kernels never read there.
+    tables = (cu[:-1, None] + offsets[None, :]).clamp_(max=num_tokens - 1)
+    return k_cache, v_cache, tables
 
 
 def flash_attn_available() -> bool:

@@ -76,6 +76,20 @@ def test_prefill_fp8_gpu(dtype, seqs):
     assert rel_err(o, ref) < TOL
 
 
+def test_backend_prefill_fp8_gpu_attends_to_its_unquantized_kv():
+    from nanovllm.layers.attention_backend import TritonBackend
+    from nanovllm.utils.context import Context
+
+    seqs = [(1000, 1000), (7, 7), (300, 300)]
+    c = fp8_case(seqs, 256, torch.float8_e4m3fn, seed=7)
+    ctx = Context(is_prefill=True, cu_seqlens_q=c.cu_seqlens_q, cu_seqlens_k=c.cu_seqlens_k,
+                  max_seqlen_q=c.max_seqlen_q, max_seqlen_k=c.max_seqlen_k,
+                  block_tables=c.block_tables)
+    o = TritonBackend().prefill(c.q, torch.cat(c.ks), torch.cat(c.vs), c.k_cache, c.v_cache,
+                                ctx, c.scale, c.k_scale, c.v_scale)
+    assert rel_err(o, c.exact) < TOL  # bf16 rounding only, not e4m3's
+
+
 def test_engine_fp8_gpu_calibrates_and_doubles_blocks(tmp_path):
     from nanovllm import LLM, SamplingParams
     from nanovllm.utils.toy import save_random_qwen3

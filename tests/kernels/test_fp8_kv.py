@@ -103,3 +103,20 @@ def test_fp8_cache_without_scales_is_refused():
     c = quantized_case(make_paged_case([(1, 5)], 16, 2, 2, 16), torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="k_scale"):
         decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
+
+
+@pytest.mark.usefixtures("poisoned_empty")
+def test_triton_backend_prefill_attends_to_its_unquantized_kv():
+    from nanovllm.layers.attention_backend import TritonBackend
+    from nanovllm.utils.context import Context
+
+    c = quantized_case(make_paged_case([(20, 20), (1, 1), (37, 37)], 16, 4, 2, 16, seed=5),
+                       torch.float8_e4m3fn)
+    ctx = Context(is_prefill=True, cu_seqlens_q=c.cu_seqlens_q, cu_seqlens_k=c.cu_seqlens_k,
+                  max_seqlen_q=c.max_seqlen_q, max_seqlen_k=c.max_seqlen_k,
+                  block_tables=c.block_tables)
+    # v as a strided view, as it comes out of the qkv projection.
+    v = torch.cat([torch.cat(c.vs), torch.zeros_like(torch.cat(c.vs))], -1)[..., :16]
+    o = TritonBackend().prefill(c.q, torch.cat(c.ks), v, c.k_cache, c.v_cache, ctx, c.scale,
+                                c.k_scale, c.v_scale)
+    assert rel_err(o, naive_attention(c)) < TOL  # not the ~3% of reading the e4m3 cache
