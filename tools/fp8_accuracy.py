@@ -17,13 +17,13 @@ GPU, the Qwen3-0.6B shape with random weights (load_format="dummy"):
     PYTHONPATH=. python tools/fp8_accuracy.py --dummy-qwen3
 Random weights make flat, odd logits, so greedy agreement there is a lower bound for real models.
 
-Real weights (--hf-dir DIR, or --gguf FILE dequantized into DIR first by tools/gguf_to_hf.py):
+Real weights (--hf-dir DIR, a checkpoint directory, or --gguf FILE, loaded natively):
 teacher-forced logprobs of the actual next token over real English text (tools/fp8_text.txt;
 first half prefilled, the rest one decode step per token), for each model dtype / KV cache
 dtype pair of --runs against the first (fp32, fp32 cache): mean and max |delta logprob| over
 the prefill and the decode positions, and the mean KL divergence of the whole distribution.
     PYTHONPATH=. python tools/fp8_accuracy.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
-        --hf-dir /tmp/smollm2-hf --json fp8_smollm2.json
+        --json fp8_smollm2.json
 """
 import argparse
 import json
@@ -113,12 +113,15 @@ def compare(ref: dict, got: dict, prefill_len: int) -> dict:
             "mean_first_divergence": sum(first_diff) / len(first_diff)}
 
 
-def text_ids(model_dir: str, text_path: str = TEXT) -> list[int]:
-    """The English text as the checkpoint's tokenizer encodes it."""
-    from transformers import AutoTokenizer
+def text_ids(tokenizer, text_path: str = TEXT) -> list[int]:
+    """The English text as `tokenizer` (or the tokenizer of a checkpoint dir or GGUF file)
+    encodes it."""
+    if isinstance(tokenizer, str):
+        from nanovllm.engine.tokenizer import load_tokenizer
 
+        tokenizer = load_tokenizer(tokenizer)
     with open(text_path) as f:
-        return AutoTokenizer.from_pretrained(model_dir)(f.read())["input_ids"]
+        return tokenizer(f.read())["input_ids"]
 
 
 def logprob_errors(ref: torch.Tensor, got: torch.Tensor, ids: list[int],
@@ -167,7 +170,7 @@ def main() -> None:
     ap.add_argument("--dummy-qwen3", action="store_true",
                     help="the Qwen3-0.6B shape with load_format='dummy'")
     ap.add_argument("--hf-dir", help="real checkpoint: teacher-forced logprobs on English text")
-    ap.add_argument("--gguf", help="dequantize this GGUF into --hf-dir first (if it is empty)")
+    ap.add_argument("--gguf", help="real checkpoint as a GGUF file (instead of --hf-dir)")
     ap.add_argument("--runs", nargs="+", default=LOGPROB_RUNS,
                     help="--hf-dir: dtype:kv_cache_dtype pairs, the first is the reference")
     ap.add_argument("--kv-cache-dtype", nargs="+", default=["fp8_e4m3", "fp8_e5m2"])
@@ -180,12 +183,8 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
 
-    if args.hf_dir:
-        if args.gguf and not os.path.exists(os.path.join(args.hf_dir, "config.json")):
-            from tools.gguf_to_hf import gguf_to_hf
-
-            gguf_to_hf(args.gguf, args.hf_dir)
-        results = run_logprobs(args.hf_dir, args)
+    if args.hf_dir or args.gguf:
+        results = run_logprobs(args.gguf or args.hf_dir, args)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)

@@ -42,9 +42,8 @@ if has acc; then
     --json "$OUT/acc.json" 2>&1 | grep -v Writing | tail -3
 fi
 if has real; then
-  HF_DIR=${HF_DIR:-/tmp/smollm2-hf}
-  timeout ${REAL_TIMEOUT:-300} python3 tools/fp8_accuracy.py --hf-dir "$HF_DIR" ${GGUF:+--gguf "$GGUF"} \
-    --json "$OUT/fp8_smollm2.json" > "$OUT/real.log" 2>&1
+  timeout ${REAL_TIMEOUT:-300} python3 tools/fp8_accuracy.py ${GGUF:+--gguf "$GGUF"} \
+    ${HF_DIR:+--hf-dir "$HF_DIR"} --json "$OUT/fp8_smollm2.json" > "$OUT/real.log" 2>&1
   grep " vs " "$OUT/real.log"; tail -2 "$OUT/real.log" | grep -i error
 fi
 if has fp8bench; then
