@@ -119,10 +119,36 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tab
                       max_seqlen_q, k_scale=None, v_scale=None):
     """Causal varlen attention of q [T, H, D] over paged cached keys; returns [T, H, D] in q's dtype.
     An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv])."""
-    num_tokens, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
+    if kv_fp8 and (k_scale is None or v_scale is None):
+        raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
+    return _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
+                   max_seqlen_q, k_scale, v_scale, k_cache.shape[1], k_cache.shape[2],
+                   k_cache.stride()[:3])
+
+
+# A page no sequence outgrows: with it, a sequence's keys are one page starting at its row.
+CONTIGUOUS_PAGE = 1 << 30
+
+
+def prefill_attention_contiguous(q, k, v, cu_seqlens, scale, max_seqlen_q):
+    """Causal varlen attention of q [T, H, D] over this step's own keys k, v [T, Hkv, D] (no
+    cache: sequence b's keys are rows cu_seqlens[b]..cu_seqlens[b+1]); the paged kernel, with
+    each sequence's first row as its one page, so the tiles load whole rows as from a page."""
+    k, v = k.contiguous(), v.contiguous()  # v is a view into the qkv projection's rows
+    starts = cu_seqlens[:-1].view(-1, 1)  # one "page" per sequence: its first row
+    row = k.stride(0)
+    return _launch(q, k, v, cu_seqlens, cu_seqlens, starts, scale, max_seqlen_q, None, None,
+                   CONTIGUOUS_PAGE, k.shape[1], (row, row, k.stride(1)))
+
+
+def _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale, max_seqlen_q,
+            k_scale, v_scale, block_size, num_kv_heads, kv_strides):
+    """The prefill kernel over keys addressed as page * kv_strides[0] + slot * kv_strides[1]
+    + head * kv_strides[2]."""
+    num_tokens, num_heads, head_dim = q.shape
+    assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
     o = torch.empty_like(q)
     batch = cu_seqlens_q.numel() - 1
     if num_tokens == 0 or batch == 0:
@@ -130,13 +156,11 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tab
     cfg = SHORT_CONFIG if max_seqlen_q <= SHORT_Q else CONFIG
     grid = (batch, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), num_heads)
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
-    if kv_fp8 and (k_scale is None or v_scale is None):
-        raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
     _prefill_kernel[grid](
         q, k_cache, v_cache, o, cu_seqlens_q, cu_seqlens_k, block_tables,
         k_scale if kv_fp8 else q, v_scale if kv_fp8 else q, scale * LOG2E,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        *kv_strides,
         block_tables.stride(0),
         G=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=block_size % cfg["BLOCK_N"] == 0,

@@ -62,6 +62,7 @@ class TritonBackend:
         self._rope_store = triton_rope.norm_rope_store
         self._store = triton_kv.store_kvcache
         self._prefill = triton_prefill.prefill_attention
+        self._prefill_own = triton_prefill.prefill_attention_contiguous
         self._decode = triton_decode.decode_attention
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
@@ -83,12 +84,11 @@ class TritonBackend:
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
-        tables = ctx.block_tables
         if exact_chunk(ctx, k_scale):
-            k_cache, v_cache, tables = chunk_as_cache(k, v, ctx)
-            k_scale = v_scale = None
+            # Rows of the step's own K/V, read like pages (as one-token pages: 3x slower).
+            return self._prefill_own(q, k, v, ctx.cu_seqlens_q, scale, ctx.max_seqlen_q)
         return self._prefill(q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.cu_seqlens_k,
-                             tables, scale, ctx.max_seqlen_q, k_scale=k_scale,
+                             ctx.block_tables, scale, ctx.max_seqlen_q, k_scale=k_scale,
                              v_scale=v_scale)
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
@@ -149,18 +149,13 @@ def exact_chunk(ctx: Context, k_scale) -> bool:
 
 def chunk_as_cache(k: torch.Tensor, v: torch.Tensor, ctx: Context):
     """This step's own K/V [T, Hkv, D] laid out as a paged cache of one-token blocks, with the
-    block tables that map each sequence to its tokens: the prefill kernels then attend to
-    them unchanged (no kernel knows this path)."""
+    block tables that map each sequence to its tokens: the torch path's prefill attends to
+    them unchanged (Triton reads the rows directly: prefill_attention_contiguous)."""
     num_tokens = k.shape[0]
     k_cache = k.contiguous().view(num_tokens, 1, *k.shape[1:])
     v_cache = v.contiguous().view(num_tokens, 1, *v.shape[1:])
     cu = ctx.cu_seqlens_q
-    # The table's row stride is a kernel argument that Triton specializes on (multiple of 16
-    # or not, or 1): a width rounded up to 16 keeps it one variant, the one the warm-up
-    # compiled, instead of a compile in the middle of a run (H100 fp8 bench: 21,098 tok/s on
-    # the first run with the raw width, 28,931 on the second).
-    width = -(-ctx.max_seqlen_q // 16) * 16
-    offsets = torch.arange(width, dtype=cu.dtype, device=cu.device)
+    offsets = torch.arange(ctx.max_seqlen_q, dtype=cu.dtype, device=cu.device)
     # Rows shorter than the longest point past their end; the kernels never read there.
     tables = (cu[:-1, None] + offsets[None, :]).clamp_(max=num_tokens - 1)
     return k_cache, v_cache, tables
