@@ -55,6 +55,10 @@ class TritonBackend:
 
     name = "triton"
     needs_new_k = False  # prefill reads the new keys back from the cache
+    # Off by default: on an H100 the fp8 bench's first large prefill with it took ~1.8 s
+    # longer once (19,480-21,554 tok/s instead of ~27,000; cause not found yet, steady
+    # state equal: 4.74 vs 4.71 s; docs/PERF_NOTES.md). The torch path always does it.
+    exact_prefill = False
 
     def __init__(self):
         from nanovllm.kernels import triton_decode, triton_kv, triton_prefill, triton_rope
@@ -72,7 +76,7 @@ class TritonBackend:
         weights = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight,
                                                              q_norm.eps)
         # Only prefill reads the rotated keys back (decode steps never pay for writing them).
-        new_k = self.needs_new_k or exact_chunk(ctx, k_scale)
+        new_k = self.needs_new_k or (self.exact_prefill and exact_chunk(ctx, k_scale))
         out = self._rope_store(q, k, v, positions, rope.cos_sin_cache, *weights, k_cache,
                                v_cache, ctx.slot_mapping, return_k=new_k,
                                k_scale=k_scale, v_scale=v_scale)
@@ -84,7 +88,7 @@ class TritonBackend:
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
-        if exact_chunk(ctx, k_scale):
+        if self.exact_prefill and exact_chunk(ctx, k_scale):
             # Rows of the step's own K/V, read like pages (as one-token pages: 3x slower).
             return self._prefill_own(q, k, v, ctx.cu_seqlens_q, scale, ctx.max_seqlen_q)
         return self._prefill(q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.cu_seqlens_k,
