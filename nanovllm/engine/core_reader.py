@@ -15,6 +15,11 @@ class EngineDeadError(RuntimeError):
     """The engine core stopped on an error (or was shut down): no request can be served."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine step running this request raised: the request ended (its blocks freed),
+    the engine goes on serving the others."""
+
+
 class CoreReader:
     """Reads the core -> front end pipe on a thread of its own: each request's new items go to
     its stream, one wake-up per event loop; when the core ends, every open stream and pending
