@@ -98,14 +98,21 @@ class AsyncLLM:
                                     f"{self._exit_code()})")
         raise error
 
-    def _exit_code(self) -> int | None:
-        return self._proc.exitcode if self._proc is not None else None
+    def _exit_code(self, wait: float = 0.0) -> int | None:
+        """The engine process's exit code; wait: seconds to let a dying one finish."""
+        if self._proc is None:
+            return None
+        if wait:
+            self._proc.join(wait)
+        return self._proc.exitcode
 
     # -- the caller's side ------------------------------------------------------------------
     @property
     def is_running(self) -> bool:
         """Whether the engine core is alive and serving."""
-        return self._reader.is_alive() and self.error is None and not self._stopping
+        # The process check catches a core killed a moment ago, before its pipe's end is read.
+        return (self._reader.is_alive() and self.error is None and not self._stopping
+                and (self._proc is None or self._proc.is_alive()))
 
     @property
     def error(self) -> BaseException | None:
