@@ -218,3 +218,28 @@ def test_failed_step_fails_only_its_request(http, live_server, monkeypatch):
     live_server.wait_idle()
     monkeypatch.undo()
     assert_serving(http)
+
+
+def test_step_failure_mid_stream_is_an_error_event(http, live_server, monkeypatch):
+    """A stream under way when its step raises ends with an error event and [DONE]."""
+    original = sampler.SamplingTensors.from_params.__func__
+
+    def from_params(cls, params, steps, *args, **kwargs):
+        if any(p.seed == 4343 and step >= 3 for p, step in zip(params, steps)):
+            raise OverflowError("injected mid-stream failure")
+        return original(cls, params, steps, *args, **kwargs)
+
+    monkeypatch.setattr(sampler.SamplingTensors, "from_params", classmethod(from_params))
+    body = {**CMPL, "seed": 4343, "temperature": 1.0, "max_tokens": 20, "ignore_eos": True,
+            "stream": True, "prompt": [1, 2, 3]}
+    with http.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert "injected mid-stream failure" in error["message"]
+    assert error["code"] == "request_failed"
+    assert any("choices" in json.loads(e) for e in events[:-2])  # tokens came first
+    live_server.wait_idle()
+    monkeypatch.undo()
+    assert_serving(http)
