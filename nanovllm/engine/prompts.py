@@ -115,7 +115,9 @@ def conversation_list(messages) -> list[list[dict]]:
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise ValueError(_chat_hint(f'{where}message {j} needs a string "role" and a '
                                             f'string "content" (got {dict(m)!r:.80})'))
-            check_text(f"{where}message {j} content", m["content"])
+            for field, value in m.items():  # role, content, name...: all reach the template
+                if isinstance(value, str):
+                    check_text(f"{where}message {j} {field}", value)
     return [[dict(m) for m in conv] for conv in conversations]
 
 

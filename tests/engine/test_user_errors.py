@@ -135,6 +135,9 @@ def test_issue_26_values_offline_are_value_errors(llm, prompt, sp, priority, mat
 def test_surrogate_in_chat_content_is_a_value_error(llm):
     with pytest.raises(ValueError, match="message 0 content is not valid UTF-8"):
         llm.chat([{"role": "user", "content": "\ud800"}], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="message 1 role is not valid UTF-8"):
+        llm.chat([{"role": "user", "content": "a"}, {"role": "\udc00", "content": "b"}],
+                 GREEDY, use_tqdm=False)
 
 
 def test_max_tokens_past_max_model_len_is_a_value_error(llm):
