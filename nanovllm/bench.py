@@ -198,7 +198,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     prompts, params = workload(args, vocab)
 
     # Warm-up: one prompt per replica (balancing sends each to a different one).
-    llm.generate(["Benchmark: "] * args.dp, SamplingParams(), use_tqdm=False)
+    # (a few tokens: max_tokens past max_model_len is a ValueError, and tests use tiny ones)
+    llm.generate(["Benchmark: "] * args.dp, SamplingParams(max_tokens=8), use_tqdm=False)
     t = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t

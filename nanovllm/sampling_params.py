@@ -6,6 +6,14 @@ from numbers import Integral, Real
 
 # The most top tokens logprobs / prompt_logprobs may ask for (vLLM's default max_logprobs).
 MAX_LOGPROBS = 20
+# Completions per prompt: a guard against one request filling the engine with samples.
+MAX_N = 128
+# Stop conditions per request: each stop string is searched for after every token.
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
+# Integers end up in torch int64 tensors (top_k, token ids) or in 64-bit seeds: a larger
+# value would raise inside the engine's step instead of here.
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 @dataclass
@@ -74,20 +82,23 @@ class SamplingParams:
 
     def _check(self):
         def bad(field, value, allowed):
-            raise ValueError(f"SamplingParams.{field}={value!r} is invalid: must be {allowed}.")
+            raise ValueError(f"SamplingParams.{field}={_short(value)} is invalid: must be "
+                             f"{allowed}.")
 
-        if not _is_int(self.n) or self.n < 1:
-            bad("n", self.n, "an integer >= 1 (the number of completions per prompt)")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            bad("n", self.n, f"an integer in [1, {MAX_N}] (the number of completions per "
+                             f"prompt)")
         if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
             bad("temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", self.top_p, "in (0, 1]")
-        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1):
-            bad("top_k", self.top_k, "-1 (off) or an integer >= 1")
+        if (not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1)
+                or self.top_k > INT64_MAX):
+            bad("top_k", self.top_k, f"-1 (off) or an integer in [1, {INT64_MAX}]")
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
             bad("min_p", self.min_p, "in [0, 1]")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            bad("max_tokens", self.max_tokens, "an integer >= 1")
+        if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= INT64_MAX:
+            bad("max_tokens", self.max_tokens, f"an integer in [1, {INT64_MAX}]")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             bad("min_tokens", self.min_tokens, f"an integer in [0, max_tokens={self.max_tokens}]")
         if (not _is_real(self.repetition_penalty)
@@ -98,12 +109,20 @@ class SamplingParams:
                 bad(field, getattr(self, field), "in [-2, 2] (0 = off)")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", self.ignore_eos, "True or False")
-        if self.seed is not None and not _is_int(self.seed):
-            bad("seed", self.seed, "None or an integer")
-        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+        if self.seed is not None and (not _is_int(self.seed)
+                                      or not INT64_MIN <= self.seed <= INT64_MAX):
+            bad("seed", self.seed, f"None or an integer in [{INT64_MIN}, {INT64_MAX}]")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            bad("stop_token_ids", self.stop_token_ids,
+                f"at most {MAX_STOP_TOKEN_IDS} token ids (got {len(self.stop_token_ids)})")
+        if any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            bad("stop", self.stop, f"at most {MAX_STOP_STRINGS} strings (got {len(self.stop)})")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", self.stop, "a string or a list of non-empty strings")
+        for i, s in enumerate(self.stop):
+            check_text(f"SamplingParams.stop[{i}]", s)
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
@@ -138,3 +157,19 @@ def _is_int(x) -> bool:
 def _is_real(x) -> bool:
     """A real number (numpy's too) that is not NaN, and not a bool."""
     return isinstance(x, Real) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def check_text(field: str, text: str) -> None:
+    """ValueError naming `field` unless `text` is valid Unicode that UTF-8 can encode (a lone
+    surrogate such as "\\ud800", which JSON escapes can carry, cannot be tokenized)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{field} is not valid UTF-8 text: {e.reason} at character {e.start} "
+                         f"({text[e.start:e.end]!r}); send well-formed Unicode") from None
+
+
+def _short(value, limit: int = 120) -> str:
+    """repr(value), cut to `limit` characters (a 1,000-item list makes an unreadable error)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

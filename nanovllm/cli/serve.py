@@ -32,6 +32,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--chat-template", metavar="TEMPLATE",
                    help="a Jinja chat template, or a file holding one (default: the "
                         "tokenizer's)")
+    p.add_argument("--max-request-bytes", type=int, metavar="BYTES",
+                   help="answer 413 to a request body larger than this (default: 1 MiB + 64 "
+                        "bytes per token of max_model_len)")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine in a process of its own, so serving HTTP never "
                         "slows its step loop down (default: on; --no-engine-process runs it "
@@ -51,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
                            "missing): update nanovllm to use `serve`") from None
         raise CLIError(f"`serve` needs the package {e.name!r}, which is not installed "
                        f"({e})") from None
+    from nanovllm.engine.core_reader import EngineDeadError
+
     template = args.chat_template
     if template is not None and os.path.isfile(template):
         with open(template) as f:
@@ -59,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
         run_server(resolve_model(args.model), host=args.host, port=args.port,
                    api_key=args.api_key, served_model_name=args.served_model_name,
                    chat_template=template, log_level=(args.log_level or "info").lower(),
+                   max_request_bytes=args.max_request_bytes,
                    engine_process=args.engine_process, **engine_kwargs(args))
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has stopped cleanly
         pass
+    except EngineDeadError as e:  # exit non-zero: a supervisor restarts the server
+        raise CLIError(str(e)) from None
     return 0

@@ -21,7 +21,8 @@ import threading
 from collections.abc import AsyncIterator
 
 from nanovllm.config import Config
-from nanovllm.engine.core_reader import CoreReader, EngineDeadError, dead_message
+from nanovllm.engine.core_reader import (CoreReader, EngineDeadError, RequestFailedError,
+                                         dead_message)
 from nanovllm.engine.engine_core import core_process_main, run_core
 from nanovllm.engine.llm_engine import LLMEngine
 from nanovllm.engine.prompts import conversation_list
@@ -103,14 +104,21 @@ class AsyncLLM:
                                     f"({exit_description(code)}){hint}")
         raise error
 
-    def _exit_code(self) -> int | None:
-        return self._proc.exitcode if self._proc is not None else None
+    def _exit_code(self, wait: float = 0.0) -> int | None:
+        """The engine process's exit code; wait: seconds to let a dying one finish."""
+        if self._proc is None:
+            return None
+        if wait:
+            self._proc.join(wait)
+        return self._proc.exitcode
 
     # -- the caller's side ------------------------------------------------------------------
     @property
     def is_running(self) -> bool:
         """Whether the engine core is alive and serving."""
-        return self._reader.is_alive() and self.error is None and not self._stopping
+        # The process check catches a core killed a moment ago, before its pipe's end is read.
+        return (self._reader.is_alive() and self.error is None and not self._stopping
+                and (self._proc is None or self._proc.is_alive()))
 
     @property
     def error(self) -> BaseException | None:
@@ -128,11 +136,16 @@ class AsyncLLM:
         """Stream one request: RequestOutputs whose completions carry the text, token ids
         and logprobs that are new since the previous one (one completion per sample that
         moved; `finished` on the last). Bad input raises ValueError before anything is
-        yielded; leaving the loop early aborts the request."""
+        yielded; leaving the loop early aborts the request; RequestFailedError if the engine step
+        running it raised (the engine serves on)."""
         stream = await self._add(prompt, sampling_params, request_id, priority)
         try:
             while True:
                 out = await stream.next_output()
+                failed = next((c for c in out.outputs if c.finish_reason == "error"), None)
+                if failed is not None:  # the step that ran it raised (see LLMEngine._step)
+                    raise RequestFailedError(f"request {stream.request_id!r} failed in the "
+                                             f"engine: {failed.stop_reason}")
                 yield out
                 if out.finished:
                     return
@@ -166,6 +179,11 @@ class AsyncLLM:
         the core (at most a step)."""
         future = self._reader.ask_stats(lambda token: self._send(("stats", token)))
         return future.result(timeout)
+
+    def wait_stopped(self) -> None:
+        """Block until the engine core has stopped (shut down, or died: then `error` says
+        why)."""
+        self._reader.join()
 
     def shutdown(self) -> None:
         """Stop the engine core (streams still open end with EngineDeadError), then the

@@ -15,13 +15,19 @@ class EngineDeadError(RuntimeError):
     """The engine core stopped on an error (or was shut down): no request can be served."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine step running this request raised: the request ended (its blocks freed),
+    the engine goes on serving the others."""
+
+
 class CoreReader:
     """Reads the core -> front end pipe on a thread of its own: each request's new items go to
     its stream, one wake-up per event loop; when the core ends, every open stream and pending
     stats call fails with EngineDeadError."""
 
-    def __init__(self, outbox, exit_code: Callable[[], int | None]):
-        """Start reading `outbox`; exit_code() is the engine process's exit code, if any."""
+    def __init__(self, outbox, exit_code: Callable[[float], int | None]):
+        """Start reading `outbox`; exit_code(wait) is the engine process's exit code, if any
+        (after waiting up to `wait` seconds for it to end)."""
         self._outbox = outbox
         self._exit_code = exit_code
         self.error: BaseException | None = None  # why the engine core stopped, if it did
@@ -76,10 +82,12 @@ class CoreReader:
                 raise self._gone() from e
         return future
 
-    def _gone(self) -> EngineDeadError:
-        """The error for a send that found the core's pipe closed: the core died, and this
-        thread has not read the end of its pipe yet."""
-        return EngineDeadError(f"the engine core went away (exit code {self._exit_code()})")
+    def _gone(self, wait: float = 0.0) -> EngineDeadError:
+        """The error for a pipe found closed: the core died (a send may find it so before
+        this thread has read the end of the pipe). wait: seconds to let the process end, so
+        the error can name its exit code."""
+        return EngineDeadError(f"the engine core went away (exit code "
+                               f"{self._exit_code(wait)})")
 
     def _read(self) -> None:
         try:
@@ -98,7 +106,7 @@ class CoreReader:
                     self.error = msg[1]
                     return
         except (EOFError, OSError):
-            self.error = self._gone()
+            self.error = self._gone(wait=2.0)
         except BaseException as e:  # noqa: BLE001 - reported to every stream, then logged
             self.error = e
             logger.exception("the reader thread stopped")

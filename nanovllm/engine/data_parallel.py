@@ -23,7 +23,7 @@ from nanovllm.engine.replica import Replica
 from nanovllm.engine.tokenizer import load_tokenizer
 from nanovllm.llm import LLM
 from nanovllm.outputs import RequestOutput
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import SamplingParams, check_text
 from nanovllm.utils.spawn import GUARD_HINT
 
 
@@ -65,6 +65,7 @@ def encode_prompts(prompts: list, tokenizer) -> list[tuple]:
             out.append((prompt, 0))
             continue
         if ids is None and tokenizer is not None:
+            check_text("prompt", text)  # the tokenizer's TypeError would not name it
             ids = tokenizer.encode(text)
         if ids is None:
             out.append((prompt, len(text)))
@@ -185,6 +186,11 @@ class DataParallelLLM:
                         continue  # an aborted request of an earlier call
                     if isinstance(output, BaseException):
                         raise output  # a bad request: the error LLM.generate raises
+                    failed = next((c for c in output.outputs if c.finish_reason == "error"),
+                                  None)
+                    if failed is not None:  # its step raised: as LLM.generate, stop
+                        raise RuntimeError(f"a step of this generate() call failed, so it was "
+                                           f"stopped: {failed.stop_reason}")
                     output.request_id = key
                     results[i] = output
                     left -= 1

@@ -16,9 +16,13 @@ from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.tokenizer import TextDecoder, load_tokenizer, resolve_eos_ids
 from nanovllm.engine.executor import create_executor
 from nanovllm.outputs import RequestOutput
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, check_text
 
 logger = logging.getLogger(__name__)
+
+# A step that raises fails only its own requests; this many in a row mean the engine itself
+# is broken (e.g. the device is gone), and the error propagates.
+MAX_STEP_FAILURES = 3
 
 
 class LLMEngine:
@@ -44,6 +48,8 @@ class LLMEngine:
         self._in_flight = None  # (Launched, result handle) of the step on the device
         self._aborted: list[Sequence] = []  # aborted requests whose output step() owes
         self._updated: list[Sequence] = []  # samples whose tokens the last step learned
+        self._touched: list[Sequence] = []  # sequences of the step under way (see _fail_step)
+        self._step_failures = 0  # consecutive steps that raised
         self._closed = False
         atexit.register(self.shutdown)
 
@@ -73,10 +79,13 @@ class LLMEngine:
         sp = self.get_default_sampling_params() if sp is None else sp
         if not isinstance(sp, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
-        if not isinstance(priority, Integral) or isinstance(priority, bool):
-            raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower is "
-                             f"scheduled first; default 0)")
+        if (not isinstance(priority, Integral) or isinstance(priority, bool)
+                or not INT64_MIN <= priority <= INT64_MAX):
+            raise ValueError(f"priority={priority!r:.80} is invalid: must be an integer in "
+                             f"[{INT64_MIN}, {INT64_MAX}] (lower is scheduled first; default 0)")
         text, token_ids = parse_prompt(prompt)
+        if text is not None:
+            check_text("prompt", text)
         if token_ids is None:
             if self.tokenizer is None:
                 raise ValueError("this engine was created with skip_tokenizer_init=True: give "
@@ -91,6 +100,7 @@ class LLMEngine:
         seq = Sequence(token_ids, sp, self.config.kvcache_block_size, priority=int(priority),
                        prompt=text)
         self.scheduler.check(seq)
+        check_room(len(token_ids), sp.max_tokens, self.config.max_model_len)
         return seq
 
     def add_request(self, prompt, sampling_params: SamplingParams | None = None,
@@ -140,10 +150,37 @@ class LLMEngine:
     def _step(self) -> tuple[list[Sequence], int]:
         if self._closed:
             raise RuntimeError("this LLM has been shut down; create a new one")
-        self._updated = []
+        self._updated, self._touched = [], []
         if self.scheduler.is_finished() and self._in_flight is None:
             return [], 0  # nothing to do (e.g. every request was aborted)
+        try:
+            result = self._run_step()
+        except Exception as e:  # noqa: BLE001 - the step's requests fail, the engine lives
+            self._step_failures += 1
+            if self._step_failures >= MAX_STEP_FAILURES:
+                raise  # every step fails: the device is gone, not one batch
+            return self._fail_step(e), 0
+        self._step_failures = 0
+        return result
+
+    def _fail_step(self, error: Exception) -> list[Sequence]:
+        """Finish every request of the step that raised (and of a step still in flight)
+        with finish_reason "error", its stop_reason the error's text; frees their blocks.
+        Returns their samples (ended now)."""
+        logger.error("a step failed: its requests end with an error", exc_info=error)
+        touched = list(self._touched)
+        if self._in_flight is not None:
+            touched += self._in_flight[0].seqs
+        # Nothing is in flight any more: the failed steps' results would be void anyway.
+        self._in_flight = None
+        self.scheduler.num_in_flight = 0
+        message = f"{type(error).__name__}: {error}"
+        return self.scheduler.abort({s.request_id for s in touched}, "error", message)
+
+    def _run_step(self) -> tuple[list[Sequence], int]:
+        """schedule -> launch -> record results; the sequences it works on go to _touched."""
         seqs, is_prefill = self.scheduler.schedule()
+        self._touched += seqs
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
         if not self.async_scheduling:
             handle = self.executor.launch(seqs, is_prefill)
@@ -157,6 +194,7 @@ class LLMEngine:
         previous, self._in_flight = self._in_flight, launched
         if previous is None:
             return [], num_tokens
+        self._touched += previous[0].seqs
         return self._results(*previous), num_tokens
 
     def _results(self, launched, handle) -> list[Sequence]:
@@ -214,6 +252,10 @@ class LLMEngine:
                 # refresh=False: redraw at tqdm's own pace, not on every step.
                 bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s",
                                 refresh=False)
+                failed = next((s for s in finished if s.finish_reason == "error"), None)
+                if failed is not None:
+                    raise RuntimeError(f"a step of this generate() call failed, so it was "
+                                       f"stopped: {failed.stop_reason}")
                 bar.update(len(finished_requests(finished)))
         except BaseException:
             self.abort_all()
@@ -232,3 +274,12 @@ class LLMEngine:
             self._in_flight = None
             self.scheduler.num_in_flight -= 1
 
+
+
+def check_room(prompt_len: int, max_tokens: int, max_model_len: int) -> None:
+    """ValueError when the prompt and max_tokens together exceed max_model_len (the server
+    answers the same request with a 400)."""
+    if prompt_len + max_tokens > max_model_len:
+        raise ValueError(f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} "
+                         f"tokens and max_model_len={max_model_len} leaves room for at most "
+                         f"{max_model_len - prompt_len} more; lower max_tokens")

@@ -8,6 +8,8 @@ came from, reported back in the output). No torch here.
 from collections.abc import Iterable, Mapping
 from numbers import Integral
 
+from nanovllm.sampling_params import check_text
+
 ACCEPTED = ('a string, a list of token ids, {"prompt": str} or {"prompt_token_ids": '
             '[int, ...]} (optionally with "prompt": the text those ids came from)')
 
@@ -113,6 +115,9 @@ def conversation_list(messages) -> list[list[dict]]:
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise ValueError(_chat_hint(f'{where}message {j} needs a string "role" and a '
                                             f'string "content" (got {dict(m)!r:.80})'))
+            for field, value in m.items():  # role, content, name...: all reach the template
+                if isinstance(value, str):
+                    check_text(f"{where}message {j} {field}", value)
     return [[dict(m) for m in conv] for conv in conversations]
 
 

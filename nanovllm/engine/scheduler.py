@@ -239,14 +239,16 @@ class Scheduler:
             self.running = deque(s for s in self.running if s is not seq)
         self._finish(seq, reason, stop_reason)
 
-    def abort(self, request_ids: set[int]) -> list[Sequence]:
-        """Finish every waiting and running sample of the requests with these ids ("abort"),
-        freeing their blocks now; returns them. Ids of finished or unknown requests are
-        ignored. A step in flight that holds one of them is harmless: on_result skips
-        finished sequences, and a request's unforked samples are never made."""
+    def abort(self, request_ids: set[int], reason: str = "abort",
+              stop_reason: str | None = None) -> list[Sequence]:
+        """Finish every waiting and running sample of the requests with these ids (with
+        `reason`: "abort", or "error" when their step failed), freeing their blocks now;
+        returns them. Ids of finished or unknown requests are ignored. A step in flight that
+        holds one of them is harmless: on_result skips finished sequences, and a request's
+        unforked samples are never made."""
         seqs = [s for s in (*self.running, *self.waiting) if s.request_id in request_ids]
         for seq in seqs:
-            self.finish(seq, "abort")
+            self.finish(seq, reason, stop_reason)
         return seqs
 
 

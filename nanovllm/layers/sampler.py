@@ -34,8 +34,10 @@ class SamplingTensors:
         # Each optional tensor exists only when some row uses it, so plain batches take
         # the fused single-pass sampler.
         if any(p.top_k != -1 for p in params):
-            st.top_ks = torch.tensor([p.top_k if p.top_k != -1 else vocab_size for p in params],
-                                     device=device)
+            # Clamped to the vocabulary: a larger top_k keeps every token anyway, and the
+            # value must fit the int64 tensor.
+            st.top_ks = torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size)
+                                      for p in params], device=device)
         if any(p.top_p < 1 for p in params):
             st.top_ps = torch.tensor([p.top_p for p in params], device=device)
         if any(p.min_p > 0 for p in params):

@@ -6,25 +6,30 @@ key, an unknown route, a dead engine).
 """
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from nanovllm.engine.async_llm import EngineDeadError
+from nanovllm.engine.core_reader import EngineDeadError, RequestFailedError
 
 logger = logging.getLogger(__name__)
 
 
-class APIError(Exception):
-    """An error to send to the client as OpenAI's JSON error, with its HTTP status."""
+class APIError(HTTPException):
+    """An error to send to the client as OpenAI's JSON error, with its HTTP status (an
+    HTTPException, so that the framework passes it through even from body parsing)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type: str | None = None):
-        super().__init__(message)
+                 code: str | None = None, type: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(status, message, headers)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or _DEFAULT_TYPES.get(status, "invalid_request_error")
+
+    def __str__(self) -> str:
+        return self.message
 
     def body(self) -> dict:
         """The JSON body: {"error": {...}}."""
@@ -33,7 +38,7 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         """The error as a JSON response."""
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 # OpenAI's error types by status; 4xx not listed are invalid_request_error.
@@ -67,6 +72,8 @@ def engine_error(error: BaseException) -> APIError:
     client sees one line, the operator needs the traceback)."""
     if isinstance(error, EngineDeadError):
         return APIError(503, str(error), code="engine_dead")
+    if isinstance(error, RequestFailedError):  # the engine logged the step's traceback
+        return APIError(500, str(error), code="request_failed")
     logger.error("request failed", exc_info=error)
     return APIError(500, f"internal error: {type(error).__name__}: {error}")
 
@@ -82,15 +89,15 @@ def install_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError):
         return from_validation(exc).response()
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
-        # A bug, not a bad request: still JSON in OpenAI's shape (uvicorn logs the traceback).
-        return engine_error(exc).response()
+    # No handler for Exception: Starlette re-raises after such a handler answers, and
+    # uvicorn then drops the keep-alive connection; RequestGuard answers a bug's 500 instead.
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
         code = "not_found" if exc.status_code == 404 else None
-        return APIError(exc.status_code, str(exc.detail), code=code).response()
+        # headers: a 405 names the allowed methods in Allow
+        return APIError(exc.status_code, str(exc.detail), code=code,
+                        headers=exc.headers).response()
 
 
 def _is_union_tag(part: str) -> bool:

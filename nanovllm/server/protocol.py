@@ -6,33 +6,43 @@ ignored, so a client never believes a setting took effect when it did not; the f
 fields that exist but are not implemented (echo, suffix, best_of > n, logit_bias, tools,
 response_format other than text) are refused by name.
 """
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nanovllm.sampling_params import MAX_LOGPROBS, SamplingParams
+from nanovllm.sampling_params import (INT64_MAX, INT64_MIN, MAX_LOGPROBS, MAX_N,
+                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams)
 from nanovllm.server.errors import APIError, bad_request
 
-MAX_N = 128  # completions per prompt; a guard against one request filling the server
+# Choices one request may ask for (prompts x n): a guard against one request filling the
+# engine with sequences.
+MAX_CHOICES = 1024
+# strict: no lax coercion ("logprobs": 0 is not a bool, [[false]] is not a token-id prompt);
+# extra="forbid": a field we do not know is refused, not silently ignored.
+STRICT = ConfigDict(extra="forbid", strict=True)
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+TokenIds = list[TokenId]
+Count = Annotated[int, Field(ge=1, le=INT64_MAX)]
 
 
 class StreamOptions(BaseModel):
     """stream_options: include_usage adds a last chunk with the token counts."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     include_usage: bool | None = False
 
 
 class _Sampling(BaseModel):
     """The fields completions and chat share."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     n: int | None = Field(1, ge=1, le=MAX_N)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(0.0, ge=-2, le=2)
@@ -40,12 +50,12 @@ class _Sampling(BaseModel):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM's extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = Field(0, ge=0)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_tokens: int | None = Field(0, ge=0, le=INT64_MAX)
     ignore_eos: bool | None = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
 
     def refuse_unsupported(self) -> None:
         """400 for OpenAI fields that are recognised but not implemented."""
@@ -76,17 +86,18 @@ class _Sampling(BaseModel):
                 frequency_penalty=pick(self.frequency_penalty, 0.0),
                 min_tokens=pick(self.min_tokens, 0), logprobs=logprobs)
         except ValueError as e:
-            # SamplingParams names the field as "SamplingParams.<field>=..."
+            # SamplingParams names the field as "SamplingParams.<field>..."
             text = str(e)
-            param = text.split("=", 1)[0].removeprefix("SamplingParams.") if "=" in text else None
-            raise bad_request(text, param) from e
+            field = re.match(r"SamplingParams\.(\w+)", text)
+            raise bad_request(text, field.group(1) if field else None) from e
 
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    prompt: str | Annotated[list[str], Field(max_length=MAX_CHOICES)] | list[TokenId] | \
+        Annotated[list[TokenIds], Field(max_length=MAX_CHOICES)]
+    max_tokens: Count | None = 16
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
@@ -114,13 +125,16 @@ class CompletionRequest(_Sampling):
             return [p]
         if any(isinstance(x, list) and not x for x in p):
             raise bad_request("prompt: a token-id prompt must not be empty", "prompt")
+        if len(p) * (self.n or 1) > MAX_CHOICES:
+            raise bad_request(f"{len(p)} prompts x n={self.n or 1} asks for more than "
+                              f"{MAX_CHOICES} completions in one request: split it", "n")
         return list(p)
 
 
 class TextPart(BaseModel):
     """A text content part of a chat message (the only kind supported)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
@@ -128,7 +142,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     """One message of a conversation."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -148,8 +162,8 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: dict[str, Any] | None = None

@@ -97,6 +97,8 @@ def test_dp2_matches_dp1_in_input_order(dp2, expected):
 def test_a_bad_request_raises_and_leaves_the_replicas_serving(dp2, expected):
     with pytest.raises(ValueError, match="max_model_len"):
         dp2.generate(PROMPTS[:7] + [[5] * 300], PARAMS[:8], use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt is not valid UTF-8"):  # not a TypeError
+        dp2.generate(PROMPTS[:2] + ["\ud800"], PARAMS[:3], use_tqdm=False)
     assert_same(dp2.generate(PROMPTS[:9], PARAMS[:9], use_tqdm=False), expected[:9])
     chat = dp2.chat([{"role": "user", "content": "hi"}], PARAMS[1], use_tqdm=False)
     assert len(chat) == 1 and chat[0].finished

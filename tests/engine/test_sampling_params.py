@@ -130,3 +130,50 @@ def test_logprob_counts_are_plain_ints_or_none():
     sp = SamplingParams(n=2, logprobs=3, prompt_logprobs=1)
     assert [(p.logprobs, p.prompt_logprobs) for p in map(sp.for_sample, range(2))] == \
         [(3, 1), (3, None)]
+
+
+BIG = 2 ** 63  # one past int64: what the engine's tensors and seeds can hold
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(top_k=BIG), "top_k"),
+    (dict(top_k=10 ** 30), "top_k"),
+    (dict(seed=BIG), "seed"),
+    (dict(seed=-BIG - 1), "seed"),
+    (dict(max_tokens=BIG), "max_tokens"),
+    (dict(n=129), "n"),
+    (dict(n=10 ** 6), "n"),
+    (dict(stop_token_ids=[BIG]), "stop_token_ids"),
+    (dict(stop_token_ids=list(range(1025))), "stop_token_ids"),
+    (dict(stop=["x"] * 65), "stop"),
+    (dict(stop=["ok", "\ud800"]), r"stop\[1\]"),
+])
+def test_values_past_what_the_engine_holds_name_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kw)
+
+
+def test_limits_themselves_are_accepted():
+    sp = SamplingParams(top_k=BIG - 1, seed=-BIG, max_tokens=BIG - 1, n=128,
+                        stop=["x"] * 64, stop_token_ids=list(range(1024)))
+    assert sp.top_k == BIG - 1 and sp.seed == -BIG
+
+
+def test_a_long_bad_list_makes_a_short_message():
+    with pytest.raises(ValueError) as info:
+        SamplingParams(stop=["x"] * 1000)
+    assert len(str(info.value)) < 300 and "at most 64" in str(info.value)
+
+
+def test_top_k_past_the_vocabulary_keeps_every_token():
+    """The sampler clamps top_k to the vocabulary: int64's largest value samples like -1."""
+    import torch
+
+    from nanovllm.layers.sampler import Sampler, SamplingTensors
+
+    logits = torch.randn(2, 50)
+    params = [SamplingParams(top_k=BIG - 1, seed=1), SamplingParams(top_k=-1, seed=1)]
+    st = SamplingTensors.from_params(params, [0, 0], 50, torch.device("cpu"))
+    assert st.top_ks.tolist() == [50, 50]
+    ids = Sampler()(logits[[0, 0]], st)
+    assert ids[0] == ids[1]  # same seed, same step, same (unfiltered) distribution

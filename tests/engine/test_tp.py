@@ -132,8 +132,9 @@ def test_killed_worker_raises_promptly_and_shutdown_cleans_up(toy_models):
         killed.append(time.monotonic())
         os.kill(worker.pid, signal.SIGKILL)
 
-    # Long enough (minutes) that the kill lands mid-generation, inside some collective.
-    long = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
+    # Long enough (minutes) that the kill lands mid-generation, inside some collective; the
+    # toy model clamps max_model_len to 2,048, and a longer max_tokens is a ValueError.
+    long = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)  # < max_model_len
     timer = threading.Timer(1.0, kill)
     timer.start()
     with pytest.raises(RuntimeError, match="rank 1.*SIGKILL"):
@@ -239,7 +240,7 @@ def test_killed_worker_raises_promptly_with_nccl(toy_models):
     worker = llm.executor.workers.procs[0]
     timer = threading.Timer(2.0, os.kill, (worker.pid, signal.SIGKILL))
     timer.start()
-    long = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
+    long = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)  # < max_model_len
     t = time.monotonic()
     with pytest.raises(RuntimeError, match="rank 1"):
         llm.generate([[5, 6, 7]] * 8, long, use_tqdm=False)

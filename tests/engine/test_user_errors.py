@@ -106,3 +106,47 @@ def test_empty_tokenizer_is_refused(toy_models, tmp_path):
     Tokenizer(models.WordLevel({}, unk_token=None)).save(str(d / "tokenizer.json"))
     with pytest.raises(ValueError, match="tokenizer"):
         LLM(str(d), kvcache_block_size=16)
+
+
+BIG = 2 ** 63
+
+
+@pytest.mark.parametrize("prompt, sp, priority, match", [
+    ("hi", dict(top_k=BIG, temperature=1.0), 0, "top_k"),
+    ("hi", dict(seed=BIG), 0, "seed"),
+    ("hi", dict(n=1000), 0, "n="),
+    ("hi", dict(stop=["x"] * 1000), 0, "stop"),
+    ("hi", dict(stop_token_ids=[BIG]), 0, "stop_token_ids"),
+    ("\ud800", {}, 0, "prompt is not valid UTF-8"),
+    ({"prompt": "a\udfff"}, {}, 0, "prompt is not valid UTF-8"),
+    ("hi", {}, BIG, "priority"),
+    ("hi", {}, -BIG - 1, "priority"),
+])
+def test_issue_26_values_offline_are_value_errors(llm, prompt, sp, priority, match):
+    """The values that broke the server (issue 26) are ValueErrors offline too, and the
+    engine keeps serving."""
+    with pytest.raises(ValueError, match=match):
+        llm.generate([prompt], [SamplingParams(**sp)] if sp else GREEDY, use_tqdm=False,
+                     priority=[priority])
+    assert llm.is_finished()
+    assert len(llm.generate(["still serving"], GREEDY, use_tqdm=False)) == 1
+
+
+def test_surrogate_in_chat_content_is_a_value_error(llm):
+    with pytest.raises(ValueError, match="message 0 content is not valid UTF-8"):
+        llm.chat([{"role": "user", "content": "\ud800"}], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="message 1 role is not valid UTF-8"):
+        llm.chat([{"role": "user", "content": "a"}, {"role": "\udc00", "content": "b"}],
+                 GREEDY, use_tqdm=False)
+
+
+def test_max_tokens_past_max_model_len_is_a_value_error(llm):
+    """As the server answers 400 (issue 27): no silent cap at max_model_len (256 here)."""
+    with pytest.raises(ValueError, match=r"max_tokens=300 .*prompt has 3 tokens.*"
+                                         r"max_model_len=256.*at most 253"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=300), use_tqdm=False)
+    with pytest.raises(ValueError, match="max_tokens"):
+        llm.add_request([1, 2, 3], SamplingParams(max_tokens=254))
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=253, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 253 and out.outputs[0].finish_reason == "length"

@@ -1,0 +1,105 @@
+"""Defence in depth: a step that raises (here: building one batch's sampling tensors) fails
+only the requests of that step, frees their KV blocks and leaves the engine serving; only
+steps failing again and again (a broken device) let the error out."""
+import pytest
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine import llm_engine
+from nanovllm.layers import sampler
+
+POISON_SEED = 4242  # a request with this seed makes its step raise
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+POISON = SamplingParams(temperature=1.0, seed=POISON_SEED, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(toy_models):
+    llm = LLM(toy_models["tied_mha_d16"], device="cpu", dtype="float32", kvcache_block_size=16,
+              max_model_len=128, num_kvcache_blocks=32)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """SamplingTensors.from_params raises for a batch holding a POISON_SEED request."""
+    original = sampler.SamplingTensors.from_params.__func__
+
+    def from_params(cls, params, *args, **kwargs):
+        if any(p.seed == POISON_SEED for p in params):
+            raise OverflowError("injected failure")
+        return original(cls, params, *args, **kwargs)
+
+    monkeypatch.setattr(sampler.SamplingTensors, "from_params", classmethod(from_params))
+
+
+def run_steps(llm, limit=200):
+    outputs = {}
+    for _ in range(limit):
+        if llm.is_finished():
+            return outputs
+        for out in llm.step()[0]:
+            outputs[out.request_id] = out
+    raise AssertionError("the engine did not finish")
+
+
+def test_failed_step_fails_only_its_requests(llm, poisoned):
+    want = llm.generate(["the quick brown fox"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    bm = llm.scheduler.block_manager
+    good = llm.add_request("the quick brown fox", GREEDY)
+    for _ in range(3):  # the good request is decoding when the poisoned one arrives
+        llm.step()
+    bad = llm.add_request("jumps over", POISON)  # its prefill step (alone) raises
+    outputs = run_steps(llm)
+    assert outputs[bad].outputs[0].finish_reason == "error"
+    assert "injected failure" in outputs[bad].outputs[0].stop_reason
+    assert outputs[good].outputs[0].finish_reason == "length"
+    assert outputs[good].outputs[0].token_ids == want  # untouched by its neighbour's failure
+    assert bm.num_free_blocks == bm.num_blocks
+    assert llm.generate(["still serving"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_failed_step_in_a_shared_decode_batch(llm, poisoned):
+    """A decode batch holds every running request: all of them fail, together, and the
+    next requests are served."""
+    a = llm.add_request("one", GREEDY)
+    b = llm.add_request("two", POISON)
+    outputs = run_steps(llm)
+    assert {outputs[a].outputs[0].finish_reason, outputs[b].outputs[0].finish_reason} == {"error"}
+    assert llm.scheduler.block_manager.num_free_blocks == llm.scheduler.block_manager.num_blocks
+    assert len(llm.generate(["again"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
+
+
+def test_generate_raises_and_engine_keeps_serving(llm, poisoned):
+    with pytest.raises(RuntimeError, match="injected failure"):
+        llm.generate(["a", "b"], [GREEDY, POISON], use_tqdm=False)
+    assert llm.is_finished()
+    bm = llm.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    assert len(llm.generate(["again"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
+
+
+def test_parallel_samples_of_a_failed_request_all_fail(llm, poisoned):
+    bad = llm.add_request("fork me", SamplingParams(n=3, seed=POISON_SEED, max_tokens=4))
+    out = run_steps(llm)[bad]
+    assert [c.finish_reason for c in out.outputs] == ["error"] * 3
+    assert llm.scheduler.block_manager.num_free_blocks == llm.scheduler.block_manager.num_blocks
+
+
+def test_steps_failing_again_and_again_raise(llm, monkeypatch):
+    """A broken device fails every step: after MAX_STEP_FAILURES in a row the error
+    propagates (through the core, the server then exits for its supervisor to restart)."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    llm.generate(["a good step ends any earlier streak"], GREEDY, use_tqdm=False)
+    monkeypatch.setattr(sampler.SamplingTensors, "from_params", classmethod(broken))
+    for i in range(llm_engine.MAX_STEP_FAILURES - 1):
+        rid = llm.add_request(f"r{i}", GREEDY)
+        assert run_steps(llm)[rid].outputs[0].finish_reason == "error"
+    llm.add_request("last straw", GREEDY)
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.step()
+    monkeypatch.undo()
+    llm.abort_all()
+    assert len(llm.generate(["back"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12

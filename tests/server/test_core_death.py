@@ -1,0 +1,58 @@
+"""A server whose engine core dies does not live on as a zombie: /health says 503, the
+server logs why and exits with a non-zero status, so a supervisor restarts it."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+
+from tests.server.conftest import ENGINE_KW, MODEL
+from tests.server.test_run_server import free_port
+
+
+def test_server_exits_non_zero_when_the_core_dies(toy_models):
+    port = free_port()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_KW.items()]
+    argv = [sys.executable, "-m", "nanovllm.server", toy_models[MODEL], "--port", str(port),
+            "--served-model-name", "toy", "--log-level", "warning", *options]
+    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": root}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        # The engine core: the server's spawned child (not multiprocessing's tracker).
+        cores = [c for c in psutil.Process(proc.pid).children()
+                 if "spawn_main" in " ".join(c.cmdline())]
+        assert len(cores) == 1
+        os.kill(cores[0].pid, signal.SIGKILL)
+        try:
+            cores[0].wait(10)  # gone (a zombie until the server reaps it)
+        except psutil.NoSuchProcess:
+            pass
+        while proc.poll() is None:  # until it exits: 503, never a 200 from a zombie
+            try:
+                assert httpx.get(f"{url}/health", timeout=1).status_code == 503
+            except httpx.TransportError:  # stopped listening: it is on its way out
+                pass
+            assert time.monotonic() < deadline + 30, "the server outlived its engine"
+            time.sleep(0.05)
+        out = proc.communicate(timeout=10)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out
+    assert "engine core died" in out and "exit code -9" in out, out
