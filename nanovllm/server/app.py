@@ -35,6 +35,8 @@ def build_app(engine: AsyncLLM, served_model_name: str, api_key: str | None = No
         raise ValueError(f"api_key must be None (no key) or a non-empty string, got "
                          f"{api_key!r}")
     max_len = engine.config.max_model_len
+    # generation_config.json's values for fields a request leaves out (vLLM's server too).
+    sampling_defaults = engine.config.generation_defaults.sampling
     if max_request_bytes is None:
         max_request_bytes = default_max_body_bytes(max_len)
     if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) \
@@ -112,7 +114,7 @@ def build_app(engine: AsyncLLM, served_model_name: str, api_key: str | None = No
         prompts = [await completion_prompt(p) for p in req.prompts()]
         room = min(check_length(len(p["prompt_token_ids"]), req.max_tokens, max_len, "prompt")
                    for p in prompts)
-        sp = req.sampling_params(room, req.logprobs)
+        sp = req.sampling_params(room, req.logprobs, sampling_defaults)
         return await respond(request, engine, served_model_name, prompts, sp, chat=False,
                              top_logprobs=req.logprobs, stream=bool(req.stream),
                              include_usage=req.include_usage)
@@ -129,7 +131,7 @@ def build_app(engine: AsyncLLM, served_model_name: str, api_key: str | None = No
         room = check_length(len(prompt["prompt_token_ids"]), req.requested_max_tokens(),
                             max_len, "messages")
         logprobs = req.engine_logprobs()
-        sp = req.sampling_params(room, logprobs)
+        sp = req.sampling_params(room, logprobs, sampling_defaults)
         return await respond(request, engine, served_model_name, [prompt], sp, chat=True,
                              top_logprobs=logprobs, stream=bool(req.stream),
                              include_usage=req.include_usage)

@@ -70,18 +70,23 @@ class _Sampling(BaseModel):
         """Whether a streamed response ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """The engine's SamplingParams; OpenAI's defaults where a field is null or absent."""
-        def pick(value, default):
-            return default if value is None else value
+    def sampling_params(self, max_tokens: int, logprobs: int | None,
+                        defaults: dict | None = None) -> SamplingParams:
+        """The engine's SamplingParams; where a field is null or absent, the model's
+        generation_config.json value from `defaults` (as vLLM's server does), else OpenAI's."""
+        model = defaults or {}
+
+        def pick(value, default, name=None):
+            return model.get(name, default) if value is None else value
 
         try:
             return SamplingParams(
-                temperature=pick(self.temperature, 1.0), top_p=pick(self.top_p, 1.0),
-                top_k=pick(self.top_k, -1), min_p=pick(self.min_p, 0.0),
+                temperature=pick(self.temperature, 1.0, "temperature"),
+                top_p=pick(self.top_p, 1.0, "top_p"), top_k=pick(self.top_k, -1, "top_k"),
+                min_p=pick(self.min_p, 0.0, "min_p"),
                 max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos), seed=self.seed,
                 stop_token_ids=self.stop_token_ids, stop=self.stop, n=pick(self.n, 1),
-                repetition_penalty=pick(self.repetition_penalty, 1.0),
+                repetition_penalty=pick(self.repetition_penalty, 1.0, "repetition_penalty"),
                 presence_penalty=pick(self.presence_penalty, 0.0),
                 frequency_penalty=pick(self.frequency_penalty, 0.0),
                 min_tokens=pick(self.min_tokens, 0), logprobs=logprobs)

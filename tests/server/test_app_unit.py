@@ -15,7 +15,8 @@ class BrokenTokenizer:
 
 
 def fake_engine(running: bool = True):
-    config = SimpleNamespace(max_model_len=256, hf_config=SimpleNamespace(vocab_size=512))
+    config = SimpleNamespace(max_model_len=256, hf_config=SimpleNamespace(vocab_size=512),
+                             generation_defaults=SimpleNamespace(sampling={}))
     return SimpleNamespace(config=config, tokenizer=BrokenTokenizer(), is_running=running,
                            error=None)
 
@@ -46,3 +47,14 @@ def test_health_follows_the_engine():
 def test_empty_api_key_is_refused(key):
     with pytest.raises(ValueError, match="api_key"):
         build_app(fake_engine(), "toy", api_key=key)
+
+
+def test_fields_a_request_leaves_out_come_from_generation_config():
+    from nanovllm.server.protocol import CompletionRequest
+
+    model = {"temperature": 0.3, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1}
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "hi", "top_p": 0.5})
+    sp = req.sampling_params(16, None, model)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.repetition_penalty) == (0.3, 0.5, 20, 1.1)
+    plain = req.sampling_params(16, None, {})  # no file: OpenAI's defaults
+    assert (plain.temperature, plain.top_k, plain.repetition_penalty) == (1.0, -1, 1.0)
