@@ -11,6 +11,7 @@ import psutil
 
 from tests.server.conftest import ENGINE_KW, MODEL
 from tests.server.test_run_server import free_port
+from tests.support.server import wait_healthy
 
 
 def test_server_exits_non_zero_when_the_core_dies(toy_models):
@@ -24,15 +25,7 @@ def test_server_exits_non_zero_when_the_core_dies(toy_models):
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(proc, url)
         # The engine core: the server's spawned child (not multiprocessing's tracker).
         cores = [c for c in psutil.Process(proc.pid).children()
                  if "spawn_main" in " ".join(c.cmdline())]
@@ -42,12 +35,13 @@ def test_server_exits_non_zero_when_the_core_dies(toy_models):
             cores[0].wait(10)  # gone (a zombie until the server reaps it)
         except psutil.NoSuchProcess:
             pass
+        deadline = time.monotonic() + 30
         while proc.poll() is None:  # until it exits: 503, never a 200 from a zombie
             try:
                 assert httpx.get(f"{url}/health", timeout=1).status_code == 503
             except httpx.TransportError:  # stopped listening: it is on its way out
                 pass
-            assert time.monotonic() < deadline + 30, "the server outlived its engine"
+            assert time.monotonic() < deadline, "the server outlived its engine"
             time.sleep(0.05)
         out = proc.communicate(timeout=10)[0]
     finally:

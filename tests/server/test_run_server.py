@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import ENGINE_KW, MODEL
+from tests.support.server import wait_healthy
 
 SCRIPT = """
 import sys
@@ -47,15 +48,7 @@ def test_signal_stops_server_and_engine(toy_models, sig):
                             start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(proc, url)
         resp = httpx.post(f"{url}/v1/completions", timeout=30,
                           json={"model": "toy", "prompt": "Hello", "max_tokens": 3})
         assert resp.status_code == 200
