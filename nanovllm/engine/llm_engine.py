@@ -9,14 +9,15 @@ from tqdm.auto import tqdm
 
 from nanovllm.config import Config
 from nanovllm.engine import logprobs
-from nanovllm.engine.prompts import check_token_ids, generate_args, parse_prompt
+from nanovllm.engine.prompts import (check_priority, check_room, check_token_ids, generate_args,
+                                     parse_prompt)
 from nanovllm.engine.request_outputs import finished_requests, request_output
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.tokenizer import TextDecoder, load_tokenizer, resolve_eos_ids
 from nanovllm.engine.executor import create_executor
 from nanovllm.outputs import RequestOutput
-from nanovllm.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, check_text
+from nanovllm.sampling_params import SamplingParams, check_text
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +80,7 @@ class LLMEngine:
         sp = self.get_default_sampling_params() if sp is None else sp
         if not isinstance(sp, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
-        if (not isinstance(priority, Integral) or isinstance(priority, bool)
-                or not INT64_MIN <= priority <= INT64_MAX):
-            raise ValueError(f"priority={priority!r:.80} is invalid: must be an integer in "
-                             f"[{INT64_MIN}, {INT64_MAX}] (lower is scheduled first; default 0)")
+        priority = check_priority(priority)
         text, token_ids = parse_prompt(prompt)
         if text is not None:
             check_text("prompt", text)
@@ -97,7 +95,7 @@ class LLMEngine:
         if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need the tokenizer, which skip_tokenizer_init=True "
                              "turned off: use stop_token_ids")
-        seq = Sequence(token_ids, sp, self.config.kvcache_block_size, priority=int(priority),
+        seq = Sequence(token_ids, sp, self.config.kvcache_block_size, priority=priority,
                        prompt=text)
         self.scheduler.check(seq)
         check_room(len(token_ids), sp.max_tokens, self.config.max_model_len)
@@ -275,11 +273,3 @@ class LLMEngine:
             self.scheduler.num_in_flight -= 1
 
 
-
-def check_room(prompt_len: int, max_tokens: int, max_model_len: int) -> None:
-    """ValueError when the prompt and max_tokens together exceed max_model_len (the server
-    answers the same request with a 400)."""
-    if prompt_len + max_tokens > max_model_len:
-        raise ValueError(f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} "
-                         f"tokens and max_model_len={max_model_len} leaves room for at most "
-                         f"{max_model_len - prompt_len} more; lower max_tokens")

@@ -8,7 +8,7 @@ came from, reported back in the output). No torch here.
 from collections.abc import Iterable, Mapping
 from numbers import Integral
 
-from nanovllm.sampling_params import check_text
+from nanovllm.sampling_params import INT64_MAX, INT64_MIN, check_text
 
 ACCEPTED = ('a string, a list of token ids, {"prompt": str} or {"prompt_token_ids": '
             '[int, ...]} (optionally with "prompt": the text those ids came from)')
@@ -93,6 +93,24 @@ def check_token_ids(token_ids: list, vocab_size: int) -> list[int]:
     if bad:
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
     return [int(t) for t in token_ids]
+
+
+def check_priority(priority) -> int:
+    """A request's priority as an int; ValueError unless it is an integer within int64."""
+    if (not isinstance(priority, Integral) or isinstance(priority, bool)
+            or not INT64_MIN <= priority <= INT64_MAX):
+        raise ValueError(f"priority={priority!r:.80} is invalid: must be an integer in "
+                         f"[{INT64_MIN}, {INT64_MAX}] (lower is scheduled first; default 0)")
+    return int(priority)
+
+
+def check_room(prompt_len: int, max_tokens: int, max_model_len: int) -> None:
+    """ValueError when the prompt and max_tokens together exceed max_model_len (the server
+    answers the same request with a 400)."""
+    if prompt_len + max_tokens > max_model_len:
+        raise ValueError(f"max_tokens={max_tokens} is too large: the prompt has {prompt_len} "
+                         f"tokens and max_model_len={max_model_len} leaves room for at most "
+                         f"{max_model_len - prompt_len} more; lower max_tokens")
 
 
 def conversation_list(messages) -> list[list[dict]]:
