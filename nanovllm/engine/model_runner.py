@@ -14,7 +14,7 @@ from nanovllm.engine.step_inputs import BlockTables, StepInputs, decode_inputs, 
 from nanovllm.engine.step_output import LogprobsStep, StepResult, prompt_pass
 from nanovllm.engine.warmup import compile_kernels, size_activations
 from nanovllm.layers.attention import Attention
-from nanovllm.layers.attention_backend import choose_backend
+from nanovllm.layers.attention_backend import choose_backend, mix_kv_wanted
 from nanovllm.layers.penalties import apply_penalties, penalty_tensors
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import MODELS
@@ -84,6 +84,10 @@ class ModelRunner:
         loaded = self._checkpoint_kv_scales() if fp8_kv else None
         self.kv_scales = (allocate_kv_scales(self.attn_layers, self.device, loaded)
                           if fp8_kv else None)
+        # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated
+        # on mixed keys: a checkpoint's scales were measured on plain ones.
+        backend.mix_kv = (fp8_kv and loaded is None and backend.name == "torch"
+                          and mix_kv_wanted(self.attn_layers[0].head_dim))
         clock.lap("KV cache")
         compile_kernels(self)
         clock.lap("kernel warm-up")

@@ -38,7 +38,8 @@ class Attention(nn.Module):
         if ctx.calibrate_kv and self.k_scale is not None:
             # Once, on the first prefill (ModelRunner's call): the unfused path yields the
             # rotated keys the cache will hold.
-            _, k_rot = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
+            _, k_rot = norm_and_rotate(q, k, positions, rope, q_norm, k_norm,
+                                       self.backend.mix_kv)
             fmax = torch.finfo(self.k_cache.dtype).max
             calibrate_kv_scales(k_rot, v, self.k_scale, self.v_scale, fmax)
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)

@@ -8,6 +8,7 @@ without cached context attends to its own K/V unquantized (see exact_chunk), as 
 """
 import importlib.util
 import logging
+import os
 
 import torch
 
@@ -21,11 +22,14 @@ class TorchBackend:
     """Plain-torch reference: the CPU path and the oracle the others are tested against."""
 
     name = "torch"
+    # Whether q and k are multiplied by a Hadamard matrix after RoPE (see hadamard_mix);
+    # ModelRunner turns it on for an fp8 cache with calibrated scales.
+    mix_kv = False
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
                        ctx: Context, k_scale=None, v_scale=None):
         """Per-head q/k norm (when given), RoPE, then the K/V store; returns (q, k)."""
-        q, k = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
+        q, k = norm_and_rotate(q, k, positions, rope, q_norm, k_norm, self.mix_kv)
         self.store_kv(k, v, k_cache, v_cache, ctx, k_scale, v_scale)
         return q, k
 
@@ -54,6 +58,7 @@ class TritonBackend:
     """Our Triton paged kernels: the GPU default when flash-attn is absent."""
 
     name = "triton"
+    mix_kv = False  # as TorchBackend.mix_kv, inside the fused RoPE kernel
     needs_new_k = False  # prefill reads the new keys back from the cache
     # Off by default: on an H100 the fp8 bench's first large prefill with it took ~1.8 s
     # longer once (19,480-21,554 tok/s instead of ~27,000; cause not found yet, steady
@@ -134,11 +139,44 @@ class FlashBackend(TritonBackend):
         return o.squeeze(1)
 
 
-def norm_and_rotate(q, k, positions, rope, q_norm=None, k_norm=None):
-    """The unfused q/k norm + RoPE (modules of the model), as the torch path runs it."""
+def norm_and_rotate(q, k, positions, rope, q_norm=None, k_norm=None, mix=False):
+    """The unfused q/k norm + RoPE (modules of the model), as the torch path runs it; with
+    mix, both then go through hadamard_mix."""
     if q_norm is not None:
         q, k = q_norm(q), k_norm(k)
-    return rope(positions, q, k)
+    q, k = rope(positions, q, k)
+    return (hadamard_mix(q), hadamard_mix(k)) if mix else (q, k)
+
+
+def hadamard_mix(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] times the orthonormal D x D Hadamard matrix (D a power of two).
+
+    Applied to q and k after RoPE it leaves every q.k unchanged, but spreads each key's few
+    large channels over all D, so an fp8 cache's per-element rounding errors average out in
+    the dot products instead of riding on the channels that dominate them (SmolLM2, CPU:
+    decode 0.060 -> 0.050 nats mean; docs/PERF_NOTES.md)."""
+    d = x.shape[-1]
+    return (x.float() @ _hadamard(d, x.device)).to(x.dtype)
+
+
+def mix_kv_wanted(head_dim: int) -> bool:
+    """Whether an fp8 cache with calibrated scales gets Hadamard-mixed q/k: a power-of-two
+    head_dim, unless NANOVLLM_KV_MIX=0 (for measuring what the mixing buys)."""
+    return head_dim & (head_dim - 1) == 0 and os.environ.get("NANOVLLM_KV_MIX", "1") != "0"
+
+
+_HADAMARD: dict = {}
+
+
+def _hadamard(d: int, device: torch.device) -> torch.Tensor:
+    key = (d, str(device))
+    if key not in _HADAMARD:
+        assert d & (d - 1) == 0, f"Hadamard mixing needs a power-of-two head_dim, got {d}"
+        h = torch.ones(1, 1)
+        while h.shape[0] < d:  # Sylvester: [[H, H], [H, -H]]
+            h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+        _HADAMARD[key] = (h / d ** 0.5).to(device)
+    return _HADAMARD[key]
 
 
 def exact_chunk(ctx: Context, k_scale) -> bool:

@@ -58,3 +58,20 @@ def test_chunk_as_cache_maps_each_sequence_to_its_tokens():
     assert kc.shape == vc.shape == (6, 1, 2, 4) and kc.stride() == vc.stride()
     assert tables.tolist() == [[0, 1, 2, 3], [2, 3, 4, 5]]
     assert torch.equal(kc[tables[1].long(), 0], k[2:6])
+
+
+def test_hadamard_mix_keeps_dot_products_and_spreads_spiky_keys():
+    from nanovllm.layers.attention_backend import hadamard_mix
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g)
+    # A few large channels in both, as RoPE's slow channels give real queries and keys.
+    q[:, :4] *= 10
+    k[:, :4] *= 30
+    assert torch.allclose(hadamard_mix(q) @ hadamard_mix(k).T, q @ k.T, rtol=1e-4, atol=1e-3)
+
+    def fp8_dot_error(qq, kk):
+        kq = kk.to(torch.float8_e4m3fn).float()
+        return ((qq @ kq.T) - (qq @ kk.T)).abs().mean()
+    # Rounding errors of the spread key average out in the dot products.
+    assert fp8_dot_error(hadamard_mix(q), hadamard_mix(k)) < 0.5 * fp8_dot_error(q, k)
