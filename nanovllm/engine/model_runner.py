@@ -86,8 +86,8 @@ class ModelRunner:
                           if fp8_kv else None)
         # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated
         # on mixed keys: a checkpoint's scales were measured on plain ones.
-        backend.mix_kv = (fp8_kv and loaded is None and backend.name == "torch"
-                          and mix_kv_wanted(self.attn_layers[0].head_dim))
+        backend.mix_kv = fp8_kv and loaded is None and mix_kv_wanted(
+            self.attn_layers[0].head_dim)
         clock.lap("KV cache")
         compile_kernels(self)
         clock.lap("kernel warm-up")

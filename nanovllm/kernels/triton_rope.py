@@ -6,13 +6,14 @@ which at small batches cost more than the layer's matmuls: each is a few microse
 and tail for a few kilobytes of work. The arithmetic follows the unfused torch path step by step,
 rounding to the activation dtype where it does (normed value, times weight, rotated value), so
 both paths give the same numbers to within float rounding. An fp8 cache gets the rounded k and
-v divided by their per-kv-head scales (see torch_ref.quantize).
+v divided by their per-kv-head scales (see torch_ref.quantize), and with mix=True q and k are
+first multiplied by the orthonormal Hadamard matrix (attention_backend.hadamard_mix).
 """
 import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import fp8_meta, quantize_fp8
+from nanovllm.kernels._common import dot_precision, fp8_meta, quantize_fp8
 from nanovllm.kernels.triton_kv import fp8_args
 
 
@@ -32,6 +33,25 @@ def _norm_rotate(x1, x2, w_ptr, cos, sin, offs, eps,
 
 
 @triton.jit
+def _mix(x1, x2, OUT_DTYPE: tl.constexpr, HALF: tl.constexpr, LOG2_HALF: tl.constexpr,
+         DOT_PREC: tl.constexpr):
+    """[x1 x2] (fp32 halves, rows padded to >= 16 for the dots) times the orthonormal
+    Hadamard matrix of size 2 * HALF, after rounding to OUT_DTYPE as the torch path does.
+    Sylvester's H = [[A, A], [A, -A]] gives [(x1 + x2) A, (x1 - x2) A]; A's entries
+    (-1)^popcount(i & j) are built here, not loaded."""
+    x1 = x1.to(OUT_DTYPE).to(tl.float32)
+    x2 = x2.to(OUT_DTYPE).to(tl.float32)
+    both = tl.arange(0, HALF)[:, None] & tl.arange(0, HALF)[None, :]
+    parity = tl.zeros([HALF, HALF], tl.int32)
+    for b in tl.static_range(LOG2_HALF):
+        parity ^= (both >> b) & 1
+    a = (1 - 2 * parity).to(tl.float32)
+    norm = 1.0 / tl.sqrt(2.0 * HALF)
+    return (tl.dot(x1 + x2, a, input_precision=DOT_PREC) * norm,
+            tl.dot(x1 - x2, a, input_precision=DOT_PREC) * norm)
+
+
+@triton.jit
 def _norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, slot_ptr,
     q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
@@ -39,7 +59,7 @@ def _norm_rope_store_kernel(
     stride_cslot, stride_ch, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
     HALF: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_K: tl.constexpr,
-    KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    MIX: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
     SOFT: tl.constexpr,
 ):
     # One program per token: all its heads at once (a few KB), so a decode step is one wave.
@@ -56,6 +76,8 @@ def _norm_rope_store_kernel(
     o1, o2 = _norm_rotate(tl.load(src, mask=mq).to(tl.float32),
                           tl.load(src + HALF, mask=mq).to(tl.float32),
                           qw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
+    if MIX:
+        o1, o2 = _mix(o1, o2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
     q_dst = q_out_ptr + t * (HQ * 2 * HALF) + hq * (2 * HALF) + offs[None, :]
     tl.store(q_dst, o1.to(out_dtype), mask=mq)
     tl.store(q_dst + HALF, o2.to(out_dtype), mask=mq)
@@ -66,6 +88,8 @@ def _norm_rope_store_kernel(
     k1, k2 = _norm_rotate(tl.load(k_src, mask=mk).to(tl.float32),
                           tl.load(k_src + HALF, mask=mk).to(tl.float32),
                           kw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
+    if MIX:
+        k1, k2 = _mix(k1, k2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
     k1, k2 = k1.to(out_dtype), k2.to(out_dtype)
     if WRITE_K:
         k_dst = k_out_ptr + t * (HKV * 2 * HALF) + hk * (2 * HALF) + offs[None, :]
@@ -94,12 +118,13 @@ def _norm_rope_store_kernel(
 
 def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
                     k_cache, v_cache, slot_mapping, return_k: bool = False, k_scale=None,
-                    v_scale=None):
+                    v_scale=None, mix: bool = False):
     """q [T, Hq, D], k/v [T, Hkv, D] (strided views of the qkv output are fine) -> rotated q
     [T, Hq, D] (and rotated k when return_k); stores rotated k and v at slot_mapping (-1 skips).
     cos_sin_cache is [max_position, ..., D] float32 (cos half, then sin half); the norm
     weights are [D] or both None (no q/k norm). An fp8 cache needs k_scale / v_scale (fp32
-    [Hkv]): it stores k / k_scale and v / v_scale."""
+    [Hkv]): it stores k / k_scale and v / v_scale. mix: q and k times the Hadamard matrix
+    after RoPE (attention_backend.hadamard_mix)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim % 2 or head_dim & (head_dim - 1):
@@ -121,8 +146,14 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         k_norm_weight if has_norm else k, slot_mapping, q_out, k_out, kc, vc, ks, vs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos_sin.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
-        HQ=num_heads, HKV=num_kv_heads, HQ_PAD=triton.next_power_of_2(num_heads),
-        HKV_PAD=triton.next_power_of_2(num_kv_heads), HALF=head_dim // 2,
-        HAS_NORM=has_norm, WRITE_K=return_k, **meta, num_warps=4,
+        HQ=num_heads, HKV=num_kv_heads, HQ_PAD=_pad(num_heads, mix),
+        HKV_PAD=_pad(num_kv_heads, mix), HALF=head_dim // 2, HAS_NORM=has_norm,
+        WRITE_K=return_k, MIX=mix, LOG2_HALF=(head_dim // 2).bit_length() - 1,
+        DOT_PREC=dot_precision(q.dtype), **meta, num_warps=4,
     )
     return (q_out, k_out) if return_k else q_out
+
+
+def _pad(heads: int, mix: bool) -> int:
+    """Rows of a head tile: a power of two, and at least 16 where the mixing's dots need it."""
+    return max(triton.next_power_of_2(heads), 16 if mix else 1)

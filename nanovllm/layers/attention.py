@@ -32,8 +32,11 @@ class Attention(nn.Module):
         (positions, q, k) to rotated (q, k); q_norm/k_norm are per-head norms or None."""
         ctx = get_context()
         if self.k_cache.numel() == 0:
-            # Warm-up before the cache exists (sizing the activations): attention is skipped.
-            q, _ = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
+            # Warm-up before the cache exists (sizing the activations): attention is skipped,
+            # but the rotated K and the V copy an fp8 prefill attends to (exact_chunk) are
+            # alive with its output, as in a real step.
+            q, k = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
+            v = v.contiguous()
             return torch.zeros_like(q)
         if ctx.calibrate_kv and self.k_scale is not None:
             # Once, on the first prefill (ModelRunner's call): the unfused path yields the

@@ -60,10 +60,9 @@ class TritonBackend:
     name = "triton"
     mix_kv = False  # as TorchBackend.mix_kv, inside the fused RoPE kernel
     needs_new_k = False  # prefill reads the new keys back from the cache
-    # Off by default: on an H100 the fp8 bench's first large prefill with it took ~1.8 s
-    # longer once (19,480-21,554 tok/s instead of ~27,000; cause not found yet, steady
-    # state equal: 4.74 vs 4.71 s; docs/PERF_NOTES.md). The torch path always does it.
-    exact_prefill = False
+    # A prefill without cached context attends to its own K/V unquantized (exact_chunk),
+    # as the torch path always does; switchable to measure what it costs.
+    exact_prefill = True
 
     def __init__(self):
         from nanovllm.kernels import triton_decode, triton_kv, triton_prefill, triton_rope
@@ -84,7 +83,7 @@ class TritonBackend:
         new_k = self.needs_new_k or (self.exact_prefill and exact_chunk(ctx, k_scale))
         out = self._rope_store(q, k, v, positions, rope.cos_sin_cache, *weights, k_cache,
                                v_cache, ctx.slot_mapping, return_k=new_k,
-                               k_scale=k_scale, v_scale=v_scale)
+                               k_scale=k_scale, v_scale=v_scale, mix=self.mix_kv)
         return out if new_k else (out, None)
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,
@@ -161,8 +160,10 @@ def hadamard_mix(x: torch.Tensor) -> torch.Tensor:
 
 def mix_kv_wanted(head_dim: int) -> bool:
     """Whether an fp8 cache with calibrated scales gets Hadamard-mixed q/k: a power-of-two
-    head_dim, unless NANOVLLM_KV_MIX=0 (for measuring what the mixing buys)."""
-    return head_dim & (head_dim - 1) == 0 and os.environ.get("NANOVLLM_KV_MIX", "1") != "0"
+    head_dim of at least 32 (the fused kernel's dots need halves of >= 16), unless
+    NANOVLLM_KV_MIX=0 (for measuring what the mixing buys)."""
+    return (head_dim >= 32 and head_dim & (head_dim - 1) == 0
+            and os.environ.get("NANOVLLM_KV_MIX", "1") != "0")
 
 
 _HADAMARD: dict = {}

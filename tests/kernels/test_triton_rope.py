@@ -39,17 +39,18 @@ def _case(num_tokens, heads, kv_heads, head_dim, dtype, device, with_norm, block
     return q, k, v, positions, slots.to(device), rope, norms, caches
 
 
-def _check(num_tokens, heads, kv_heads, head_dim, dtype, device, with_norm, rtol, atol):
+def _check(num_tokens, heads, kv_heads, head_dim, dtype, device, with_norm, rtol, atol,
+           mix=False):
     from nanovllm.kernels.triton_rope import norm_rope_store
 
     q, k, v, pos, slots, rope, (qn, kn), (kc, vc) = _case(num_tokens, heads, kv_heads, head_dim,
                                                           dtype, device, with_norm)
-    ref_q, ref_k = norm_and_rotate(q, k, pos, rope, qn, kn)
+    ref_q, ref_k = norm_and_rotate(q, k, pos, rope, qn, kn, mix)
     ref_kc, ref_vc = kc.clone(), vc.clone()
     store_kvcache_torch(ref_k, v, ref_kc, ref_vc, slots)
     weights = (qn.weight, kn.weight, qn.eps) if with_norm else (None, None, 0.0)
     out_q, out_k = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, *weights, kc, vc, slots,
-                                   return_k=True)
+                                   return_k=True, mix=mix)
     for got, want in ((out_q, ref_q), (out_k, ref_k), (kc, ref_kc), (vc, ref_vc)):
         assert got.dtype == want.dtype and got.shape == want.shape
         # Elementwise: the two paths may round intermediate values differently (torch.compile
@@ -58,7 +59,7 @@ def _check(num_tokens, heads, kv_heads, head_dim, dtype, device, with_norm, rtol
     assert torch.equal(vc, ref_vc)  # v is copied, never rounded
     # Without return_k only q comes back, and the cache is written the same way.
     kc2, vc2 = torch.full_like(kc, 3.0), torch.full_like(vc, 3.0)
-    q2 = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, *weights, kc2, vc2, slots)
+    q2 = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, *weights, kc2, vc2, slots, mix=mix)
     # Two compiled variants may contract multiply-adds differently: close, not bitwise.
     for got, want in ((q2, ref_q), (kc2, ref_kc)):
         torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
@@ -70,6 +71,13 @@ def _check(num_tokens, heads, kv_heads, head_dim, dtype, device, with_norm, rtol
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (3, 1, 8), (2, 2, 32)])
 def test_norm_rope_store_interpreter(heads, kv_heads, head_dim, with_norm):
     _check(7, heads, kv_heads, head_dim, torch.float32, "cpu", with_norm, 1e-5, 1e-5)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test (CPU)")
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 32), (3, 1, 16)])
+def test_norm_rope_store_mix_interpreter(heads, kv_heads, head_dim):
+    """q and k multiplied by the Hadamard matrix after RoPE, as hadamard_mix does."""
+    _check(5, heads, kv_heads, head_dim, torch.float32, "cpu", True, 1e-5, 1e-5, mix=True)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test (CPU)")
@@ -90,5 +98,5 @@ def test_norm_rope_store_rejects_odd_head_dim():
 @pytest.mark.parametrize("num_tokens", [1, 37, 4096])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (32, 4, 64), (5, 1, 128)])
 def test_norm_rope_store_gpu(num_tokens, heads, kv_heads, head_dim, dtype, rtol, atol):
-    for with_norm in (True, False):
-        _check(num_tokens, heads, kv_heads, head_dim, dtype, "cuda", with_norm, rtol, atol)
+    for with_norm, mix in ((True, False), (False, False), (True, True)):
+        _check(num_tokens, heads, kv_heads, head_dim, dtype, "cuda", with_norm, rtol, atol, mix)
