@@ -59,7 +59,11 @@ def warm_prefills(runner) -> None:
     num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
     batches = [[(min(16, max_len), 0)], [(seq_len, 0)] * num_seqs]
     if runner.kv_scales is not None:
-        batches.append([(min(32, max_len), min(16, max_len // 2))])
+        # Short and long chunks over cached tokens: the two tile configs of the prefill
+        # kernel reading the fp8 cache (a later chunk of a long prompt, a prefix hit).
+        cached = min(16, max_len // 2)
+        for n in (16, 600):
+            batches.append([(min(cached + n, max_len), cached)])
     sp = SamplingParams(temperature=0.6, max_tokens=1)
     for batch in batches:
         seqs, next_block = [], 0
