@@ -3,9 +3,9 @@ run of every kernel variant so none compiles in the middle of a user's generate.
 import torch
 
 from nanovllm.engine.sequence import Sequence
-from nanovllm.layers.sampler import SamplingTensors
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import reset_context, set_context
+from nanovllm.worker.sampler import SamplingTensors
 
 
 @torch.inference_mode()
@@ -63,7 +63,7 @@ def warm_prefills(runner) -> None:
         seq.block_table = list(range(need))
         seq.num_cached_tokens = cached
         seq.num_scheduled_tokens = n - cached
-        runner.run([seq], True)
+        runner.launch([seq], True).result()
 
 
 def warm_sampler(runner, rows: int, temperature: float, dtype: torch.dtype) -> None:
