@@ -187,7 +187,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     # Import the device side (torch, Triton, the model) outside the start-up timing, as the
     # figures before the engine stopped importing torch at module level were taken.
     t = time.perf_counter()
-    import nanovllm.engine.model_runner  # noqa: F401
+    import nanovllm.worker.model_runner  # noqa: F401
     imports = time.perf_counter() - t
     t = time.perf_counter()
     llm = LLM(path, tensor_parallel_size=args.tp, data_parallel_size=args.dp,

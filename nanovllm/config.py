@@ -112,7 +112,7 @@ class Config:
 
     def _resolve_model(self) -> None:
         """model, tokenizer -> local paths; hf_config and generation defaults read from them."""
-        from nanovllm.utils.gguf_loader import GGUFCheckpoint, find_gguf
+        from nanovllm.utils.gguf_file import GGUFCheckpoint, find_gguf
         from nanovllm.utils.hub import resolve_model_path
 
         model = self.model

@@ -3,8 +3,10 @@ import json
 import os
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM",
-                           "Qwen3MoeForCausalLM")
+from nanovllm.models import ARCHITECTURES
+
+# The registry's names: config.json is refused before any model is built.
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 # RoPE variants the rotary embedding implements, and the fields each needs from config.json.
 ROPE_TYPES = {"default": (), "linear": ("factor",),
               "llama3": ("factor", "low_freq_factor", "high_freq_factor",

@@ -7,7 +7,7 @@ export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout 240 python3 -m pytest -v --durations=0 -p no:logging -o faulthandler_timeout=120 -m gpu \
-  tests/engine/test_data_parallel.py tests/engine/test_tp.py > "$OUT/dp_tests.log" 2>&1
+  tests/engine/test_data_parallel.py tests/worker/test_multiproc.py > "$OUT/dp_tests.log" 2>&1
 echo "pytest rc=$?"; grep -E "PASSED|FAILED|SKIPPED|ERROR|^E  " "$OUT/dp_tests.log" | head -20
 tail -1 "$OUT/dp_tests.log"
 for run in "--tp 1" "--tp 2" "--dp 2"; do

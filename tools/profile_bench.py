@@ -53,7 +53,7 @@ def main():
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.profile_steps):
-                    ids = executor.run(seqs, is_prefill)
+                    ids = executor.launch(seqs, is_prefill).result()
                     sched.postprocess(seqs, ids)
                     seqs, is_prefill = sched.schedule()
                 torch.cuda.synchronize()
@@ -63,7 +63,7 @@ def main():
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
-                ids = executor.run(seqs, is_prefill)
+                ids = executor.launch(seqs, is_prefill).result()
                 torch.cuda.synchronize()
             print(f"one decode step at batch {len(seqs)}:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
@@ -71,7 +71,7 @@ def main():
             sched.postprocess(seqs, ids)
             continue
         ctx = sum(len(s) for s in seqs)
-        ids = executor.run(seqs, is_prefill)
+        ids = executor.launch(seqs, is_prefill).result()
         t2 = time.perf_counter()
         sched.postprocess(seqs, ids)
         t3 = time.perf_counter()

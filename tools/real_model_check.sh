@@ -35,7 +35,7 @@ if has bench; then
 fi
 if has tests; then
   SMOLLM2_GGUF=$GGUF timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:logging -m gpu \
-    ${TESTS:-tests/models/test_smollm2.py tests/kernels/test_fp8_gpu.py tests/engine/test_gpu_engine.py} \
+    ${TESTS:-tests/models/test_smollm2.py tests/kernels/test_fp8_kv.py tests/engine/test_gpu_engine.py} \
     > "$OUT/tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
 fi

@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 # faulthandler prints every thread's stack if a test runs past 120 s: a hang shows where.
 timeout 240 python3 -m pytest -v --durations=0 -p no:logging -o faulthandler_timeout=120 -m gpu \
-  tests/engine/test_tp.py > "$OUT/tp_tests.log" 2>&1
+  tests/worker/test_multiproc.py > "$OUT/tp_tests.log" 2>&1
 echo "pytest rc=$?"; grep -E "PASSED|FAILED|ERROR|^E  " "$OUT/tp_tests.log" | head -20; tail -2 "$OUT/tp_tests.log"
 ls /dev/shm | grep -c psm_ | sed 's/^/shm segments left after tests: /'
 for tp in 2 1; do

@@ -9,7 +9,7 @@ import time
 from multiprocessing import connection
 
 from nanovllm.config import Config
-from nanovllm.distributed.worker import WorkerSpec, worker_main
+from nanovllm.worker.tp_worker import WorkerSpec, worker_main
 from nanovllm.utils.exit_status import exit_description
 from nanovllm.utils.spawn import spawn_context
 

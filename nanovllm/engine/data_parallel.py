@@ -90,7 +90,7 @@ class DataParallelLLM:
         if config.device == "cpu":
             gpus = None  # no torch needed to know it
         else:
-            from nanovllm.engine.device import replica_gpus
+            from nanovllm.worker.device import replica_gpus
 
             gpus = replica_gpus(config)
         # Replicas on CPU share its cores; more threads than cores only adds contention.

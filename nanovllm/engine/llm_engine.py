@@ -15,7 +15,7 @@ from nanovllm.engine.request_outputs import finished_requests, request_output
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.tokenizer import TextDecoder, load_tokenizer, resolve_eos_ids
-from nanovllm.engine.executor import create_executor
+from nanovllm.worker import create_executor
 from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams, check_text
 

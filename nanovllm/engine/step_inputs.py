@@ -1,18 +1,31 @@
-"""Scheduled sequences -> the host-side arrays of one model step. numpy only, no torch.
-
-Both decode paths (eager, and CUDA-graph replay) and prefill take their inputs from here,
-so the slot and block-table arithmetic exists once and is unit-tested without a device.
+"""The one host builder of a step's inputs: scheduled sequences -> every array the device
+needs, in numpy (no torch). Prefill, eager decode and CUDA-graph decode all take their inputs
+from here (tokens, positions, slots, block tables, and on rank 0 the sampling, penalty and
+logprob rows), so the slot and block-table arithmetic exists once and is unit-tested without a
+device; the device side uploads `device_parts()` in one host-to-device copy.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
+from nanovllm.engine.block_tables import BlockTables, block_table_array
+from nanovllm.engine.sampling_rows import (
+    LogprobPlan,
+    PenaltyRows,
+    SamplingRows,
+    logprob_plan,
+    penalty_rows,
+    sampling_rows,
+)
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
+
+# Rows of StepInputs.decode_meta, in order; the decode graphs read them at fixed places.
+DECODE_META_ROWS = 6  # ids, positions, slots, context lens, order, feed rows
 
 
 @dataclass
 class StepInputs:
-    """Everything the model and the attention context need for one step, as int32 arrays."""
+    """Everything the model, the attention context and the sampler need for one step."""
 
     is_prefill: bool
     num_seqs: int
@@ -34,73 +47,77 @@ class StepInputs:
     feed_rows: np.ndarray | None = None
     # prefill: rows (of the step's tokens) whose logits give prompt logprobs; None = none.
     prompt_rows: np.ndarray | None = None
+    # Rank 0 (the rank that samples) only; None elsewhere, and for penalties and logprobs
+    # also when no sequence uses them.
+    sampling: SamplingRows | None = None
+    penalties: PenaltyRows | None = None
+    logprobs: LogprobPlan | None = None
 
     @property
     def decode_meta(self) -> np.ndarray:
-        """[5, rows]: ids, positions, slots, context lens, order (the decode graphs' input
-        rows)."""
+        """[DECODE_META_ROWS, rows]: ids, positions, slots, context lens, order, feed rows
+        (-1: none)."""
+        feed = np.full_like(self.input_ids, -1) if self.feed_rows is None else self.feed_rows
         return np.stack([self.input_ids, self.positions, self.slot_mapping, self.context_lens,
-                         self.order])
+                         self.order, feed])
+
+    def device_parts(self) -> dict[str, np.ndarray]:
+        """The arrays the device needs, by name, in upload order: a decode step's meta and
+        block table come first (the decode graphs read them at fixed places)."""
+        if self.is_prefill:
+            parts = dict(input_ids=self.input_ids, positions=self.positions,
+                         slot_mapping=self.slot_mapping, cu_seqlens_q=self.cu_seqlens_q,
+                         cu_seqlens_k=self.cu_seqlens_k, block_tables=self.block_tables)
+            if self.prompt_rows is not None:
+                parts["prompt_rows"] = self.prompt_rows
+        else:
+            parts = dict(decode_meta=self.decode_meta, block_tables=self.block_tables)
+        sr, pr, lp = self.sampling, self.penalties, self.logprobs
+        if sr is not None:
+            optional = dict(temperatures=sr.temperatures, top_ks=sr.top_ks, top_ps=sr.top_ps,
+                            min_ps=sr.min_ps)
+            parts.update((k, v) for k, v in optional.items() if v is not None)
+        if pr is not None:
+            parts.update(penalty_ids=pr.ids, penalty_settings=pr.settings)
+        if lp is not None:
+            optional = dict(logprob_rows=lp.sample_rows, logprob_targets=lp.targets)
+            parts.update((k, v) for k, v in optional.items() if v is not None)
+        return parts
 
 
-def block_table_array(seqs: list[Sequence], width: int, rows: int | None = None) -> np.ndarray:
-    """[rows, width] block ids; the width is fixed (max_model_len's blocks) so that kernels
-    see one shape, and rows beyond len(seqs) are zero padding."""
-    table = np.zeros((rows or len(seqs), width), dtype=np.int32)
-    for i, s in enumerate(seqs):
-        table[i, : len(s.block_table)] = s.block_table
-    return table
+class StepBuilder:
+    """Builds each step's StepInputs for one rank; keeps what persists from step to step
+    (block-table rows, the rows of the last step's sequences, the end tokens)."""
 
+    def __init__(self, block_size: int, width: int, max_num_seqs: int,
+                 vocab_size: int | None):
+        self.block_size, self.width = block_size, width
+        self.vocab_size = vocab_size  # None: this rank does not sample (no sampling rows)
+        self.tables = BlockTables(2 * max_num_seqs, width)
+        # Row of each sequence in the last launched step: where its pending token (async
+        # scheduling) lies among that step's sampled ids, still on the device.
+        self.prev_rows: dict[int, int] = {}
+        self.eos_ids: frozenset[int] = frozenset()  # what min_tokens holds back
 
-class BlockTables:
-    """Block-table rows kept from step to step, one per sequence: a decode step copies only
-    the blocks a sequence gained since its last step (a block every block_size tokens), then
-    takes the batch's rows in one numpy gather. Per step that is O(batch), not
-    O(batch x context) as rebuilding every row was.
+    def build(self, seqs: list[Sequence], is_prefill: bool, rows: int = 0) -> StepInputs:
+        """The step's inputs; a decode step is padded to `rows` rows."""
+        if is_prefill:
+            inputs = prefill_inputs(seqs, self.block_size, self.width, self.tables)
+        else:
+            inputs = decode_inputs(seqs, self.block_size, self.width, rows, self.prev_rows,
+                                   self.tables)
+        if self.vocab_size is not None:
+            inputs.sampling = sampling_rows([s.sampling_params for s in seqs],
+                                            [s.num_completion_tokens for s in seqs],
+                                            self.vocab_size)
+            inputs.penalties = penalty_rows(seqs, self.eos_ids, self.prev_rows,
+                                            self.vocab_size)
+            inputs.logprobs = logprob_plan(seqs, is_prefill, inputs.prompt_rows)
+        return inputs
 
-    A sequence's blocks change only by appending, except when it is preempted or prefilled
-    again; prefill steps therefore rewrite their rows in full (refresh=True).
-    """
-
-    def __init__(self, capacity: int, width: int):
-        self.table = np.zeros((capacity + 1, width), dtype=np.int32)
-        self.pad_row = capacity  # stays all zeros: the rows of padding
-        self.row_of: dict[int, int] = {}
-        self.filled = [0] * capacity  # valid entries of each row
-        self.free = list(range(capacity - 1, -1, -1))
-
-    def gather(self, seqs: list[Sequence], rows: int | None = None,
-               refresh: bool = False) -> np.ndarray:
-        """[rows, width] block ids of seqs (zero rows after them), updating stored rows."""
-        idx = np.full(rows or len(seqs), self.pad_row, dtype=np.intp)
-        for i, s in enumerate(seqs):
-            r = self.row_of.get(s.seq_id)
-            if r is None:
-                r = self._new_row(s.seq_id, seqs)
-            bt, have = s.block_table, self.filled[r]
-            n = len(bt)
-            if refresh or n < have:
-                self.table[r, :n] = bt
-                self.table[r, n:have] = 0
-            elif n > have:
-                self.table[r, have:n] = bt[have:]
-            self.filled[r] = n
-            idx[i] = r
-        return self.table[idx]
-
-    def _new_row(self, seq_id: int, batch: list[Sequence]) -> int:
-        if not self.free:
-            # Rows of sequences outside this batch (finished, or waiting) are taken back;
-            # one that returns later is simply written afresh.
-            live = {s.seq_id for s in batch}
-            for sid in [sid for sid in self.row_of if sid not in live]:
-                r = self.row_of.pop(sid)
-                self.table[r, : self.filled[r]] = 0
-                self.filled[r] = 0
-                self.free.append(r)
-        r = self.free.pop()
-        self.row_of[seq_id] = r
-        return r
+    def launched(self, seqs: list[Sequence]) -> None:
+        """Record the rows of a step that reached the device (its ids will be sampled)."""
+        self.prev_rows = {s.seq_id: i for i, s in enumerate(seqs)}
 
 
 def prefill_inputs(seqs: list[Sequence], block_size: int, width: int,

@@ -15,7 +15,7 @@ def load_tokenizer(path: str):
     when it is missing."""
     from transformers import AutoTokenizer
 
-    from nanovllm.utils.gguf_loader import GGUFCheckpoint, is_gguf
+    from nanovllm.utils.gguf_file import GGUFCheckpoint, is_gguf
 
     if is_gguf(path):
         return GGUFCheckpoint(path).load_tokenizer()

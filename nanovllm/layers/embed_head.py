@@ -6,7 +6,7 @@ from torch import nn
 
 from nanovllm.utils.context import get_context
 from nanovllm.utils.dist import tp_rank, tp_size
-from nanovllm.utils.loader import check_weight_shape
+from nanovllm.layers.weights import check_weight_shape
 
 
 class VocabParallelEmbedding(nn.Module):

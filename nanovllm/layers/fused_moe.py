@@ -10,7 +10,7 @@ from torch import nn
 
 from nanovllm.kernels.torch_ref import fused_moe_torch
 from nanovllm.utils.dist import tp_rank, tp_size
-from nanovllm.utils.loader import check_weight_shape
+from nanovllm.layers.weights import check_weight_shape
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool):

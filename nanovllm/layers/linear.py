@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.utils.dist import tp_rank, tp_size
-from nanovllm.utils.loader import check_weight_shape
+from nanovllm.layers.weights import check_weight_shape
 
 
 def _divide(a: int, b: int) -> int:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine import device as device_module
+from nanovllm.worker import device as device_module
 from nanovllm.engine.data_parallel import DataParallelLLM, balance
 from nanovllm.engine.llm_engine import LLMEngine
 from tests.support.prompts import make_prompts

@@ -6,7 +6,8 @@ from dataclasses import replace
 import pytest
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine import model_runner, step_output
+from nanovllm.worker import logprobs as worker_logprobs
+from nanovllm.worker import model_runner
 from tests.support.logprobs import assert_close, assert_lists_close, check_output
 from tests.support.prompts import make_prompts
 
@@ -67,8 +68,8 @@ def test_none_asks_nothing_and_does_no_logprob_work(toy_models, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("logprob work for a batch that asked for none")
 
-    monkeypatch.setattr(step_output.LogprobsStep, "__init__", boom)
-    monkeypatch.setattr(step_output, "pack_logprobs", boom)
+    monkeypatch.setattr(worker_logprobs.LogprobsStep, "__init__", boom)
+    monkeypatch.setattr(worker_logprobs, "pack_logprobs", boom)
     monkeypatch.setattr(model_runner, "prompt_pass", boom)
     llm = engine(toy_models, max_num_batched_tokens=13, max_num_seqs=4)
     sp = SamplingParams(temperature=0.8, seed=3, **BASE)
@@ -192,7 +193,7 @@ def test_a_bad_request_leaves_the_engine_serving(toy_models):
 
 
 def test_prompt_positions_in_several_lm_head_passes(toy_models, monkeypatch):
-    monkeypatch.setattr(step_output, "PROMPT_ROWS_PER_PASS", 5)
+    monkeypatch.setattr(worker_logprobs, "PROMPT_ROWS_PER_PASS", 5)
     prompts = make_prompts(15, n=4, max_len=40)
     sps = [SamplingParams(temperature=0, logprobs=1, prompt_logprobs=3, **BASE)] * len(prompts)
     llm = engine(toy_models, max_num_batched_tokens=24)

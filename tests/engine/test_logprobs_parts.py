@@ -1,17 +1,15 @@
 """The pieces of logprobs without a model: which prompt positions a step computes (chunks,
-recomputes, worker copies), the prefix-cache rule, the packed device layout and vLLM's rank,
-and the host-side dicts."""
+recomputes, worker copies), the prefix-cache rule and the host-side dicts (the packed device
+layout: tests/worker/test_logprobs.py)."""
 import pickle
 
 import pytest
-import torch
 
 from nanovllm import Logprob, SamplingParams
 from nanovllm.engine.block_manager import BlockManager
 from nanovllm.engine.logprobs import StepLogprobs, position_logprobs, prompt_logprobs, record
 from nanovllm.engine.sequence import Sequence, SequenceStatus
 from nanovllm.engine.step_inputs import prefill_inputs
-from nanovllm.layers.logprobs import pack_logprobs
 
 WANTS = SamplingParams(prompt_logprobs=2, logprobs=1)
 
@@ -78,20 +76,6 @@ def test_a_prompt_needing_logprobs_reads_no_prefix_cache():
     bm.deallocate(seq)
     bm.allocate(seq)
     assert seq.num_cached_tokens == 12
-
-
-def test_pack_layout_and_vllm_rank_with_ties():
-    logprobs = torch.log_softmax(torch.tensor([[1.0, 3.0, 3.0, 0.0, 2.0],
-                                               [5.0, 1.0, 1.0, 1.0, 4.0]]), -1)
-    packed = pack_logprobs(logprobs, torch.tensor([2, 3], dtype=torch.int32), 2)
-    ints = packed.view(torch.int32)
-    assert packed.shape == (2, 6) and packed.dtype == torch.float32
-    assert torch.equal(packed[:, 0], logprobs[[0, 1], [2, 3]])
-    # vLLM counts the tokens at least as likely: a tie ranks last among its equals.
-    assert ints[:, 1].tolist() == [2, 5]
-    assert ints[:, 4:].tolist()[1] == [0, 4]
-    assert torch.equal(packed[:, 2:4], logprobs.topk(2).values)
-    assert pack_logprobs(logprobs, torch.tensor([0, 0]), 0).shape == (2, 2)
 
 
 def test_position_dicts_follow_vllm():

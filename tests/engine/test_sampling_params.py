@@ -169,11 +169,16 @@ def test_top_k_past_the_vocabulary_keeps_every_token():
     """The sampler clamps top_k to the vocabulary: int64's largest value samples like -1."""
     import torch
 
-    from nanovllm.layers.sampler import Sampler, SamplingTensors
+    from nanovllm.engine.sampling_rows import sampling_rows
+    from nanovllm.worker.sampler import Sampler, SamplingTensors
+    from nanovllm.worker.stager import Stager
 
     logits = torch.randn(2, 50)
     params = [SamplingParams(top_k=BIG - 1, seed=1), SamplingParams(top_k=-1, seed=1)]
-    st = SamplingTensors.from_params(params, [0, 0], 50, torch.device("cpu"))
+    rows = sampling_rows(params, [0, 0], 50)
+    dev = Stager(torch.device("cpu")).upload(dict(temperatures=rows.temperatures,
+                                                  top_ks=rows.top_ks))
+    st = SamplingTensors.from_rows(rows, dev)
     assert st.top_ks.tolist() == [50, 50]
     ids = Sampler()(logits[[0, 0]], st)
     assert ids[0] == ids[1]  # same seed, same step, same (unfiltered) distribution

@@ -5,7 +5,7 @@ import pytest
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine import llm_engine
-from nanovllm.layers import sampler
+from nanovllm.engine import step_inputs
 
 POISON_SEED = 4242  # a request with this seed makes its step raise
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -22,15 +22,15 @@ def llm(toy_models):
 
 @pytest.fixture
 def poisoned(monkeypatch):
-    """SamplingTensors.from_params raises for a batch holding a POISON_SEED request."""
-    original = sampler.SamplingTensors.from_params.__func__
+    """The host builder's sampling rows raise for a batch holding a POISON_SEED request."""
+    original = step_inputs.sampling_rows
 
-    def from_params(cls, params, *args, **kwargs):
+    def sampling_rows(params, *args, **kwargs):
         if any(p.seed == POISON_SEED for p in params):
             raise OverflowError("injected failure")
-        return original(cls, params, *args, **kwargs)
+        return original(params, *args, **kwargs)
 
-    monkeypatch.setattr(sampler.SamplingTensors, "from_params", classmethod(from_params))
+    monkeypatch.setattr(step_inputs, "sampling_rows", sampling_rows)
 
 
 def run_steps(llm, limit=200):
@@ -93,7 +93,7 @@ def test_steps_failing_again_and_again_raise(llm, monkeypatch):
         raise RuntimeError("device lost")
 
     llm.generate(["a good step ends any earlier streak"], GREEDY, use_tqdm=False)
-    monkeypatch.setattr(sampler.SamplingTensors, "from_params", classmethod(broken))
+    monkeypatch.setattr(step_inputs, "sampling_rows", broken)
     for i in range(llm_engine.MAX_STEP_FAILURES - 1):
         rid = llm.add_request(f"r{i}", GREEDY)
         assert run_steps(llm)[rid].outputs[0].finish_reason == "error"

@@ -1,8 +1,9 @@
 """Host-side step inputs from scheduled sequences: numpy only, no torch, no device."""
 import numpy as np
 
+from nanovllm.engine.block_tables import block_table_array
 from nanovllm.engine.sequence import Sequence
-from nanovllm.engine.step_inputs import block_table_array, decode_inputs, prefill_inputs
+from nanovllm.engine.step_inputs import decode_inputs, prefill_inputs
 
 BS = 4  # tokens per block
 
@@ -42,7 +43,8 @@ def test_decode_rows_are_padded_to_write_nowhere_and_attend_to_nothing():
     assert x.context_lens.tolist() == [9, 4, 0, 0]
     assert x.block_tables.tolist() == [[3, 4, 6], [8, 0, 0], [0, 0, 0], [0, 0, 0]]
     assert x.order.tolist() == [0, 1, 2, 3]  # longest first, then the padding rows
-    assert x.decode_meta.shape == (5, 4) and x.decode_meta.dtype == np.int32
+    assert x.decode_meta.shape == (6, 4) and x.decode_meta.dtype == np.int32
+    assert x.decode_meta[5].tolist() == [-1] * 4  # no pending input token: no feed rows
     y = decode_inputs([b, a], BS, width=3, rows=4)
     assert y.order.tolist() == [1, 0, 2, 3]
 
@@ -55,7 +57,7 @@ def test_block_table_width_is_fixed():
 def test_persistent_block_tables_match_a_rebuild_through_appends_preemption_and_reuse():
     import random
 
-    from nanovllm.engine.step_inputs import BlockTables
+    from nanovllm.engine.block_tables import BlockTables
 
     rng = random.Random(0)
     width, capacity = 6, 8  # small capacity: rows get taken back and handed out again
@@ -80,7 +82,7 @@ def test_persistent_block_tables_match_a_rebuild_through_appends_preemption_and_
 
 
 def test_decode_inputs_with_persistent_tables_equal_the_plain_ones():
-    from nanovllm.engine.step_inputs import BlockTables
+    from nanovllm.engine.block_tables import BlockTables
 
     seqs = [Sequence(list(range(n))) for n in (5, 17, 33)]
     for i, s in enumerate(seqs):
@@ -95,3 +97,32 @@ def test_decode_inputs_with_persistent_tables_equal_the_plain_ones():
             s.append_token(7)
             if len(s.block_table) * 16 < len(s):
                 s.block_table.append(99)
+
+
+def test_the_builder_adds_rank_0_rows_and_orders_the_parts():
+    from nanovllm.engine.sampling_rows import sampling_rows
+    from nanovllm.engine.step_inputs import StepBuilder
+    from nanovllm.sampling_params import SamplingParams
+
+    seqs = [Sequence(list(range(9)), SamplingParams(temperature=0.5, top_p=0.9,
+                                                    repetition_penalty=1.2, logprobs=1), BS),
+            Sequence([1, 2, 3], SamplingParams(temperature=0), BS)]
+    seqs[0].block_table, seqs[1].block_table = [3, 4, 6], [8]
+    for s in seqs:
+        s.num_scheduled_tokens = len(s)
+    rank0 = StepBuilder(BS, width=3, max_num_seqs=4, vocab_size=50).build(seqs, True)
+    other = StepBuilder(BS, width=3, max_num_seqs=4, vocab_size=None).build(seqs, True)
+    assert other.sampling is other.penalties is other.logprobs is None
+    assert list(other.device_parts()) == ["input_ids", "positions", "slot_mapping",
+                                          "cu_seqlens_q", "cu_seqlens_k", "block_tables"]
+    want = sampling_rows([s.sampling_params for s in seqs], [0, 0], 50)
+    assert np.array_equal(rank0.sampling.temperatures, want.temperatures)
+    assert rank0.penalties.ids[:, 0].tolist() == [0]  # only the penalized row
+    assert rank0.logprobs.sample == [(0, 1)]
+    assert list(rank0.device_parts())[6:] == ["temperatures", "top_ps", "penalty_ids",
+                                              "penalty_settings", "logprob_rows"]
+    decode = StepBuilder(BS, width=3, max_num_seqs=4, vocab_size=50)
+    for s in seqs:
+        s.num_cached_tokens = len(s)
+    assert list(decode.build(seqs, False, rows=4).device_parts())[:2] == ["decode_meta",
+                                                                          "block_tables"]

@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from nanovllm import LLM
 from nanovllm.config import ModelConfig
-from nanovllm.models import MODELS
-from nanovllm.utils.loader import check_checkpoint, load_model
+from nanovllm.models import model_class
+from nanovllm.models.loader import check_checkpoint, load_model
 
 # hidden 96, 8 query / 2 KV heads of 16, intermediate 128, vocab 640, 4 layers, tied head.
 BASE = "tied_gqa4_d16_l4"
@@ -62,7 +62,7 @@ def open_llm(path: str) -> None:
 
 def open_load_model(path: str) -> None:
     hf = ModelConfig.from_pretrained(path)
-    load_model(MODELS[hf.architecture](hf), path)
+    load_model(model_class(hf.architecture)(hf), path)
 
 
 def open_check(path: str) -> None:
@@ -215,9 +215,9 @@ def test_unused_tensors_warn_but_load(model_dir, open_model, caplog):
         # Old checkpoints carry RoPE's inverse frequencies; recomputed, so not worth a warning.
         "model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(8),
     }))
-    with caplog.at_level(logging.WARNING, logger="nanovllm.utils.loader"):
+    with caplog.at_level(logging.WARNING, logger="nanovllm.models.loader"):
         open_model(model_dir)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "nanovllm.utils.loader"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "nanovllm.models.loader"]
     assert len(warnings) == 1
     assert f"{extra} (model.safetensors)" in warnings[0] and "inv_freq" not in warnings[0]
     assert "ignoring 1 checkpoint tensor(s)" in warnings[0]
@@ -226,7 +226,7 @@ def test_unused_tensors_warn_but_load(model_dir, open_model, caplog):
 def test_weights_still_load_exactly(model_dir):
     # The checks must not change what a good checkpoint loads to.
     hf = ModelConfig.from_pretrained(model_dir)
-    model = MODELS[hf.architecture](hf)
+    model = model_class(hf.architecture)(hf)
     load_model(model, model_dir)
     tensors = load_file(weights_file(model_dir))
     qkv = model.model.layers[1].self_attn.qkv_proj.weight

@@ -81,7 +81,7 @@ def test_a_second_start_reads_no_gguf_metadata(smol, smollm2_path, monkeypatch):
     # one must not parse the file's metadata again (seconds) nor convert the tokenizer.
     import gguf
 
-    from nanovllm.utils.gguf_loader import GGUFCheckpoint
+    from nanovllm.utils.gguf_file import GGUFCheckpoint
 
     def refuse(*args, **kwargs):
         raise AssertionError("GGUF metadata parsed again")

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from nanovllm.layers import sampler
+from nanovllm.engine import step_inputs
 from nanovllm.server import app as server_app
 from nanovllm.server.guard import MAX_JSON_DEPTH
 from tests.server.conftest import NAME
@@ -194,14 +194,14 @@ def test_failed_step_fails_only_its_request(http, live_server, monkeypatch):
     """Defence in depth, through the server: a step that raises ends its request with a
     500 (its client sees the error); a request decoding meanwhile finishes,
     /health stays 200 and every KV block is free afterwards."""
-    original = sampler.SamplingTensors.from_params.__func__
+    original = step_inputs.sampling_rows
 
-    def from_params(cls, params, *args, **kwargs):
+    def sampling_rows(params, *args, **kwargs):
         if any(p.seed == 4242 for p in params):
             raise OverflowError("injected step failure")
-        return original(cls, params, *args, **kwargs)
+        return original(params, *args, **kwargs)
 
-    monkeypatch.setattr(sampler.SamplingTensors, "from_params", classmethod(from_params))
+    monkeypatch.setattr(step_inputs, "sampling_rows", sampling_rows)
     long = {**CMPL, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
     poison = {**CMPL, "seed": 4242, "temperature": 1.0}
     with ThreadPoolExecutor(1) as pool:
@@ -222,14 +222,14 @@ def test_failed_step_fails_only_its_request(http, live_server, monkeypatch):
 
 def test_step_failure_mid_stream_is_an_error_event(http, live_server, monkeypatch):
     """A stream under way when its step raises ends with an error event and [DONE]."""
-    original = sampler.SamplingTensors.from_params.__func__
+    original = step_inputs.sampling_rows
 
-    def from_params(cls, params, steps, *args, **kwargs):
+    def sampling_rows(params, steps, *args, **kwargs):
         if any(p.seed == 4343 and step >= 3 for p, step in zip(params, steps)):
             raise OverflowError("injected mid-stream failure")
-        return original(cls, params, steps, *args, **kwargs)
+        return original(params, steps, *args, **kwargs)
 
-    monkeypatch.setattr(sampler.SamplingTensors, "from_params", classmethod(from_params))
+    monkeypatch.setattr(step_inputs, "sampling_rows", sampling_rows)
     body = {**CMPL, "seed": 4343, "temperature": 1.0, "max_tokens": 20, "ignore_eos": True,
             "stream": True, "prompt": [1, 2, 3]}
     with http.stream("POST", "/v1/completions", json=body) as resp:

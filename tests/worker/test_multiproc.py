@@ -14,7 +14,7 @@ import torch
 from nanovllm import LLM, SamplingParams
 from nanovllm.distributed import channel as channel_module
 from nanovllm.distributed.channel import ShmChannel
-from nanovllm.distributed.executor import State
+from nanovllm.worker.multiproc import State
 from tests.support.prompts import make_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -51,7 +51,7 @@ def assert_cleaned_up(llm, group_released=True):
         assert not os.path.exists(f"/dev/shm/{name}")
     assert executor.state is State.CLOSED
     with pytest.raises(RuntimeError, match="shut down"):
-        executor.run([], True)
+        executor.launch([], True)
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,9 @@ run of every kernel variant so none compiles in the middle of a user's generate.
 import torch
 
 from nanovllm.engine.sequence import Sequence
-from nanovllm.layers.sampler import SamplingTensors
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import reset_context, set_context
+from nanovllm.worker.sampler import SamplingTensors
 
 
 @torch.inference_mode()
@@ -50,9 +50,10 @@ def warm_prefills(runner) -> None:
     cached tokens, which reads the cache where the others attend to their own K/V
     (attention_backend.exact_chunk).
 
-    The full-budget prefill also grows the caching allocator to what a full step takes: left
-    to the first real one, on an H100 with an fp8 cache, that growth inside the first
-    overlapped step cost ~1.8 s once (docs/PERF_NOTES.md)."""
+    Every tile config and variant a run can meet compiles here: left to a request, the long
+    fp8 chunk over cached tokens once compiled inside the timed bench run on an H100 (~1.8 s,
+    docs/PERF_NOTES.md); the full-budget prefill also grows the caching allocator to a full
+    step's size before the first request."""
     cfg = runner.config
     max_len = cfg.max_model_len - 1
     seq_len = min(max_len, cfg.max_num_batched_tokens)
@@ -77,7 +78,7 @@ def warm_prefills(runner) -> None:
             seq.num_scheduled_tokens = n - cached
             seqs.append(seq)
         if next_block <= runner.num_kvcache_blocks:
-            runner.run(seqs, True)
+            runner.launch(seqs, True).result()
 
 
 def warm_sampler(runner, rows: int, temperature: float, dtype: torch.dtype) -> None:

@@ -1,11 +1,13 @@
-"""Batched token sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+"""Batched token sampling: penalties and min_tokens on the logits, then greedy, temperature,
+top-k, top-p, min-p, per-request seeds. Per-request logits masks (structured output) would be
+applied here too, beside the penalties, so every path that samples gets them."""
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from nanovllm.layers.penalties import PenaltyTensors
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.engine.sampling_rows import SamplingRows
+from nanovllm.worker.penalties import PenaltyTensors, apply_penalties
 
 
 @dataclass
@@ -13,39 +15,22 @@ class SamplingTensors:
     """Per-row sampling settings of one batch, on the logits' device."""
 
     temperatures: torch.Tensor          # [B] float; 0 = greedy
-    top_ks: torch.Tensor | None = None   # [B] long; vocab size = off
+    top_ks: torch.Tensor | None = None   # [B] int; vocab size = off
     top_ps: torch.Tensor | None = None   # [B] float; 1 = off
     min_ps: torch.Tensor | None = None   # [B] float; 0 = off
     seeds: list[tuple[int, int, int]] | None = None  # (row, seed, step) for seeded rows
     all_greedy: bool = False
-    # Penalties and min_tokens: applied to the logits before sampling (see layers/penalties.py);
+    # Penalties and min_tokens: applied to the logits before sampling (see penalties.py);
     # None, the usual case, when no row uses them.
     penalties: PenaltyTensors | None = None
 
     @classmethod
-    def from_params(cls, params: list[SamplingParams], steps: list[int], vocab_size: int,
-                    device: torch.device) -> "SamplingTensors":
-        """The batch's settings; steps[i] = tokens row i generated so far (seeded streams)."""
-        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        st = cls(temps.to(device, non_blocking=True),
-                 all_greedy=all(p.temperature == 0 for p in params))
-        if st.all_greedy:
-            return st
-        # Each optional tensor exists only when some row uses it, so plain batches take
-        # the fused single-pass sampler.
-        if any(p.top_k != -1 for p in params):
-            # Clamped to the vocabulary: a larger top_k keeps every token anyway, and the
-            # value must fit the int64 tensor.
-            st.top_ks = torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size)
-                                      for p in params], device=device)
-        if any(p.top_p < 1 for p in params):
-            st.top_ps = torch.tensor([p.top_p for p in params], device=device)
-        if any(p.min_p > 0 for p in params):
-            st.min_ps = torch.tensor([p.min_p for p in params], device=device)
-        seeded = [(i, p.seed, step) for i, (p, step) in enumerate(zip(params, steps))
-                  if p.seed is not None and p.temperature > 0]
-        st.seeds = seeded or None
-        return st
+    def from_rows(cls, rows: SamplingRows, dev: dict[str, torch.Tensor],
+                  penalties: PenaltyTensors | None = None) -> "SamplingTensors":
+        """The host builder's SamplingRows, their arrays already uploaded (`dev`, by name:
+        see StepInputs.device_parts)."""
+        return cls(dev["temperatures"], dev.get("top_ks"), dev.get("top_ps"),
+                   dev.get("min_ps"), rows.seeds, rows.all_greedy, penalties)
 
 
 class Sampler(nn.Module):
@@ -56,6 +41,9 @@ class Sampler(nn.Module):
         self.steps = 0  # varies the fused kernel's random stream from step to step
 
     def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        """[B, V] logits -> [B] token ids (the input logits are left as they were)."""
+        if st.penalties is not None:
+            logits = apply_penalties(logits, st.penalties)
         if st.all_greedy:
             return logits.argmax(-1)
         plain = st.top_ks is None and st.top_ps is None and st.min_ps is None and not st.seeds

@@ -1,7 +1,7 @@
 """Which batch sizes get a decode CUDA graph (pure arithmetic, runs on CPU)."""
 import pytest
 
-from nanovllm.engine.cuda_graph import graph_batch_sizes
+from nanovllm.worker.cuda_graph import graph_batch_sizes
 
 
 @pytest.mark.parametrize("max_bs", [1, 3, 16, 100, 256, 300, 512])

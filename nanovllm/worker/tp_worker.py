@@ -43,7 +43,7 @@ class WorkerSpec:
 
 def worker_main(config: Config, spec: WorkerSpec, request, done) -> None:
     """Body of a worker process: build a ModelRunner, then run every step rank 0 sends."""
-    from nanovllm.engine.model_runner import ModelRunner
+    from nanovllm.worker.model_runner import ModelRunner
 
     # Ctrl-C goes to the whole process group; rank 0 alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -67,7 +67,7 @@ def worker_main(config: Config, spec: WorkerSpec, request, done) -> None:
             message = channel.recv()
             if isinstance(message, Stop):
                 break
-            runner.run(message.seqs, message.is_prefill)
+            runner.launch(message.seqs, message.is_prefill).result()
             done.release()
         channel.close()
         runner.release_graphs()

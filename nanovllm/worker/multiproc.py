@@ -16,13 +16,13 @@ from nanovllm.config import Config
 from nanovllm.distributed.channel import ShmChannel
 from nanovllm.distributed.group import GROUP_CLOSE_TIMEOUT_S, ProcessGroup, free_port
 from nanovllm.distributed.pool import WorkerPool, worker_specs
-from nanovllm.distributed.worker import RunStep, Stop
-from nanovllm.engine.device import resolve_device
-from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.sequence import Sequence
-from nanovllm.engine.step_output import StepResult
-from nanovllm.utils.loader import check_checkpoint
+from nanovllm.models.loader import check_checkpoint
 from nanovllm.utils.spawn import GUARD_HINT
+from nanovllm.worker.device import resolve_device
+from nanovllm.worker.model_runner import ModelRunner
+from nanovllm.worker.step_output import StepResult
+from nanovllm.worker.tp_worker import RunStep, Stop
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,11 @@ class MultiprocExecutor:
         """KV blocks every rank allocated (they agree on the minimum)."""
         return self.runner.num_kvcache_blocks
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the ranks run on GPUs (NCCL) rather than CPUs (gloo)."""
+        return self.backend == "nccl"
+
     # -- state ------------------------------------------------------------------------------
     def _set(self, state: State, only_from: State | None = None) -> None:
         with self._lock:
@@ -117,13 +122,9 @@ class MultiprocExecutor:
 
     def set_eos_ids(self, eos_ids: set[int]) -> None:
         """Tell rank 0's runner, the one that samples, the end tokens (for min_tokens)."""
-        self.runner.eos_ids = frozenset(eos_ids)
+        self.runner.set_eos_ids(eos_ids)
 
     # -- steps ------------------------------------------------------------------------------
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        """Run one step on every rank; returns rank 0's sampled token ids."""
-        return self.launch(seqs, is_prefill).result()
-
     def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
         """Run one step on every rank, to the end; returns rank 0's result handle (ids and
         logprobs already on the host)."""

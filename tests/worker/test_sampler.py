@@ -1,6 +1,6 @@
 import torch
 
-from nanovllm.layers.sampler import Sampler, SamplingTensors
+from nanovllm.worker.sampler import Sampler, SamplingTensors
 
 
 def draw(logits, n=4000, **kw):

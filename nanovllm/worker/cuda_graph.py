@@ -1,7 +1,6 @@
 """Decode CUDA graphs: captured once per batch size, replayed with inputs staged in place."""
 import torch
 
-from nanovllm.engine.step_inputs import StepInputs
 from nanovllm.utils.context import reset_context, set_context
 
 
@@ -18,25 +17,19 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """One graph per batch size, sharing a memory pool and one device input buffer."""
+    """One graph per batch size, sharing a memory pool and reading their inputs from one
+    device buffer that the stager fills in place (worker/stager.py)."""
 
-    def __init__(self, model, max_bs: int, width: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, model, max_bs: int, meta: torch.Tensor, table: torch.Tensor,
+                 hidden_size: int, dtype: torch.dtype):
         self.model = model
         self.batch_sizes = graph_batch_sizes(max_bs)
-        self.max_bs, self.width = max_bs, width
-        # One device buffer holds every graph input, so a step uploads with one copy: rows
-        # ids, positions, slots, context lens, order, feed rows (read outside the graph),
-        # then the block table. Two pinned host mirrors take turns: with async scheduling the
-        # next step is staged while this one's copy may still be queued.
-        self.buf = torch.zeros((6 + width) * max_bs, dtype=torch.int32, device=device)
-        self.meta = self.buf[: 6 * max_bs].view(6, max_bs)
-        self.meta[4] = torch.arange(max_bs, dtype=torch.int32, device=device)  # a permutation
-        self.table = self.buf[6 * max_bs:].view(max_bs, width)
-        self.hosts = [torch.zeros(self.buf.numel(), dtype=torch.int32).pin_memory()
-                      for _ in range(2)]
-        self.turn = 0
-        self.outputs = torch.zeros(max_bs, hidden_size, dtype=dtype, device=device)
+        self.max_bs = max_bs
+        # meta [DECODE_META_ROWS, max_bs]: ids, positions, slots, context lens, order, feed
+        # rows (read outside the graph); table [max_bs, width]: the block table.
+        self.meta, self.table = meta, table
+        self.meta[4] = torch.arange(max_bs, dtype=torch.int32, device=meta.device)  # a permutation
+        self.outputs = torch.zeros(max_bs, hidden_size, dtype=dtype, device=meta.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._capture()
 
@@ -61,25 +54,14 @@ class DecodeGraphs:
         """Whether a decode batch of num_seqs fits a captured graph (and graphs are alive)."""
         return bool(self.graphs) and num_seqs <= self.max_bs
 
-    def run(self, inputs: StepInputs, sampled: torch.Tensor) -> torch.Tensor:
-        """Stage the decode inputs (padded to max_bs rows), take pending input tokens from
-        `sampled` (the previous step's ids), and replay the smallest graph that holds the
-        batch; returns the hidden states of the real rows."""
-        n, rows = inputs.num_seqs, self.max_bs
-        host_t = self.hosts[self.turn]
-        self.turn ^= 1
-        host = host_t.numpy()
-        host[: 5 * rows] = inputs.decode_meta.ravel()
-        host[5 * rows: 6 * rows] = -1 if inputs.feed_rows is None else inputs.feed_rows
-        host[6 * rows:] = inputs.block_tables.ravel()
-        self.buf.copy_(host_t, non_blocking=True)
-        if inputs.feed_rows is not None:
-            feed_tokens(self.meta[0, :n], self.meta[5, :n], sampled)
-        bs = next(b for b in self.batch_sizes if b >= n)
+    def run(self, num_seqs: int) -> torch.Tensor:
+        """Replay the smallest graph that holds the batch (its inputs already staged in
+        place, padded to max_bs rows); returns the hidden states of the real rows."""
+        bs = next(b for b in self.batch_sizes if b >= num_seqs)
         # The graph baked in its own tensors; the context only serves code outside the graph.
         set_context(is_prefill=False, context_lens=self.meta[3, :bs])
         self.graphs[bs].replay()
-        return self.outputs[:n]
+        return self.outputs[:num_seqs]
 
     def release(self, device: torch.device) -> None:
         """Destroy the graphs: NCCL cannot tear down a communicator that a live graph has
@@ -89,7 +71,3 @@ class DecodeGraphs:
             graph.reset()
         self.graphs.clear()
 
-
-def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:
-    """ids[i] = sampled[feed_rows[i]] where feed_rows[i] >= 0, on the device (no host sync)."""
-    ids.copy_(torch.where(feed_rows >= 0, sampled[feed_rows.clamp(min=0)], ids))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nanovllm import LLM
-from nanovllm.utils.gguf_loader import GGUFCheckpoint, find_gguf
+from nanovllm.utils.gguf_file import GGUFCheckpoint, find_gguf
 from nanovllm.utils.toy import save_random_model
 from tests.support.gguf_files import write_gguf
 from tests.support.hf_oracle import check_teacher_forced_logits

@@ -133,13 +133,14 @@ def test_fp8_logprobs_on_smollm2_real_weights(smollm2_path):
 
 @pytest.mark.parametrize("kind", ["auto", "fp8_e4m3"])
 def test_warm_up_compiles_fp8_prefill_over_cached_tokens(toy_models, kind):
-    from nanovllm.engine.warmup import warm_prefills
+    from nanovllm.worker.warmup import warm_prefills
 
     llm = LLM(toy_models["untied_gqa4_d64"], kv_cache_dtype=kind, **CPU)
     runner = llm.executor.runner
     seen = []
     forward = runner.forward
-    runner.forward = lambda inputs: seen.append(inputs.has_cached_context) or forward(inputs)
+    runner.forward = lambda inputs, *rest: (seen.append(inputs.has_cached_context)
+                                            or forward(inputs, *rest))
     warm_prefills(runner)  # the GPU's kernel warm-up, run here on the torch path
     # Both prefill variants of an fp8 cache (own K/V exact; cached K/V read as fp8) run.
     assert sorted(set(seen)) == ([False] if kind == "auto" else [False, True])

@@ -1,14 +1,29 @@
-"""Logprobs on a GPU: CUDA-graph decode, chunked prefill, pinned copies that arrive a step
-late with async scheduling; float32 against HF's float32 logprobs, bfloat16 within a bfloat16
-tolerance."""
+"""Logprobs on the device: the packed layout and vLLM's rank (CPU); on a GPU (`gpu` marker),
+CUDA-graph decode, chunked prefill, pinned copies that arrive a step late with async
+scheduling, float32 against HF's float32 logprobs, bfloat16 within a bfloat16 tolerance."""
 import pytest
 import torch
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.worker.logprobs import pack_logprobs
 from tests.support.logprobs import assert_close, check_output, hf_logprobs
 from tests.support.prompts import make_prompts
 
-pytestmark = pytest.mark.gpu
+
+def test_pack_layout_and_vllm_rank_with_ties():
+    logprobs = torch.log_softmax(torch.tensor([[1.0, 3.0, 3.0, 0.0, 2.0],
+                                               [5.0, 1.0, 1.0, 1.0, 4.0]]), -1)
+    packed = pack_logprobs(logprobs, torch.tensor([2, 3], dtype=torch.int32), 2)
+    ints = packed.view(torch.int32)
+    assert packed.shape == (2, 6) and packed.dtype == torch.float32
+    assert torch.equal(packed[:, 0], logprobs[[0, 1], [2, 3]])
+    # vLLM counts the tokens at least as likely: a tie ranks last among its equals.
+    assert ints[:, 1].tolist() == [2, 5]
+    assert ints[:, 4:].tolist()[1] == [0, 4]
+    assert torch.equal(packed[:, 2:4], logprobs.topk(2).values)
+    assert pack_logprobs(logprobs, torch.tensor([0, 0]), 0).shape == (2, 2)
+
+
 MODEL = "tied_gqa4_d16_l4"
 BASE = dict(max_tokens=24, ignore_eos=True)
 SPS = [SamplingParams(temperature=0, logprobs=5, prompt_logprobs=3, **BASE),
@@ -35,6 +50,7 @@ def prompts_and_params(n: int = 12):
     return prompts, [SPS[i % len(SPS)] for i in range(n)]
 
 
+@pytest.mark.gpu
 def test_fp32_graphs_match_hf_and_async_equals_sync(toy_models):
     path = toy_models[MODEL]
     prompts, sps = prompts_and_params()
@@ -46,6 +62,7 @@ def test_fp32_graphs_match_hf_and_async_equals_sync(toy_models):
         check_output(path, a, sp.logprobs, sp.prompt_logprobs, tol=1e-3)
 
 
+@pytest.mark.gpu
 def test_bf16_graphs_are_close_to_hf(toy_models):
     path = toy_models[MODEL]
     prompts, sps = prompts_and_params()

@@ -1,11 +1,19 @@
-"""The batched penalty pass against vLLM's rules applied one row at a time."""
+"""The batched penalty pass against vLLM's rules applied one row at a time; on a GPU (`gpu`
+marker), CUDA-graph decode with async scheduling on and off gives the tokens of eager decode
+(torch attention), and greedy rows also match the CPU engine, which the CPU suite checks
+against Hugging Face."""
 import pytest
 import torch
 
+from nanovllm import LLM
+from nanovllm.engine.sampling_rows import penalty_rows
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
-from nanovllm.layers.penalties import apply_penalties, penalty_tensors
 from nanovllm.sampling_params import SamplingParams
-from tests.support.penalties import penalize
+from nanovllm.worker.penalties import apply_penalties
+from nanovllm.worker.penalties import penalty_tensors as device_tensors
+from nanovllm.worker.stager import Stager
+from tests.support.penalties import CASES, mixed_params, penalize
+from tests.support.prompts import make_prompts
 
 VOCAB = 50
 EOS = frozenset({2, 3})
@@ -18,6 +26,16 @@ def seq(prompt, output, pending=False, **kw) -> Sequence:
     if pending:
         s.append_pending()
     return s
+
+
+def penalty_tensors(seqs, eos_ids, prev_rows, sampled, vocab_size):
+    """The host builder's rows, staged as the model runner stages them, on sampled's device."""
+    rows = penalty_rows(seqs, eos_ids, prev_rows, vocab_size)
+    if rows is None:
+        return None
+    dev = Stager(sampled.device).upload(dict(penalty_ids=rows.ids,
+                                             penalty_settings=rows.settings))
+    return device_tensors(rows, dev, sampled)
 
 
 def reference(logits, seqs, sampled, prev_rows):
@@ -99,3 +117,57 @@ def test_greedy_argmax_moves_off_a_repeated_token(kw):
     logits[0, 3], logits[0, 8] = 2.0, 1.9
     got = apply_penalties(logits, penalty_tensors([s], EOS, {}, torch.zeros(1), VOCAB))
     assert got.argmax().item() == (3 if kw.get("frequency_penalty", 0) < 0 else 8)
+
+
+MODEL = "untied_gqa4_d64"
+PROMPTS = make_prompts(6, 12, shared=40, every=3, max_len=89)
+SPS = mixed_params(6, len(PROMPTS))
+
+
+def outputs(path, **kw):
+    """Completions (token ids, finish reason) of two rounds (the second with prefix-cache
+    hits), and whether decode ran in CUDA graphs and async."""
+    llm = LLM(path, dtype="float32", kvcache_block_size=16, max_model_len=512, max_num_seqs=16,
+              **kw)
+    rounds = [[[(c.token_ids, c.finish_reason) for c in o.outputs]
+               for o in llm.generate(PROMPTS, SPS, use_tqdm=False)] for _ in range(2)]
+    bm = llm.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    how = (llm.executor.runner.graphs is not None, llm.async_scheduling)
+    llm.shutdown()
+    assert rounds[0] == rounds[1]
+    return rounds[0], how
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", [{}, dict(num_kvcache_blocks=24, max_num_batched_tokens=50)],
+                         ids=["plain", "preemption+chunked"])
+def test_graphs_and_async_match_eager(toy_models, engine):
+    path = toy_models[MODEL]
+    ref, how = outputs(path, device="cuda", attention_backend="torch", enforce_eager=True,
+                       async_scheduling=False, **engine)
+    assert how == (False, False)
+    for on in (False, True):
+        got, how = outputs(path, device="cuda", attention_backend="triton", async_scheduling=on,
+                           **engine)
+        assert how == (True, on)
+        assert got == ref
+    # Seeded rows draw from device-specific random streams: compare the greedy ones.
+    cpu, _ = outputs(path, device="cpu", **engine)
+    greedy = [i for i, sp in enumerate(SPS) if sp.temperature == 0]
+    assert [cpu[i] for i in greedy] == [ref[i] for i in greedy]
+
+
+@pytest.mark.gpu
+def test_bf16_with_the_fused_sampler(toy_models):
+    # Unseeded temperature rows take the fused Triton sampler after the penalty pass.
+    llm = LLM(toy_models["tied_mha_d16"], device="cuda", dtype="bfloat16", max_num_seqs=64)
+    stops = list(range(3, 400))  # nearly every token the prompts lead to
+    sps = [SamplingParams(temperature=0.7 * (i % 2), max_tokens=20, min_tokens=6,
+                          stop_token_ids=stops, **CASES[i % len(CASES)]) for i in range(40)]
+    outs = llm.generate(make_prompts(0, 40), sps, use_tqdm=False)
+    for o in outs:
+        toks = o["token_ids"]
+        assert len(toks) >= 7 or o["finish_reason"] == "length"
+        assert not set(toks[:6]) & set(stops)
+    llm.shutdown()

@@ -1,0 +1,48 @@
+"""The executors behind engine/executor.py's protocol, and the chooser.
+
+Importing this module brings in no torch: the executor that is created does, so a process
+that only holds the control plane (a front end, a client) stays light.
+"""
+from nanovllm.config import Config
+from nanovllm.engine.executor import Executor
+from nanovllm.engine.sequence import Sequence
+
+
+class LocalExecutor:
+    """A single ModelRunner in this process."""
+
+    def __init__(self, config: Config):
+        from nanovllm.worker.model_runner import ModelRunner
+
+        self.runner = ModelRunner(config)
+
+    @property
+    def num_kvcache_blocks(self) -> int:
+        """KV-cache blocks the runner allocated."""
+        return self.runner.num_kvcache_blocks
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the runner's device is a GPU."""
+        return self.runner.device.type == "cuda"
+
+    def set_eos_ids(self, eos_ids: set[int]) -> None:
+        """Tell the runner the end tokens (for min_tokens)."""
+        self.runner.set_eos_ids(eos_ids)
+
+    def launch(self, seqs: list[Sequence], is_prefill: bool):
+        """Start one step; the handle's result() waits for its sampled ids (and logprobs)."""
+        return self.runner.launch(seqs, is_prefill)
+
+    def shutdown(self) -> None:
+        """Drop the runner, so its weights and KV cache can be freed."""
+        self.runner = None
+
+
+def create_executor(config: Config) -> Executor:
+    """The executor for config.tensor_parallel_size ranks."""
+    if config.tensor_parallel_size == 1:
+        return LocalExecutor(config)
+    from nanovllm.worker.multiproc import MultiprocExecutor
+
+    return MultiprocExecutor(config)

@@ -1,0 +1,224 @@
+"""ModelRunner: the only owner of the device. Loads weights, sizes the KV cache, stages each
+step's host inputs (built by engine/step_inputs.py) in one copy, runs the model (CUDA graphs
+for decode) and samples."""
+import logging
+
+import torch
+
+from nanovllm.config import Config
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.step_inputs import DECODE_META_ROWS, StepBuilder, StepInputs
+from nanovllm.layers.attention import Attention
+from nanovllm.layers.attention_backend import choose_backend, mix_kv_wanted
+from nanovllm.models import model_class
+from nanovllm.models.loader import init_dummy_weights, load_model
+from nanovllm.models.safetensors_io import read_kv_scales
+from nanovllm.utils.clock import Clock
+from nanovllm.utils.context import reset_context, set_context
+from nanovllm.worker.cuda_graph import DecodeGraphs
+from nanovllm.worker.device import resolve_device, resolve_dtype
+from nanovllm.worker.kv_cache import allocate_kv_cache, allocate_kv_scales, kv_cache_dtype
+from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
+from nanovllm.worker.penalties import penalty_tensors
+from nanovllm.worker.sampler import Sampler, SamplingTensors
+from nanovllm.worker.stager import Stager
+from nanovllm.worker.step_output import StepResult
+from nanovllm.worker.warmup import compile_kernels, size_activations
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Runs the model for one tensor-parallel rank."""
+
+    def __init__(self, config: Config, rank: int = 0, device: torch.device | None = None):
+        self.config = config
+        self.rank = rank
+        self.block_size = config.kvcache_block_size
+        self.device = device or resolve_device(config)
+        self.dtype = resolve_dtype(config, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.seed)
+        clock = Clock()
+        self.model = self._load_model()
+        clock.lap("weights")
+        self.sampler = Sampler()
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.kv_dtype = kv_cache_dtype(config, self.dtype, self.device)
+        backend = choose_backend(config.attention_backend, self.device, self.block_size,
+                                 self.kv_dtype.itemsize == 1)
+        for layer in self.attn_layers:
+            layer.backend = backend
+        self.backend_name = backend.name
+        # Block tables always have this many columns: one kernel specialisation for every batch.
+        self.max_blocks_per_seq = -(-config.max_model_len // self.block_size)
+        self.builder = StepBuilder(self.block_size, self.max_blocks_per_seq, config.max_num_seqs,
+                                   config.hf_config.vocab_size if rank == 0 else None)
+        self.pinned = self.device.type == "cuda"
+        # The latest step's sampled ids stay here, on the device, for async scheduling: the
+        # next step reads pending input tokens from them (row of each sequence: the
+        # builder's prev_rows).
+        self.sampled = torch.zeros(config.max_num_seqs, dtype=torch.int32, device=self.device)
+        self._id_hosts = ([torch.zeros(config.max_num_seqs, dtype=torch.int32).pin_memory()
+                           for _ in range(2)] if self.pinned else [])
+        self._turn = 0
+        self._calibrate_kv = False  # see _allocate_kv: after the kernel warm-up
+        self.kv_scales = None
+        self.stager = Stager(self.device)
+        size_activations(self)
+        clock.lap("warm-up")
+        calibrate = self._allocate_kv(backend)
+        clock.lap("KV cache")
+        compile_kernels(self)
+        clock.lap("kernel warm-up")
+        # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch).
+        self._calibrate_kv = calibrate
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self._capture_graphs()
+            clock.lap("decode graphs")
+        if rank == 0:
+            logger.info("attention: %s; start-up %s", self.backend_name, clock)
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _load_model(self) -> torch.nn.Module:
+        """The model on this rank's device, in its dtype, with its weights (or random ones)."""
+        hf = self.config.hf_config
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = model_class(hf.architecture)(hf)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        if self.config.load_format == "dummy":
+            init_dummy_weights(model, self.config.seed)
+        else:
+            load_model(model, self.config.model)
+        return model.eval()
+
+    def _allocate_kv(self, backend) -> bool:
+        """The KV cache (and an fp8 cache's scales); True when the first real prefill must
+        calibrate the scales."""
+        self.kv_cache = allocate_kv_cache(self.config, self.attn_layers, self.kv_dtype,
+                                          self.device, self.max_blocks_per_seq,
+                                          log=self.rank == 0)
+        self.num_kvcache_blocks = self.kv_cache.size(2)
+        if self.kv_dtype.itemsize != 1:
+            return False
+        loaded = self._checkpoint_kv_scales()
+        self.kv_scales = allocate_kv_scales(self.attn_layers, self.device, loaded)
+        # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated
+        # on mixed keys: a checkpoint's scales were measured on plain ones.
+        backend.mix_kv = loaded is None and mix_kv_wanted(self.attn_layers[0].head_dim)
+        return loaded is None
+
+    def _checkpoint_kv_scales(self) -> torch.Tensor | None:
+        """This rank's heads of the checkpoint's k_scale/v_scale, or None (calibrate)."""
+        if self.config.load_format == "dummy":
+            return None
+        hf = self.config.hf_config
+        scales = read_kv_scales(self.config.model, hf.num_hidden_layers, hf.num_key_value_heads)
+        if scales is None:
+            return None
+        if self.rank == 0:
+            logger.info("fp8 KV cache: k/v scales from the checkpoint")
+        local = self.attn_layers[0].num_kv_heads  # this rank's share
+        return scales[:, :, self.rank * local:(self.rank + 1) * local]
+
+    def _capture_graphs(self) -> None:
+        """Decode graphs reading their inputs from the stager's fixed buffer."""
+        max_bs = min(self.config.max_num_seqs, 512)
+        self.stager = Stager(self.device, [(DECODE_META_ROWS, max_bs),
+                                           (max_bs, self.max_blocks_per_seq)])
+        meta, table = self.stager.graph_views
+        self.graphs = DecodeGraphs(self.model, max_bs, meta, table,
+                                   self.config.hf_config.hidden_size, self.dtype)
+
+    def set_eos_ids(self, eos_ids: set[int]) -> None:
+        """The end tokens min_tokens holds back (rank 0 samples; the engine sets them)."""
+        self.builder.eos_ids = frozenset(eos_ids)
+
+    def release_graphs(self) -> None:
+        """Destroy the decode graphs (before leaving an NCCL group: see DecodeGraphs.release)."""
+        if self.graphs is not None:
+            self.graphs.release(self.device)
+            self.graphs = None
+
+    # -- running ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
+        """Start one step without waiting for the device; the sampled ids come back through
+        the returned handle (rank 0) and stay on the device for the next step."""
+        graphed = not is_prefill and self.graphs is not None and self.graphs.can_run(len(seqs))
+        # Rows padded to a multiple of 4 (eager) keep every row of the decode meta 16-byte
+        # aligned; a graph takes its full batch.
+        rows = self.graphs.max_bs if graphed else -(-len(seqs) // 4) * 4
+        inputs = self.builder.build(seqs, is_prefill, rows)
+        dev = self.stager.upload(inputs.device_parts(), graph=graphed)  # the step's one copy
+        st = lp = None
+        if self.rank == 0:
+            # Now, while self.sampled still holds the tokens that are pending on the host.
+            pt = (None if inputs.penalties is None
+                  else penalty_tensors(inputs.penalties, dev, self.sampled))
+            st = SamplingTensors.from_rows(inputs.sampling, dev, pt)
+            lp = None if inputs.logprobs is None else LogprobsStep(inputs.logprobs, dev)
+        hidden = self.forward(inputs, dev, graphed)
+        logits = self.model.compute_logits(hidden)
+        if inputs.prompt_rows is not None:  # on every rank: the LM head gathers across ranks
+            prompt_pass(self.model, hidden, dev["prompt_rows"], lp)
+        reset_context()
+        self.builder.launched(seqs)
+        if self.rank != 0:
+            return StepResult(None)
+        return self._sample(logits, st, lp, len(seqs))
+
+    def forward(self, inputs: StepInputs, dev: dict[str, torch.Tensor] | None = None,
+                graphed: bool = False) -> torch.Tensor:
+        """Publish the attention context of the staged inputs (staged here when `dev` is
+        None) and run the model, or replay a decode graph whose inputs the stager put in
+        place."""
+        if dev is None:
+            dev = self.stager.upload(inputs.device_parts())
+        if inputs.is_prefill:
+            set_context(is_prefill=True, cu_seqlens_q=dev["cu_seqlens_q"],
+                        cu_seqlens_k=dev["cu_seqlens_k"], max_seqlen_q=inputs.max_seqlen_q,
+                        max_seqlen_k=inputs.max_seqlen_k, slot_mapping=dev["slot_mapping"],
+                        block_tables=dev["block_tables"],
+                        has_cached_context=inputs.has_cached_context,
+                        calibrate_kv=self._calibrate_kv)
+            self._calibrate_kv = False
+            return self.model(dev["input_ids"], dev["positions"])
+        n = inputs.num_seqs
+        ids, pos, slots, lens, order, feed = dev["decode_meta"][:, :n]
+        if inputs.feed_rows is not None:
+            feed_tokens(ids, feed, self.sampled)
+        if graphed:
+            return self.graphs.run(n)
+        set_context(is_prefill=False, slot_mapping=slots, context_lens=lens,
+                    block_tables=dev["block_tables"][:n], decode_order=order)
+        return self.model(ids, pos)
+
+    def _sample(self, logits: torch.Tensor, st: SamplingTensors, lp: LogprobsStep | None,
+                n: int) -> StepResult:
+        """Rank 0: sample into self.sampled, then start the ids' (and logprobs') copy back."""
+        if lp is not None:  # logprobs of the raw logits (vLLM's default): before any change
+            lp.take_raw(logits)
+        self.sampled[:n].copy_(self.sampler(logits, st))
+        if lp is not None:
+            lp.finish(self.sampled[:n], self.pinned)
+        if not self.pinned:
+            return StepResult(self.sampled[:n].tolist(), logprobs=lp)
+        # The step's device->host transfer (ids, and logprobs if any), waited for when asked.
+        host = self._id_hosts[self._turn]
+        self._turn ^= 1
+        host[:n].copy_(self.sampled[:n], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return StepResult(host[:n], done, lp)
+
+
+def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:
+    """ids[i] = sampled[feed_rows[i]] where feed_rows[i] >= 0, on the device (no host sync)."""
+    ids.copy_(torch.where(feed_rows >= 0, sampled[feed_rows.clamp(min=0)], ids))

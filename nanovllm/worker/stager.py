@@ -1,0 +1,93 @@
+"""The one stager: a step's host arrays -> device tensors in one host-to-device copy, for
+prefill, eager decode and CUDA-graph decode alike.
+
+Every part is written into one int32 staging buffer at a 16-byte aligned offset (Triton
+specialises kernels on pointer alignment, so unaligned slices would trigger recompiles
+mid-run), copied over at once, and viewed back on the device with its own dtype and shape.
+On a GPU the staging buffers are pinned and two take turns: with async scheduling the next
+step is staged while this one's copy may still be queued (one step in flight, no more).
+"""
+import numpy as np
+import torch
+
+# Words of room after the decode graphs' inputs for the rest of a graph step's parts
+# (sampling, penalty and logprob rows); a step that needs more sends those in a second copy.
+TAIL_WORDS = 1 << 16
+
+
+def layout(sizes: list[int]) -> tuple[list[int], int]:
+    """Bytes of each part -> its offset in int32 words (16-byte aligned), and the words in
+    all."""
+    offsets, total = [], 0
+    for nbytes in sizes:
+        offsets.append(total)
+        total += -(-nbytes // 16) * 4
+    return offsets, total
+
+
+class Stager:
+    """Owns the staging buffers of one rank, and the device buffer the decode graphs read."""
+
+    def __init__(self, device: torch.device, graph_parts: list[tuple[int, ...]] | None = None):
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self.hosts: list[torch.Tensor | None] = [None, None]
+        self.turn = 0
+        self.fixed = None
+        self.fixed_words = 0
+        if graph_parts:
+            # The graphs captured views of this buffer's head: graph steps stage in place.
+            offsets, self.fixed_words = layout([4 * int(np.prod(s)) for s in graph_parts])
+            self.fixed = torch.zeros(self.fixed_words + TAIL_WORDS, dtype=torch.int32,
+                                     device=device)
+            self.graph_views = [self.fixed[o: o + int(np.prod(s))].view(s)
+                                for o, s in zip(offsets, graph_parts)]
+            if self.pinned:  # graph steps never grow them
+                self.hosts = [torch.empty(self.fixed.numel(), dtype=torch.int32,
+                                          pin_memory=True) for _ in range(2)]
+
+    def upload(self, parts: dict[str, np.ndarray], graph: bool = False) -> dict[str, torch.Tensor]:
+        """Device tensors of `parts` (same names, dtypes and shapes) after one copy; with
+        graph=True the leading parts land where the decode graphs read them."""
+        arrays = list(parts.values())
+        offsets, total = layout([a.nbytes for a in arrays])
+        host_t = self._host(total)
+        host = host_t.numpy()
+        for a, o in zip(arrays, offsets):
+            flat = np.ascontiguousarray(a).reshape(-1).view(np.int32)
+            host[o: o + flat.size] = flat
+        src = host_t[:total]
+        head = self.fixed_words if graph else 0
+        if not graph:
+            tail = src.to(self.device, non_blocking=True)
+        elif total <= self.fixed.numel():
+            self.fixed[:total].copy_(src, non_blocking=True)
+            tail, head = self.fixed, 0
+        else:  # rare: a long penalty history outgrows the room after the graph inputs
+            self.fixed[:head].copy_(src[:head], non_blocking=True)
+            tail = src[head:].to(self.device, non_blocking=True)
+        out = {}
+        for (name, a), o in zip(parts.items(), offsets):
+            base, start = (self.fixed, o) if o < head else (tail, o - head)
+            out[name] = base[start: start + a.nbytes // 4].view(_TORCH[a.dtype]).view(a.shape)
+        return out
+
+    def _host(self, words: int) -> torch.Tensor:
+        """A staging buffer of at least `words` int32 words: on a GPU the pinned one whose
+        turn it is (grown when too small); on a CPU a fresh one, since the "device" tensors
+        are views of it and may outlive the step."""
+        if not self.pinned:
+            return torch.empty(words, dtype=torch.int32)
+        host = self.hosts[self.turn]
+        if host is None or host.numel() < words:
+            # A replaced buffer is freed through the caching host allocator, which keeps it
+            # until its queued copy has run.
+            host = torch.empty(max(words, 2 * (0 if host is None else host.numel())),
+                               dtype=torch.int32, pin_memory=True)
+            self.hosts[self.turn] = host
+        self.turn ^= 1
+        return host
+
+
+_TORCH = {np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+          np.dtype(np.float32): torch.float32}
