@@ -22,7 +22,7 @@ from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_output import StepResult
 from nanovllm.utils.loader import check_checkpoint
-from nanovllm.utils.spawn import GUARD_HINT
+from nanovllm.utils.process import GUARD_HINT
 
 logger = logging.getLogger(__name__)
 
