@@ -104,7 +104,8 @@ class PipeClient:
     def send_quietly(self, msg) -> None:
         """Send, ignoring a core that is gone (aborting or stopping: nothing to do)."""
         try:
-            self._inbox.send(msg)
+            with self._lock:  # one writer at a time: interleaved pickles would corrupt the pipe
+                self._inbox.send(msg)
         except OSError:
             pass
 

@@ -34,7 +34,8 @@ def run_with_aborts(llm, prompts, abort_at: int, pick) -> tuple[list, list[int]]
             llm.abort_request(victims)
             # Freed at once: only the requests still running hold blocks.
             assert bm.num_free_blocks == bm.num_blocks - held_blocks(llm)
-            live = list(llm.clients[0].core.scheduler.running) + list(llm.clients[0].core.scheduler.waiting)
+            sched = llm.clients[0].core.scheduler
+            live = list(sched.running) + list(sched.waiting)
             assert not {s.request_id for s in live} & set(victims)
         finished, _ = llm.step()
         if step == abort_at:

@@ -32,7 +32,8 @@ def outputs(path, async_scheduling, prompts, sps, **engine):
     llm = LLM(path, async_scheduling=async_scheduling, **engine)
     first = llm.generate(prompts, sps, use_tqdm=False)
     second = llm.generate(prompts, sps, use_tqdm=False)  # prefix-cache hits this time
-    stats = (llm.clients[0].core.scheduler.num_preemptions, llm.clients[0].core.scheduler.block_manager.num_hit_tokens)
+    sched = llm.clients[0].core.scheduler
+    stats = (sched.num_preemptions, sched.block_manager.num_hit_tokens)
     bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks and llm.clients[0].core.scheduler.num_in_flight == 0
     strip = [[{k: v for k, v in o.items() if k != "request_id"} for o in run]

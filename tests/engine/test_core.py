@@ -67,7 +67,8 @@ def test_failed_step_in_a_shared_decode_batch(llm, poisoned):
     b = llm.add_request("two", POISON)
     outputs = run_steps(llm)
     assert {outputs[a].outputs[0].finish_reason, outputs[b].outputs[0].finish_reason} == {"error"}
-    assert llm.clients[0].core.scheduler.block_manager.num_free_blocks == llm.clients[0].core.scheduler.block_manager.num_blocks
+    bm = llm.clients[0].core.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
     assert len(llm.generate(["again"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
 
 
@@ -84,7 +85,8 @@ def test_parallel_samples_of_a_failed_request_all_fail(llm, poisoned):
     bad = llm.add_request("fork me", SamplingParams(n=3, seed=POISON_SEED, max_tokens=4))
     out = run_steps(llm)[bad]
     assert [c.finish_reason for c in out.outputs] == ["error"] * 3
-    assert llm.clients[0].core.scheduler.block_manager.num_free_blocks == llm.clients[0].core.scheduler.block_manager.num_blocks
+    bm = llm.clients[0].core.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
 
 
 def test_steps_failing_again_and_again_raise(llm, monkeypatch):
