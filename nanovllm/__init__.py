@@ -12,7 +12,7 @@ def __getattr__(name):
 
         return LLM
     if name == "AsyncLLM":
-        from nanovllm.engine.async_llm import AsyncLLM
+        from nanovllm.async_llm import AsyncLLM
 
         return AsyncLLM
     raise AttributeError(name)

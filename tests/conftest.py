@@ -54,6 +54,18 @@ def toy_models(tmp_path_factory):
             for i, (name, kw) in enumerate(shapes.items())}
 
 
+@pytest.fixture(scope="session")
+def small_llm(toy_models):
+    """The small offline engine the LLM API tests share (a 4-layer toy Qwen3, blocks of 16,
+    max_model_len 256), started once per session. A test leaves it idle: no request pending,
+    every block free."""
+    from nanovllm import LLM
+
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256)
+    yield llm
+    llm.shutdown()
+
+
 # Random checkpoints of the other architectures: name -> (architecture, config overrides).
 ARCH_MODELS = {
     # Qwen2: bias on q/k/v; tied, GQA 2 / untied, 14 heads in GQA groups of 7 (as Qwen2.5-0.5B)

@@ -41,13 +41,13 @@ def test_ray_replicas_match_dp1_over_a_list_and_a_killed_actor_is_named(cluster,
     llm = LLM(toy_models[MODEL], data_parallel_size=2, distributed_executor_backend="ray", **KW)
     outputs = llm.generate(PROMPTS, PARAMS)
     assert [(o.prompt, o["token_ids"], o["text"]) for o in outputs] == expected
-    node, pid = llm.where[1]
+    node, pid = llm.clients[1].where
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(RuntimeError, match=rf"data-parallel replica 1 \(Ray actor, node "
                                            rf"{node}, pid {pid}\) died"):
         llm.generate(PROMPTS, PARAMS)
     llm.shutdown()
-    assert ray.util.placement_group_table(llm.pg)["state"] == "REMOVED"
+    assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
 
 
 def test_more_replicas_than_the_cluster_holds_is_a_value_error(cluster, toy_models):

@@ -90,7 +90,7 @@ def run_offline(path: str, load_format: str, work) -> dict:
 # -- in-process AsyncLLM ---------------------------------------------------------------------
 def run_async(path: str, load_format: str, work, switch, engine_process: bool) -> dict:
     from nanovllm import SamplingParams
-    from nanovllm.engine.async_llm import AsyncLLM
+    from nanovllm.async_llm import AsyncLLM
 
     llm = AsyncLLM(path, load_format=load_format, max_model_len=4096,
                    engine_process=engine_process)

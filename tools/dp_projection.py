@@ -6,8 +6,8 @@ replica's share of it as `LLM(data_parallel_size=N)` would split it, one after a
 DP=N runs its replicas side by side, so its time is about the slowest share's time; the
 projection is total tokens / that time. The replicas' process hops (a pickle per request and
 per output) are measured too: the whole workload once more through a single replica process
-(DataParallelLLM with one replica), and the projection scaled by that run's time over the
-in-process one. Left out: N GPUs sharing one host's CPUs. The real run is `bench.py --dp N`
+(LLM(engine_process=True)), and the projection scaled by that run's time over the in-process
+one. Left out: N GPUs sharing one host's CPUs. The real run is `bench.py --dp N`
 on N GPUs (tools/dp_check.sh).
 """
 import argparse
@@ -19,7 +19,7 @@ sys.path.insert(0, ".")
 from nanovllm import LLM, SamplingParams
 from nanovllm.bench import (add_bench_args, check_bench_args, dummy_model_dir, engine_kwargs,
                             workload)
-from nanovllm.engine.data_parallel import DataParallelLLM, balance, request_cost
+from nanovllm.engine.load_balance import balance, request_cost
 
 
 def timed(llm, prompts, params) -> float:
@@ -42,7 +42,7 @@ def main():
     kw = {**engine_kwargs(args), "enable_prefix_caching": False}
     model = dummy_model_dir(args.model_shape or "qwen3-0.6b")
     # The replica process first: it gives all its GPU memory back when it exits.
-    with DataParallelLLM(model, data_parallel_size=1, **kw) as llm:
+    with LLM(model, engine_process=True, **kw) as llm:
         prompts, params = workload(args, llm.config.hf_config.vocab_size)
         llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)
         via_replica = timed(llm, prompts, params)

@@ -117,7 +117,7 @@ def text_ids(tokenizer, text_path: str = TEXT) -> list[int]:
     """The English text as `tokenizer` (or the tokenizer of a checkpoint dir or GGUF file)
     encodes it."""
     if isinstance(tokenizer, str):
-        from nanovllm.engine.tokenizer import load_tokenizer
+        from nanovllm.utils.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
     with open(text_path) as f:

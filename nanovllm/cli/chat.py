@@ -32,7 +32,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Build the engine and run the conversation until /exit or end of input."""
-    from nanovllm.engine.async_llm import AsyncLLM
+    from nanovllm.async_llm import AsyncLLM
     from nanovllm.sampling_params import SamplingParams
 
     given = sampling_kwargs(args)

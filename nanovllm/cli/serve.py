@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                            "missing): update nanovllm to use `serve`") from None
         raise CLIError(f"`serve` needs the package {e.name!r}, which is not installed "
                        f"({e})") from None
-    from nanovllm.engine.core_reader import EngineDeadError
+    from nanovllm.engine.client import EngineDeadError
 
     template = args.chat_template
     if template is not None and os.path.isfile(template):

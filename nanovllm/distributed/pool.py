@@ -10,8 +10,7 @@ from multiprocessing import connection
 
 from nanovllm.config import Config
 from nanovllm.worker.tp_worker import WorkerSpec, worker_main
-from nanovllm.utils.exit_status import exit_description
-from nanovllm.utils.spawn import spawn_context
+from nanovllm.utils.process import Child, exit_description, spawn_context
 
 # How long to wait for an exited worker's status to become readable (normally microseconds).
 REAP_TIMEOUT_S = 5.0
@@ -24,19 +23,23 @@ class WorkerPool:
 
     def __init__(self, config: Config, specs: list[WorkerSpec]):
         ctx = spawn_context("an LLM with tensor_parallel_size > 1")
-        self.procs, self.requests, self.dones = [], [], []
+        self.children: list[Child] = []
+        self.requests, self.dones = [], []
         # Process.exitcode reaps with waitpid: the watchdog and a failed call must take turns.
         self._reap_lock = threading.Lock()
         for spec in specs:
             request, done = ctx.Semaphore(0), ctx.Semaphore(0)
             # Not daemonic (a worker may need child processes, e.g. torch.compile's); rank 0
             # stops them in stop() (also at exit) and they exit by themselves if it dies.
-            p = ctx.Process(target=worker_main, name=f"nanovllm-tp{spec.rank}",
-                            args=(config, spec, request, done))
-            p.start()
-            self.procs.append(p)
+            self.children.append(Child(ctx, worker_main, (config, spec, request, done),
+                                       f"nanovllm-tp{spec.rank}"))
             self.requests.append(request)
             self.dones.append(done)
+
+    @property
+    def procs(self) -> list:
+        """The workers' multiprocessing.Process objects, rank 1 first."""
+        return [c.proc for c in self.children]
 
     def wake(self) -> None:
         """Tell every worker that a message is waiting in the channel."""
@@ -82,15 +85,10 @@ class WorkerPool:
 
     def stop(self, clean: bool) -> None:
         """Join the workers (they were asked to exit if clean), then terminate, then kill."""
-        for p in self.procs:
-            p.join(JOIN_TIMEOUT_S if clean else 0.5)
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        for child in self.children:
+            child.join(JOIN_TIMEOUT_S if clean else 0.5)
+        for child in self.children:
+            child.stop(timeout_s=0.0)
 
 
 def _status_from_other_reaper(p, timeout_s: float = 1.0) -> int | None:

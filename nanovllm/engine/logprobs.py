@@ -59,14 +59,14 @@ def completion_fields(entries: list[Entry] | None, tokens: list[int],
                 cumulative_logprob=sum(e[0] for e in entries))
 
 
-def prompt_logprobs(req: Sequence, decode: Callable[[int], str | None]
-                    ) -> list[PositionLogprobs | None] | None:
-    """The request's prompt logprobs: None for the first prompt token, then a dict per
-    prompt token computed so far; None when SamplingParams.prompt_logprobs was not set."""
-    entries = req.prompt_logprobs
+def prompt_logprobs(entries: list[Entry | None] | None, prompt_token_ids: list[int],
+                    decode: Callable[[int], str | None]) -> list[PositionLogprobs | None] | None:
+    """A request's prompt logprobs from its entries (a leading None, then one per prompt
+    token computed so far): None for the first prompt token, then a dict per token; None when
+    SamplingParams.prompt_logprobs was not set (entries None)."""
     if entries is None:
         return None
     # An aborted request may have fewer; more would be a bug (a prompt computed twice).
-    tokens = req.prompt_token_ids[1: len(entries)]
+    tokens = prompt_token_ids[1: len(entries)]
     return [None] + [position_logprobs(e, t, decode)
                      for e, t in zip(entries[1:], tokens, strict=True)]

@@ -155,3 +155,22 @@ def _is_token_ids(prompt) -> bool:
     if isinstance(prompt, (list, tuple)):
         return True
     return getattr(prompt, "ndim", None) == 1 and hasattr(prompt, "tolist")
+
+
+def check_fits(num_tokens: int, max_tokens: int, max_model_len: int, block_size: int,
+               num_blocks: int) -> None:
+    """ValueError unless a prompt of num_tokens tokens could complete within max_model_len
+    and a cache of num_blocks blocks."""
+    if num_tokens == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if num_tokens + 1 > max_model_len:
+        raise ValueError(
+            f"the prompt has {num_tokens} tokens but max_model_len={max_model_len} leaves room "
+            f"for at most {max_model_len - 1}; shorten it or raise max_model_len")
+    longest = min(num_tokens + max_tokens, max_model_len)
+    need = -(-longest // block_size)
+    if need > num_blocks:
+        raise ValueError(
+            f"the request needs up to {longest} tokens of KV cache ({need} blocks) but the "
+            f"cache has only {num_blocks} blocks; lower max_tokens or give the cache more "
+            f"memory (num_kvcache_blocks / gpu_memory_utilization)")

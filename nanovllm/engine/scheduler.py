@@ -21,6 +21,7 @@ finished and aborted like any other); the request ends when all its samples have
 from collections import deque
 
 from nanovllm.engine.block_manager import BlockManager
+from nanovllm.engine.prompts import check_fits
 from nanovllm.engine.sequence import Sequence, SequenceStatus, insert_in_order
 from nanovllm.engine.stop_rules import finish_reason, length_done
 
@@ -54,20 +55,8 @@ class Scheduler:
 
     def check(self, seq: Sequence) -> None:
         """Raise ValueError if seq could never complete with this cache and max_model_len."""
-        n = seq.num_tokens
-        if n == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        if n + 1 > self.max_model_len:
-            raise ValueError(
-                f"the prompt has {n} tokens but max_model_len={self.max_model_len} leaves room "
-                f"for at most {self.max_model_len - 1}; shorten it or raise max_model_len")
-        longest = min(n + seq.sampling_params.max_tokens, self.max_model_len)
-        need = -(-longest // self.block_manager.block_size)
-        if need > self.block_manager.num_blocks:
-            raise ValueError(
-                f"the request needs up to {longest} tokens of KV cache ({need} blocks) but the "
-                f"cache has only {self.block_manager.num_blocks} blocks; lower max_tokens or "
-                f"give the cache more memory (num_kvcache_blocks / gpu_memory_utilization)")
+        check_fits(seq.num_tokens, seq.sampling_params.max_tokens, self.max_model_len,
+                   self.block_manager.block_size, self.block_manager.num_blocks)
 
     # -- scheduling -------------------------------------------------------------------------
     def schedule(self) -> tuple[list[Sequence], bool]:
@@ -165,10 +154,6 @@ class Scheduler:
         insert_in_order(self.waiting, seq)
 
     # -- after the model ran ----------------------------------------------------------------
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
-        """Record a step that ran to completion; returns the sequences that finished."""
-        return self.on_result(self.on_launch(seqs), token_ids)
-
     def on_launch(self, seqs: list[Sequence]) -> "Launched":
         """The step is on its way: its tokens count as computed, and each sequence whose
         prompt is now complete gets a pending token (its value comes with on_result)."""
@@ -255,7 +240,7 @@ class Scheduler:
 class Launched:
     """A step on its way: its sequences and which of them sample a real next token."""
 
-    __slots__ = ("seqs", "produced")
+    __slots__ = ("produced", "seqs")
 
     def __init__(self, seqs: list[Sequence], produced: list[bool]):
         self.seqs, self.produced = seqs, produced

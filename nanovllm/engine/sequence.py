@@ -6,7 +6,6 @@ from itertools import count
 
 from nanovllm.sampling_params import SamplingParams
 
-
 # Stands in for a token sampled on the device whose value the host does not know yet.
 PLACEHOLDER = -1
 
@@ -25,11 +24,12 @@ class Sequence:
     counter = count()
 
     def __init__(self, token_ids: list[int], sampling_params: SamplingParams | None = None,
-                 block_size: int = 256, *, priority: int = 0, prompt: str | None = None):
+                 block_size: int = 256, *, priority: int = 0, request_id: int | None = None):
+        """request_id: the front end's id of the request (default: this seq_id)."""
         self.seq_id = next(Sequence.counter)
+        self._request_id = self.seq_id if request_id is None else request_id
         # vLLM's rule: a lower value is scheduled first; ties go by arrival (seq_id).
         self.priority = priority
-        self.prompt = prompt  # the prompt text, when it was given as text (for outputs)
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.last_token = self.token_ids[-1] if self.token_ids else -1
@@ -82,8 +82,8 @@ class Sequence:
 
     @property
     def request_id(self) -> int:
-        """The id of this sample's request: its first sample's seq_id."""
-        return self.request.seq_id
+        """The id of this sample's request (the front end's; its outputs carry it)."""
+        return self.request._request_id
 
     @property
     def needs_fork(self) -> bool:
@@ -100,7 +100,7 @@ class Sequence:
         params (seed + index; see SamplingParams.for_sample). Blocks are the caller's job."""
         index = len(self.samples)
         child = Sequence(self.prompt_token_ids, self.sampling_params.for_sample(index),
-                         self.block_size, priority=self.priority, prompt=self.prompt)
+                         self.block_size, priority=self.priority)
         child.request, child.index, child.samples = self, index, []
         self.samples.append(child)
         return child
@@ -144,10 +144,6 @@ class Sequence:
     def completion_token_ids(self) -> list[int]:
         """Generated tokens whose values are known (not those still in flight)."""
         return self.token_ids[self.num_prompt_tokens: self.num_tokens - self.num_pending]
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return self.num_cached_tokens // self.block_size
 
     @property
     def num_blocks(self) -> int:

@@ -1,36 +1,7 @@
-"""The tokenizer side of the engine: loading it, end tokens, and completion text."""
-import os
-
+"""The tokenizer side of the engine: end tokens, completion text and stop strings, and the
+chat template (loading a tokenizer: utils/tokenizer.py). No torch here."""
 from nanovllm.config import Config
-from nanovllm.engine.sequence import Sequence
-
-# Files a Hugging Face tokenizer is loaded from; a directory without any of them would give
-# an empty tokenizer (transformers does not complain) that turns every prompt into nothing.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
-
-
-def load_tokenizer(path: str):
-    """AutoTokenizer from a model directory (or a GGUF file's metadata), with a clear error
-    when it is missing."""
-    from transformers import AutoTokenizer
-
-    from nanovllm.utils.gguf_file import GGUFCheckpoint, is_gguf
-
-    if is_gguf(path):
-        return GGUFCheckpoint(path).load_tokenizer()
-    hint = ("add the tokenizer files of this model, or pass skip_tokenizer_init=True and give "
-            "prompts as token ids")
-    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
-        raise ValueError(f"{path!r} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is "
-                         f"there; {hint}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"could not load a tokenizer from {path!r} ({e}); {hint}") from e
-    if len(tokenizer) <= 1:
-        raise ValueError(f"the tokenizer in {path!r} is empty ({len(tokenizer)} tokens); {hint}")
-    return tokenizer
+from nanovllm.sampling_params import SamplingParams
 
 
 def resolve_eos_ids(config: Config, tokenizer) -> set[int]:
@@ -73,35 +44,33 @@ class TextDecoder:
         n = len(self.tokenizer)
         return self.tokenizer.decode([t for t in token_ids if t < n], skip_special_tokens=True)
 
-    def stop_string_hit(self, seq: Sequence) -> str | None:
-        """The stop string the end of seq's completion contains (the one that starts first,
-        where the text is cut), or None."""
-        stops = seq.sampling_params.stop
-        tokens = seq.completion_token_ids
-        start = max(len(tokens) - max(len(s) for s in stops) - 8, 0)
-        hit = self._first_stop(seq, self.decode(tokens[start:]), tokens, start)
-        return None if hit is None else stops[hit[1]]
+    def stop_string_hit(self, tokens: list[int], sp: SamplingParams) -> str | None:
+        """The stop string the end of a completion (its token ids) contains (the one that
+        starts first, where the text is cut), or None."""
+        start = max(len(tokens) - max(len(s) for s in sp.stop) - 8, 0)
+        hit = self._first_stop(sp, self.decode(tokens[start:]), tokens, start)
+        return None if hit is None else sp.stop[hit[1]]
 
-    def completion_text(self, seq: Sequence) -> str:
-        """seq's completion text, ending before the first stop string it contains."""
-        tokens = seq.completion_token_ids
+    def completion_text(self, tokens: list[int], sp: SamplingParams) -> str:
+        """A completion's text, ending before the first stop string it contains."""
         text = self.decode(tokens)
-        hit = self._first_stop(seq, text, tokens, 0) if seq.sampling_params.stop else None
+        hit = self._first_stop(sp, text, tokens, 0) if sp.stop else None
         return text if hit is None else text[: hit[0]]
 
-    def _first_stop(self, seq: Sequence, text: str, tokens: list[int],
+    def _first_stop(self, sp: SamplingParams, text: str, tokens: list[int],
                     start: int) -> tuple[int, int] | None:
-        """(where, which) of the first of seq's stop strings in `text`, the text of
+        """(where, which) of the first of sp's stop strings in `text`, the text of
         tokens[start:], or None. As in vLLM, a match counts only if it ends in the text of
         the tokens after the first min_tokens."""
-        head = seq.sampling_params.min_tokens
+        head = sp.min_tokens
         floor = len(self.decode(tokens[start:head])) if head > start else 0
         found = []
-        for i, s in enumerate(seq.sampling_params.stop):
+        for i, s in enumerate(sp.stop):
             at = text.find(s, max(floor - len(s) + 1, 0))
             if at != -1:
                 found.append((at, i))
         return min(found) if found else None
+
 
 def render_chat(tokenizer, conversation: list[dict], chat_template: str | None,
                 add_generation_prompt: bool) -> str:

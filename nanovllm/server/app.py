@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from nanovllm.engine.async_llm import AsyncLLM, EngineDeadError
+from nanovllm.async_llm import AsyncLLM, EngineDeadError
 from nanovllm.engine.tokenizer import chat_prompt
 from nanovllm.server.errors import APIError, bad_request, install_handlers
 from nanovllm.server.guard import GuardedRoute, RequestGuard, default_max_body_bytes

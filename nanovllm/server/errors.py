@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from nanovllm.engine.core_reader import EngineDeadError, RequestFailedError
+from nanovllm.engine.client import EngineDeadError, RequestFailedError
 
 logger = logging.getLogger(__name__)
 

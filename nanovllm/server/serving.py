@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from nanovllm.engine.async_llm import AsyncLLM
+from nanovllm.async_llm import AsyncLLM
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.server.errors import APIError, bad_request, engine_error
 from nanovllm.server.responses import Choice, envelope, new_id, usage

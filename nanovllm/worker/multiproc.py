@@ -18,7 +18,7 @@ from nanovllm.distributed.group import GROUP_CLOSE_TIMEOUT_S, ProcessGroup, free
 from nanovllm.distributed.pool import WorkerPool, worker_specs
 from nanovllm.engine.sequence import Sequence
 from nanovllm.models.loader import check_checkpoint
-from nanovllm.utils.spawn import GUARD_HINT
+from nanovllm.utils.process import GUARD_HINT
 from nanovllm.worker.device import resolve_device
 from nanovllm.worker.model_runner import ModelRunner
 from nanovllm.worker.step_output import StepResult

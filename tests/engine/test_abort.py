@@ -19,7 +19,7 @@ def engine(toy_models, async_scheduling: bool, device: str = "cpu") -> LLM:
 
 
 def held_blocks(llm) -> int:
-    return sum(len(s.block_table) for s in llm.scheduler.running)
+    return sum(len(s.block_table) for s in llm.clients[0].core.scheduler.running)
 
 
 def run_with_aborts(llm, prompts, abort_at: int, pick) -> tuple[list, list[int]]:
@@ -27,15 +27,16 @@ def run_with_aborts(llm, prompts, abort_at: int, pick) -> tuple[list, list[int]]
     Returns (outputs in input order, the aborted ids)."""
     ids = [llm.add_request(p, GREEDY) for p in prompts]
     outs, victims, step = {}, [], 0
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     while not llm.is_finished():
         if step == abort_at:
             victims = pick(llm, ids)
             llm.abort_request(victims)
             # Freed at once: only the requests still running hold blocks.
             assert bm.num_free_blocks == bm.num_blocks - held_blocks(llm)
-            live = list(llm.scheduler.running) + list(llm.scheduler.waiting)
-            assert not {s.seq_id for s in live} & set(victims)
+            sched = llm.clients[0].core.scheduler
+            live = list(sched.running) + list(sched.waiting)
+            assert not {s.request_id for s in live} & set(victims)
         finished, _ = llm.step()
         if step == abort_at:
             assert {o.request_id for o in finished} >= set(victims)  # the very next step
@@ -43,22 +44,22 @@ def run_with_aborts(llm, prompts, abort_at: int, pick) -> tuple[list, list[int]]
             assert o.request_id not in outs, "one output per request"
             outs[o.request_id] = o
         step += 1
-    assert bm.num_free_blocks == bm.num_blocks and llm.scheduler.num_in_flight == 0
+    assert bm.num_free_blocks == bm.num_blocks and llm.clients[0].core.scheduler.num_in_flight == 0
     assert all(b.ref_count == 0 for b in bm.blocks)
     return [outs[i] for i in ids], victims
 
 
 def waiting_and_running(llm, ids):
-    running = [s.seq_id for s in llm.scheduler.running]
-    waiting = [s.seq_id for s in llm.scheduler.waiting]
+    running = [s.request_id for s in llm.clients[0].core.scheduler.running]
+    waiting = [s.request_id for s in llm.clients[0].core.scheduler.waiting]
     assert running and waiting
     return [running[0], waiting[-1]]
 
 
 def in_flight(llm, ids):
     # Async scheduling: the step launched last is still on its way with a token of each.
-    pending = [s.seq_id for s in llm.scheduler.running if s.num_pending]
-    assert pending and llm._in_flight is not None
+    pending = [s.request_id for s in llm.clients[0].core.scheduler.running if s.num_pending]
+    assert pending and llm.clients[0].core._in_flight is not None
     return pending[:1]
 
 
@@ -110,7 +111,7 @@ def test_unknown_finished_and_repeated_ids_are_ignored(toy_models):
     assert [(o.request_id, o["finish_reason"], o["token_ids"]) for o in finished] == \
         [(rid, "abort", [])]
     assert num_tokens == 0 and llm.is_finished() and llm.step() == ([], 0)
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     llm.shutdown()
 
@@ -136,7 +137,7 @@ def test_abort_all_drops_outputs_too(toy_models):
     llm.abort_request(rids[0])
     llm.abort_all()
     assert llm.is_finished() and llm.step() == ([], 0)
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     assert len(llm.generate(["x"], GREEDY, use_tqdm=False)) == 1
     llm.shutdown()

@@ -32,14 +32,15 @@ def outputs(path, async_scheduling, prompts, sps, **engine):
     llm = LLM(path, async_scheduling=async_scheduling, **engine)
     first = llm.generate(prompts, sps, use_tqdm=False)
     second = llm.generate(prompts, sps, use_tqdm=False)  # prefix-cache hits this time
-    stats = (llm.scheduler.num_preemptions, llm.scheduler.block_manager.num_hit_tokens)
-    bm = llm.scheduler.block_manager
-    assert bm.num_free_blocks == bm.num_blocks and llm.scheduler.num_in_flight == 0
+    sched = llm.clients[0].core.scheduler
+    stats = (sched.num_preemptions, sched.block_manager.num_hit_tokens)
+    bm = llm.clients[0].core.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and llm.clients[0].core.scheduler.num_in_flight == 0
     strip = [[{k: v for k, v in o.items() if k != "request_id"} for o in run]
              for run in (first, second)]
-    graphs = llm.executor.runner.graphs is not None
+    graphs = llm.clients[0].core.executor.runner.graphs is not None
     llm.shutdown()
-    return strip, stats, (llm.async_scheduling, graphs)
+    return strip, stats, (llm.clients[0].core.async_scheduling, graphs)
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -94,12 +95,12 @@ def test_stop_strings_and_the_step_api(toy_models, device):
 def test_default_is_on_on_a_gpu(toy_models):
     llm = LLM(toy_models[MODEL], device="cuda", kvcache_block_size=16, max_model_len=64,
               num_kvcache_blocks=16)
-    assert llm.async_scheduling is True
+    assert llm.clients[0].core.async_scheduling is True
     llm.shutdown()
 
 
 def test_default_is_off_on_cpu_and_tp_refuses_it(toy_models):
     llm = LLM(toy_models[MODEL], device="cpu", kvcache_block_size=16, max_model_len=64)
-    assert llm.async_scheduling is False
+    assert llm.clients[0].core.async_scheduling is False
     with pytest.raises(ValueError, match="async_scheduling"):
         LLM(toy_models[MODEL], device="cpu", tensor_parallel_size=2, async_scheduling=True)

@@ -8,6 +8,7 @@ import pytest
 from nanovllm import SamplingParams
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence, SequenceStatus
+from tests.engine.test_scheduler import run_step
 
 BS = 16
 
@@ -30,7 +31,7 @@ def step(sched: Scheduler) -> tuple[list[tuple[int, int, int]], bool]:
     sequence, is_prefill)."""
     batch, is_prefill = sched.schedule()
     work = [(s.index, s.num_cached_tokens, s.num_scheduled_tokens) for s in batch]
-    sched.postprocess(batch, [7] * len(batch))
+    run_step(sched, batch, [7] * len(batch))
     return work, is_prefill
 
 

@@ -99,7 +99,7 @@ def test_tight_limits_give_the_plain_values(toy_models, limits):
     llm = engine(toy_models, **limits)
     got = llm.generate(prompts, sps, use_tqdm=False)
     if "num_kvcache_blocks" in limits:
-        assert llm.scheduler.num_preemptions > 0
+        assert llm.clients[0].core.scheduler.num_preemptions > 0
     for a, b in zip(got, want):
         assert_close(a, b)
     check_all(toy_models[MODEL], prompts, sps, got)
@@ -114,15 +114,15 @@ def test_recomputed_prompts_give_their_prompt_logprobs_once(toy_models, async_sc
            for i in range(len(prompts))]
     llm = engine(toy_models, num_kvcache_blocks=12, async_scheduling=async_scheduling)
     preempted = []
-    preempt = llm.scheduler.preempt
-    llm.scheduler.preempt = lambda seq: (preempted.append(seq), preempt(seq))
+    preempt = llm.clients[0].core.scheduler.preempt
+    llm.clients[0].core.scheduler.preempt = lambda seq: (preempted.append(seq), preempt(seq))
     check_all(toy_models[MODEL], prompts, sps, llm.generate(prompts, sps, use_tqdm=False))
     assert preempted and all(s.prompt_logprobs is not None for s in preempted)
 
 
 def test_prompt_logprobs_skip_the_prefix_cache(toy_models):
     llm = engine(toy_models, enable_prefix_caching=True)
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     greedy = SamplingParams(temperature=0, **BASE)
     llm.generate([SHARED + [5, 6, 7]], greedy, use_tqdm=False)  # fills the cache
     hits = bm.num_hit_tokens
@@ -149,8 +149,8 @@ def test_async_and_sync_give_identical_logprobs(toy_models, limits):
     for async_scheduling in (False, True):
         llm = engine(toy_models, async_scheduling=async_scheduling, **limits)
         runs.append(llm.generate(prompts, sps, use_tqdm=False))
-        assert llm.async_scheduling is async_scheduling
-        assert (llm.scheduler.num_preemptions > 0) == ("num_kvcache_blocks" in limits)
+        assert llm.clients[0].core.async_scheduling is async_scheduling
+        assert (llm.clients[0].core.scheduler.num_preemptions > 0) == ("num_kvcache_blocks" in limits)
         llm.shutdown()
     if "num_kvcache_blocks" not in limits:
         # The same batches in both loops: bit for bit the same outputs.
@@ -209,7 +209,7 @@ def test_tp2_matches_tp1(toy_models):
     want = engine(toy_models, **limits).generate(prompts, sps, use_tqdm=False)
     with engine(toy_models, tensor_parallel_size=2, **limits) as llm:
         got = llm.generate(prompts, sps, use_tqdm=False)
-        assert llm.scheduler.num_preemptions > 0
+        assert llm.clients[0].core.scheduler.num_preemptions > 0
     for a, b in zip(got, want):
         assert_close(a, b)
     check_all(toy_models[MODEL], prompts, sps, got)

@@ -98,11 +98,11 @@ def test_record_skips_ended_sequences_and_prompt_output_has_a_leading_none():
     record([a, b], StepLogprobs([entry, entry], [[entry, entry], [entry]]))
     assert a.logprobs == [entry] and a.prompt_logprobs == [None, entry, entry]
     assert b.logprobs == [] and b.prompt_logprobs == [None]
-    out = prompt_logprobs(a, lambda t: None)
+    out = prompt_logprobs(a.prompt_logprobs, a.prompt_token_ids, lambda t: None)
     assert out[0] is None and list(out[1]) == [2, 9] and list(out[2]) == [3, 9]
     a.prompt_logprobs.append(entry)  # one more than the prompt has: a bug, never hidden
     with pytest.raises(ValueError):
-        prompt_logprobs(a, lambda t: None)
+        prompt_logprobs(a.prompt_logprobs, a.prompt_token_ids, lambda t: None)
 
 
 def test_samples_other_than_the_first_skip_prompt_logprobs():

@@ -24,7 +24,7 @@ def token_ids(out) -> list[list[int]]:
 
 
 def assert_all_free(llm) -> None:
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks and all(b.ref_count == 0 for b in bm.blocks)
 
 
@@ -73,12 +73,12 @@ def test_prompt_is_prefilled_once(toy_models, prefix_caching):
         finished, num_tokens = llm.step()
         step += 1
         if step == 1:  # the prompt is in: the samples share its first two blocks
-            seqs = list(llm.scheduler.running)
+            seqs = list(llm.clients[0].core.scheduler.running)
             assert len(seqs) == 4 and all(s.request_id == rid for s in seqs)
             shared = seqs[0].block_table[:2]
             assert all(s.block_table[:2] == shared for s in seqs)
             assert len({s.block_table[2] for s in seqs}) == 4
-            blocks = llm.scheduler.block_manager.blocks
+            blocks = llm.clients[0].core.scheduler.block_manager.blocks
             assert [blocks[b].ref_count for b in shared] == [4, 4]
         if num_tokens > 0:
             prefill_tokens.append(num_tokens)
@@ -123,8 +123,8 @@ def test_abort_stops_all_samples_and_frees_everything(toy_models, async_scheduli
     for _ in range(abort_at):
         outputs += llm.step()[0]
     llm.abort_request(rid)
-    assert not any(s.request_id == rid for s in (*llm.scheduler.running,
-                                                 *llm.scheduler.waiting))
+    assert not any(s.request_id == rid for s in (*llm.clients[0].core.scheduler.running,
+                                                 *llm.clients[0].core.scheduler.waiting))
     finished, _ = llm.step()
     aborted = [o for o in finished if o.request_id == rid]
     assert len(aborted) == 1 and aborted[0].finished
@@ -156,7 +156,7 @@ def test_tight_limits_keep_the_tokens(toy_models, async_scheduling, limits):
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert [token_ids(o) for o in outs] == want
     if "num_kvcache_blocks" in limits:
-        assert llm.scheduler.num_preemptions > 0
+        assert llm.clients[0].core.scheduler.num_preemptions > 0
     assert_all_free(llm)
     llm.shutdown()
 

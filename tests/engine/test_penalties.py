@@ -68,7 +68,7 @@ def test_min_tokens_holds_back_stop_token_ids(llm, toy_models):
     assert len(first["token_ids"]) == 1 and first["finish_reason"] == "stop"
     out = llm.generate([prompt], SamplingParams(**sp, min_tokens=5), use_tqdm=False)[0]
     # The reference bans the stop ids and the end tokens for five tokens, then runs on.
-    banned = tuple(sorted({*stops, *llm.scheduler.eos_ids}))
+    banned = tuple(sorted({*stops, *llm.clients[0].core.scheduler.eos_ids}))
     ref = hf_greedy_penalized(path, tuple(prompt), 20, stop_ids=banned, min_tokens=5)
     tokens, reason = expected_stop(ref, set(stops), 5)
     assert (out["token_ids"], out["finish_reason"]) == (tokens, reason)
@@ -128,9 +128,9 @@ def run(path, async_scheduling, prompts, sps, **engine):
     outs = [[[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs]
              for o in llm.generate(prompts, sps, use_tqdm=False)]
             for _ in range(2)]  # the second time with prefix-cache hits
-    bm = llm.scheduler.block_manager
-    assert bm.num_free_blocks == bm.num_blocks and llm.scheduler.num_in_flight == 0
-    preemptions = llm.scheduler.num_preemptions
+    bm = llm.clients[0].core.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and llm.clients[0].core.scheduler.num_in_flight == 0
+    preemptions = llm.clients[0].core.scheduler.num_preemptions
     llm.shutdown()
     return outs, preemptions
 

@@ -9,9 +9,9 @@ from tests.support.text import STOP_PROMPT, greedy_with_stop
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def llm(toy_models):
-    return LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256)
+@pytest.fixture
+def llm(small_llm):
+    return small_llm
 
 
 def ids(outputs):

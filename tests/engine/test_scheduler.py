@@ -23,6 +23,12 @@ def make_scheduler(cfg) -> Scheduler:
     return Scheduler(cfg, cfg.num_kvcache_blocks, {cfg.eos})
 
 
+def run_step(sched: Scheduler, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
+    """Record a step that ran to completion (launch and result at once); returns the
+    sequences that finished."""
+    return sched.on_result(sched.on_launch(seqs), token_ids)
+
+
 def fake_model(seq: Sequence) -> int:
     """Next token as a pure function of the known tokens so far (like greedy decoding); a
     pending (in-flight) token's value depends only on the tokens before it."""
@@ -179,7 +185,7 @@ def test_chunked_prefill_of_a_long_prompt_and_a_second_one():
         batch, is_prefill = sched.schedule()
         assert is_prefill
         chunks.append([(s.seq_id, s.num_cached_tokens, s.num_scheduled_tokens) for s in batch])
-        sched.postprocess(batch, [0] * len(batch))
+        run_step(sched, batch, [0] * len(batch))
     # max_model_len (512) exceeds the budget (16): both prompts arrive in chunks.
     assert chunks[0] == [(a.seq_id, 0, 16)]
     assert sum(n for step in chunks for sid, _, n in step if sid == b.seq_id) == 40
@@ -194,14 +200,14 @@ def test_decode_preempts_newest_and_it_resumes_first():
     sched.add(a)
     sched.add(b)
     batch, _ = sched.schedule()
-    sched.postprocess(batch, [1, 1])  # both hold 1 block, 17 tokens -> need a 2nd
+    run_step(sched, batch, [1, 1])  # both hold 1 block, 17 tokens -> need a 2nd
     batch, is_prefill = sched.schedule()
     assert not is_prefill and len(batch) == 2
-    sched.postprocess(batch, [1, 1])
+    run_step(sched, batch, [1, 1])
     # Fill the remaining blocks and watch b (newest) get preempted first.
     while b.status == SequenceStatus.RUNNING:
         batch, is_prefill = sched.schedule()
-        sched.postprocess(batch, [1] * len(batch))
+        run_step(sched, batch, [1] * len(batch))
     assert b.status == SequenceStatus.WAITING and sched.waiting[0] is b
     assert a.status == SequenceStatus.RUNNING
 
@@ -217,13 +223,13 @@ def test_finish_reasons():
     for s in (eos, stop, ign, longseq):
         sched.add(s)
     batch, _ = sched.schedule()
-    sched.postprocess(batch, [5, 9, 5, 5])
+    run_step(sched, batch, [5, 9, 5, 5])
     assert (eos.finish_reason, stop.finish_reason) == ("stop", "stop")
     assert (eos.stop_reason, stop.stop_reason) == (None, 9)  # vLLM: an end token has none
     assert ign.finish_reason is None and not ign.is_finished
     while not sched.is_finished():
         batch, _ = sched.schedule()
-        sched.postprocess(batch, [5] * len(batch))
+        run_step(sched, batch, [5] * len(batch))
     assert ign.finish_reason == "length" and len(ign.completion_token_ids) == 3
     assert ign.stop_reason is None
     assert longseq.finish_reason == "length" and len(longseq) == 20  # hit max_model_len
@@ -289,7 +295,7 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival():
     while not sched.is_finished():
         batch, _ = sched.schedule()
         order += [name for name, s in seqs.items() if s in batch]
-        sched.postprocess(batch, [0] * len(batch))
+        run_step(sched, batch, [0] * len(batch))
     assert order == ["b", "d", "a", "c", "e"]
 
 
@@ -304,7 +310,7 @@ def test_preemption_evicts_the_lowest_priority_even_if_it_came_first():
         sched.add(s)
     batch, is_prefill = sched.schedule()
     assert is_prefill and batch == [b, c, a]  # admitted in priority order
-    sched.postprocess(batch, [1, 1, 1])
+    run_step(sched, batch, [1, 1, 1])
     # One 40-token request (3 blocks) arrives with a middling priority: it cannot fit now.
     d = Sequence(list(range(60, 100)), SamplingParams(max_tokens=8), block_size=16, priority=1)
     sched.add(d)

@@ -5,7 +5,8 @@ import random
 import pytest
 
 from nanovllm.engine.text_stream import TextStream
-from nanovllm.engine.tokenizer import TextDecoder, load_tokenizer
+from nanovllm.engine.tokenizer import TextDecoder
+from nanovllm.utils.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from nanovllm import LLM, SamplingParams
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def llm(toy_models):
-    return LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256)
+@pytest.fixture
+def llm(small_llm):
+    return small_llm
 
 
 def ids(outputs):
@@ -84,7 +84,7 @@ def test_missing_tokenizer_is_named_at_load_time(toy_models, tmp_path):
 
     # Token ids only, by explicit choice: works, with eos from config.json and no text.
     llm = LLM(str(d), kvcache_block_size=16, max_model_len=64, skip_tokenizer_init=True)
-    assert llm.scheduler.eos_ids == {2}
+    assert llm.clients[0].core.scheduler.eos_ids == {2}
     out = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)[0]
     assert len(out["token_ids"]) == 4 and out["text"] == ""
     with pytest.raises(ValueError, match="skip_tokenizer_init"):

@@ -242,9 +242,9 @@ def test_engine_fp8_gpu_calibrates_and_doubles_blocks(tmp_path):
         sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
         outs[kind] = [o["token_ids"] for o in llm.generate([[1, 2, 3] * 50, [9] * 70], sp,
                                                            use_tqdm=False)]
-        blocks[kind] = llm.executor.num_kvcache_blocks
+        blocks[kind] = llm.clients[0].core.executor.num_kvcache_blocks
         if kind != "auto":
-            scales = llm.executor.runner.kv_scales
+            scales = llm.clients[0].core.executor.runner.kv_scales
             assert (scales != 1).all() and torch.isfinite(scales).all()
         llm.shutdown()
         torch.cuda.empty_cache()

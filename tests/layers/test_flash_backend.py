@@ -66,7 +66,7 @@ def test_flash_backend_calls_give_hf_tokens(toy_models):
     llm = LLM(path, kvcache_block_size=256, max_model_len=1024)
     fake = FakeFlashAttn()
     backend = FlashBackend(flash_attn=fake)
-    for layer in llm.executor.runner.attn_layers:
+    for layer in llm.clients[0].core.executor.runner.attn_layers:
         layer.backend = backend
     rng = random.Random(0)
     shared = [rng.randrange(3, 400) for _ in range(300)]

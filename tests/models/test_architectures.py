@@ -45,7 +45,7 @@ def test_greedy_matches_hf_with_preemption_chunks_and_prefix_cache(arch_models, 
     llm = LLM(path, **ENGINE)
     assert tokens(llm, prompts) == expected
     assert tokens(llm, prompts) == expected  # again, now reading the prefix cache
-    sched = llm.scheduler
+    sched = llm.clients[0].core.scheduler
     assert sched.num_preemptions > 0 and sched.block_manager.num_hit_tokens > 0
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
     llm.shutdown()
@@ -59,7 +59,7 @@ def test_tp2_matches_tp1(arch_models, name):
         expected = tokens(llm, prompts)
     with LLM(path, tensor_parallel_size=2, **ENGINE) as llm:
         assert tokens(llm, prompts) == expected
-        assert llm.scheduler.num_preemptions > 0
+        assert llm.clients[0].core.scheduler.num_preemptions > 0
     assert expected == hf_tokens(path, prompts)
 
 
@@ -71,5 +71,5 @@ def test_gpu_triton_kernels_and_graphs_match_hf(arch_models, name):
     path = arch_models[name]
     prompts = make_prompts(6, **PROMPTS)
     with LLM(path, **dict(ENGINE, device="cuda"), dtype="float32", max_num_seqs=16) as llm:
-        assert llm.executor.runner.graphs is not None
+        assert llm.clients[0].core.executor.runner.graphs is not None
         assert tokens(llm, prompts) == hf_tokens(path, prompts)

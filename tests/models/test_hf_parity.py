@@ -17,7 +17,7 @@ def check_greedy(llm, path, prompts, n=NEW_TOKENS, **sp):
     for p, o in zip(prompts, outs):
         assert o["token_ids"] == hf_greedy(path, tuple(p), n)
         assert o["finish_reason"] == "length"
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "blocks leaked after generate"
 
 
@@ -45,7 +45,7 @@ def test_same_tokens_under_preemption(toy_models, block_size):
                for _ in range(8)]
     llm = LLM(path, kvcache_block_size=block_size, num_kvcache_blocks=5)
     check_greedy(llm, path, prompts)
-    assert llm.scheduler.num_preemptions > 0
+    assert llm.clients[0].core.scheduler.num_preemptions > 0
 
 
 @pytest.mark.parametrize("block_size", [16, 256])
@@ -61,7 +61,7 @@ def test_same_tokens_with_prefix_cache_on_and_off(toy_models, block_size, prefix
     full = shared[: 2 * block_size]
     check_greedy(llm, path, prompts + [full], n=8)
     check_greedy(llm, path, [full], n=8)
-    hits = llm.scheduler.block_manager.num_hit_tokens
+    hits = llm.clients[0].core.scheduler.block_manager.num_hit_tokens
     assert (hits > 0) == prefix_caching
 
 
@@ -94,5 +94,5 @@ def test_bad_inputs_raise_and_engine_keeps_working(toy_models):
         SamplingParams(temperature=-1)
     out = llm.generate(good, sp, use_tqdm=False)
     assert out[0]["token_ids"] == hf_greedy(path, tuple(good[0]), 4)
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks

@@ -58,7 +58,7 @@ class LiveServer:
 def live_server(toy_models, request):
     """A server over AsyncLLM(toy model); the module may set ENGINE_OVERRIDES, API_KEY and
     ENGINE_PROCESS (False: the engine on a thread, in reach of monkeypatch)."""
-    from nanovllm.engine.async_llm import AsyncLLM
+    from nanovllm.async_llm import AsyncLLM
 
     kw = {**ENGINE_KW, **getattr(request.module, "ENGINE_OVERRIDES", {})}
     engine = AsyncLLM(toy_models[MODEL],

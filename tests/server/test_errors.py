@@ -149,15 +149,15 @@ def test_engine_failure_mid_stream_then_503(live_server, http, monkeypatch):
     """Last in the module: it kills the engine. Requests under way (a stream and an
     unstreamed one) end with an error event and [DONE], and a 503; then /health and every
     new request answer 503."""
-    engine = live_server.engine.engine
-    original = engine.step_updates
+    core = live_server.engine.core
+    original = core.step
 
     def failing_step():
-        if len(engine.scheduler.running) >= 2:  # once both requests run
+        if len(core.scheduler.running) >= 2:  # once both requests run
             raise RuntimeError("boom")
         return original()
 
-    monkeypatch.setattr(engine, "step_updates", failing_step)
+    monkeypatch.setattr(core, "step", failing_step)
     body = {**CMPL, "max_tokens": 60, "ignore_eos": True}
     with ThreadPoolExecutor(1) as pool:
         unstreamed = pool.submit(http.post, "/v1/completions", json=body)

@@ -17,12 +17,12 @@ from tests.support.server import wait_healthy
 
 SCRIPT = """
 import sys
-from nanovllm.engine.async_llm import AsyncLLM
+from nanovllm.async_llm import AsyncLLM
 from nanovllm.server.__main__ import main
 
 original = AsyncLLM.shutdown
 def shutdown(self):
-    print("ENGINE SHUTDOWN", self._proc.pid, flush=True)
+    print("ENGINE SHUTDOWN", self.client.runner.pid, flush=True)
     original(self)
 AsyncLLM.shutdown = shutdown
 main(sys.argv[1:])

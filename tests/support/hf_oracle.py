@@ -54,11 +54,11 @@ def check_teacher_forced_logits(llm, path: str, prompts: list[list[int]],
     from nanovllm.engine.step_inputs import prefill_inputs
     from nanovllm.utils.context import reset_context
 
-    runner = llm.executor.runner
+    runner = llm.clients[0].core.executor.runner
     seqs = []
     for p in prompts:
         s = Sequence(p, block_size=llm.config.kvcache_block_size)
-        llm.scheduler.block_manager.allocate(s)
+        llm.clients[0].core.scheduler.block_manager.allocate(s)
         s.num_scheduled_tokens = len(p)
         seqs.append(s)
     with torch.inference_mode():

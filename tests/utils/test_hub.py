@@ -72,7 +72,7 @@ def test_generation_config_supplies_defaults_unless_given(toy_models, tmp_path):
     llm = LLM(str(d), kvcache_block_size=16, num_kvcache_blocks=16)
     sp = llm.get_default_sampling_params()
     assert (sp.temperature, sp.top_k, sp.top_p, sp.repetition_penalty) == (0.0, 20, 0.8, 1.05)
-    assert {7, 9} <= llm.scheduler.eos_ids
+    assert {7, 9} <= llm.clients[0].core.scheduler.eos_ids
     # No sampling_params: the file's (greedy here) values; the run equals the explicit one.
     given = SamplingParams(temperature=0.0, top_k=20, top_p=0.8, repetition_penalty=1.05)
     prompt = [[11, 12, 13, 14]]

@@ -46,7 +46,7 @@ def test_fp8_cache_is_calibrated_on_the_first_prefill_and_stays_close(toy_models
     logits, scales = {}, None
     for kind in ("auto", "fp8_e4m3"):
         llm = LLM(path, kv_cache_dtype=kind, **CPU)
-        runner = llm.executor.runner
+        runner = llm.clients[0].core.executor.runner
         if kind != "auto":
             assert runner.kv_cache.dtype == torch.float8_e4m3fn
             assert (runner.kv_scales == 1).all()  # nothing calibrated before a prefill
@@ -83,7 +83,7 @@ def test_checkpoint_scales_are_used_not_calibrated(toy_models, tmp_path, caplog)
     path = _with_scales(src, str(tmp_path / "m"), range(3), 0.05)
     llm = LLM(path, kv_cache_dtype="fp8_e4m3", **CPU)
     llm.generate([[1, 2, 3] * 10], SamplingParams(max_tokens=2), use_tqdm=False)
-    scales = llm.executor.runner.kv_scales
+    scales = llm.clients[0].core.executor.runner.kv_scales
     assert torch.allclose(scales[0], torch.full((3, 2), 0.05))
     assert torch.allclose(scales[1], torch.full((3, 2), 0.1))
     llm.shutdown()
@@ -136,7 +136,7 @@ def test_warm_up_compiles_fp8_prefill_over_cached_tokens(toy_models, kind):
     from nanovllm.worker.warmup import warm_prefills
 
     llm = LLM(toy_models["untied_gqa4_d64"], kv_cache_dtype=kind, **CPU)
-    runner = llm.executor.runner
+    runner = llm.clients[0].core.executor.runner
     seen = []
     forward = runner.forward
     runner.forward = lambda inputs, *rest: (seen.append(inputs.has_cached_context)

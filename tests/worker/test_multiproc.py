@@ -36,7 +36,7 @@ def tokens(llm, prompts, sp=GREEDY):
 
 def assert_cleaned_up(llm, group_released=True):
     """After shutdown: no worker process, no shared-memory segment, no process group."""
-    executor = llm.executor
+    executor = llm.clients[0].core.executor
     name = executor.channel.name if executor.channel.shm is not None else None
     procs = list(executor.workers.procs)
     t = time.monotonic()
@@ -61,7 +61,7 @@ def reference(toy_models):
     llm = LLM(toy_models[MODEL], **ENGINE)
     prompts = make_prompts(0, n=10, shared=SHARED)
     out = tokens(llm, prompts), tokens(llm, prompts)
-    assert llm.scheduler.num_preemptions > 0
+    assert llm.clients[0].core.scheduler.num_preemptions > 0
     return prompts, out, tokens(llm, prompts, PENALIZED * 5)
 
 
@@ -70,9 +70,9 @@ def test_tp2_matches_tp1_with_preemption_and_prefix_cache(toy_models, reference)
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE)
     assert (tokens(llm, prompts), tokens(llm, prompts)) == expected
     assert tokens(llm, prompts, PENALIZED * 5) == penalized
-    assert llm.scheduler.num_preemptions > 0
-    assert llm.scheduler.block_manager.num_hit_tokens > 0
-    bm = llm.scheduler.block_manager
+    assert llm.clients[0].core.scheduler.num_preemptions > 0
+    assert llm.clients[0].core.scheduler.block_manager.num_hit_tokens > 0
+    bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     assert_cleaned_up(llm)
 
@@ -82,9 +82,9 @@ def test_messages_bigger_than_the_segment_grow_it(toy_models, reference, monkeyp
     monkeypatch.setattr(channel_module, "SHM_BYTES", 128)
     prompts, expected, _ = reference
     with LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE) as llm:
-        first = llm.executor.channel.name
+        first = llm.clients[0].core.executor.channel.name
         assert tokens(llm, prompts) == expected[0]
-        assert llm.executor.channel.shm.size > 128
+        assert llm.clients[0].core.executor.channel.shm.size > 128
         assert not os.path.exists(f"/dev/shm/{first}")  # the outgrown segment is gone
         assert_cleaned_up(llm)
 
@@ -125,7 +125,7 @@ def test_tp4_matches_tp1(toy_models):
 def test_killed_worker_raises_promptly_and_shutdown_cleans_up(toy_models):
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, kvcache_block_size=16,
               num_kvcache_blocks=256, device="cpu", max_model_len=4096)
-    worker = llm.executor.workers.procs[0]
+    worker = llm.clients[0].core.executor.workers.procs[0]
     killed = []
 
     def kill():
@@ -141,7 +141,7 @@ def test_killed_worker_raises_promptly_and_shutdown_cleans_up(toy_models):
         llm.generate([[5, 6, 7]] * 8, long, use_tqdm=False)
     timer.join()
     assert time.monotonic() - killed[0] < 30
-    assert llm.scheduler.is_finished()
+    assert llm.clients[0].core.scheduler.is_finished()
     # The runner stays refused, immediately, instead of touching the broken group.
     t = time.monotonic()
     with pytest.raises(RuntimeError, match="died"):
@@ -154,7 +154,7 @@ def test_waking_a_worker_killed_while_idle_does_not_block(toy_models):
     # A multiprocessing.Event.set() waits for every sleeper to wake: a worker killed while it
     # waited for a call would block rank 0 there forever (seen with NCCL on 2 GPUs).
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE)
-    workers = llm.executor.workers
+    workers = llm.clients[0].core.executor.workers
     worker = workers.procs[0]
     time.sleep(0.5)  # the worker is waiting for its next call
     os.kill(worker.pid, signal.SIGKILL)
@@ -174,7 +174,7 @@ from nanovllm import LLM
 if __name__ == "__main__":
     llm = LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=16,
               device="cpu")
-    print(llm.executor.workers.procs[0].pid, llm.executor.channel.name, flush=True)
+    print(llm.clients[0].core.executor.workers.procs[0].pid, llm.clients[0].core.executor.channel.name, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no shutdown()
 """
 
@@ -226,7 +226,7 @@ def test_tp2_matches_tp1_on_gpus_with_nccl(toy_models):
     ref.shutdown()
     del ref
     llm = LLM(path, tensor_parallel_size=2, **kw)
-    assert llm.executor.backend == "nccl"
+    assert llm.clients[0].core.executor.backend == "nccl"
     assert tokens(llm, prompts) == expected
     assert_cleaned_up(llm)
 
@@ -237,7 +237,7 @@ def test_killed_worker_raises_promptly_with_nccl(toy_models):
         pytest.skip("needs 2 CUDA GPUs")
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, kvcache_block_size=16,
               num_kvcache_blocks=256, max_num_seqs=16, max_model_len=4096)
-    worker = llm.executor.workers.procs[0]
+    worker = llm.clients[0].core.executor.workers.procs[0]
     timer = threading.Timer(2.0, os.kill, (worker.pid, signal.SIGKILL))
     timer.start()
     long = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)  # < max_model_len

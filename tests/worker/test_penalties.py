@@ -131,9 +131,10 @@ def outputs(path, **kw):
               **kw)
     rounds = [[[(c.token_ids, c.finish_reason) for c in o.outputs]
                for o in llm.generate(PROMPTS, SPS, use_tqdm=False)] for _ in range(2)]
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
-    how = (llm.executor.runner.graphs is not None, llm.async_scheduling)
+    core = llm.clients[0].core
+    how = (core.executor.runner.graphs is not None, core.async_scheduling)
     llm.shutdown()
     assert rounds[0] == rounds[1]
     return rounds[0], how

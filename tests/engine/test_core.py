@@ -1,10 +1,11 @@
-"""Defence in depth: a step that raises (here: building one batch's sampling tensors) fails
+"""EngineCore. Defence in depth: a step that raises (here: building one batch's sampling tensors) fails
 only the requests of that step, frees their KV blocks and leaves the engine serving; only
-steps failing again and again (a broken device) let the error out."""
+steps failing again and again (a broken device) let the error out. And the core alone, on a
+fake executor: streamed deltas add up to whole outputs, aborts are reported once."""
 import pytest
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine import llm_engine
+from nanovllm.engine import core as engine_core
 from nanovllm.engine import step_inputs
 
 POISON_SEED = 4242  # a request with this seed makes its step raise
@@ -45,7 +46,7 @@ def run_steps(llm, limit=200):
 
 def test_failed_step_fails_only_its_requests(llm, poisoned):
     want = llm.generate(["the quick brown fox"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     good = llm.add_request("the quick brown fox", GREEDY)
     for _ in range(3):  # the good request is decoding when the poisoned one arrives
         llm.step()
@@ -66,7 +67,8 @@ def test_failed_step_in_a_shared_decode_batch(llm, poisoned):
     b = llm.add_request("two", POISON)
     outputs = run_steps(llm)
     assert {outputs[a].outputs[0].finish_reason, outputs[b].outputs[0].finish_reason} == {"error"}
-    assert llm.scheduler.block_manager.num_free_blocks == llm.scheduler.block_manager.num_blocks
+    bm = llm.clients[0].core.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
     assert len(llm.generate(["again"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
 
 
@@ -74,7 +76,7 @@ def test_generate_raises_and_engine_keeps_serving(llm, poisoned):
     with pytest.raises(RuntimeError, match="injected failure"):
         llm.generate(["a", "b"], [GREEDY, POISON], use_tqdm=False)
     assert llm.is_finished()
-    bm = llm.scheduler.block_manager
+    bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     assert len(llm.generate(["again"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
 
@@ -83,7 +85,8 @@ def test_parallel_samples_of_a_failed_request_all_fail(llm, poisoned):
     bad = llm.add_request("fork me", SamplingParams(n=3, seed=POISON_SEED, max_tokens=4))
     out = run_steps(llm)[bad]
     assert [c.finish_reason for c in out.outputs] == ["error"] * 3
-    assert llm.scheduler.block_manager.num_free_blocks == llm.scheduler.block_manager.num_blocks
+    bm = llm.clients[0].core.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
 
 
 def test_steps_failing_again_and_again_raise(llm, monkeypatch):
@@ -94,7 +97,7 @@ def test_steps_failing_again_and_again_raise(llm, monkeypatch):
 
     llm.generate(["a good step ends any earlier streak"], GREEDY, use_tqdm=False)
     monkeypatch.setattr(step_inputs, "sampling_rows", broken)
-    for i in range(llm_engine.MAX_STEP_FAILURES - 1):
+    for i in range(engine_core.MAX_STEP_FAILURES - 1):
         rid = llm.add_request(f"r{i}", GREEDY)
         assert run_steps(llm)[rid].outputs[0].finish_reason == "error"
     llm.add_request("last straw", GREEDY)
@@ -103,3 +106,86 @@ def test_steps_failing_again_and_again_raise(llm, monkeypatch):
     monkeypatch.undo()
     llm.abort_all()
     assert len(llm.generate(["back"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
+
+
+# -- The core alone: a fake executor, no device -------------------------------------------
+class FakeHandle:
+    def __init__(self, ids):
+        self.ids, self.logprobs = ids, None
+
+    def result(self):
+        return self.ids
+
+
+class FakeExecutor:
+    """Samples token (position % 7) + 10 for every sequence: an Executor with no device."""
+
+    num_kvcache_blocks, on_gpu = 64, False
+
+    def set_eos_ids(self, eos_ids):
+        self.eos_ids = eos_ids
+
+    def launch(self, seqs, is_prefill):
+        return FakeHandle([s.num_tokens % 7 + 10 for s in seqs])
+
+    def shutdown(self):
+        pass
+
+
+def fake_core(toy_models, stream, async_scheduling=False):
+    from nanovllm.config import Config
+    from nanovllm.engine.core import EngineCore
+
+    config = Config(toy_models["tied_mha_d16"], kvcache_block_size=16, max_model_len=128,
+                    async_scheduling=async_scheduling)
+    return EngineCore(config, FakeExecutor(), {3}, stream=stream)
+
+
+def drain(core):
+    from nanovllm.engine.messages import Outputs
+
+    out = Outputs()
+    while not core.is_finished():
+        out.extend(core.step())
+    return out
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_stream_deltas_add_up_to_the_whole_outputs(toy_models, async_scheduling):
+    from nanovllm.engine.messages import Request
+
+    requests = [Request(7, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)),
+                Request(9, [4, 5], SamplingParams(max_tokens=3, n=2, ignore_eos=True))]
+    whole = {}
+    for stream in (False, True):
+        core = fake_core(toy_models, stream, async_scheduling)
+        for r in requests:
+            core.add(r)
+        out = drain(core)
+        tokens: dict = {}
+        for delta in out.samples:
+            tokens.setdefault((delta.request_id, delta.index), []).extend(delta.token_ids)
+        ends = [(e.request_id, e.finish_reason) for e in out.ended]
+        if not stream:  # one delta per sample, at its request's end
+            assert len(out.samples) == 3
+        else:
+            assert len(out.samples) > 3
+        whole[stream] = (tokens, sorted(ends))
+        assert core.stats()["num_live_requests"] == 0 and core.stats()["idle"]
+    assert whole[False] == whole[True]
+    tokens, ends = whole[True]
+    assert ends == [(7, "length"), (9, "length")]
+    assert [len(tokens[k]) for k in sorted(tokens)] == [5, 3, 3]
+
+
+def test_abort_reports_the_request_once_and_unknown_ids_are_ignored(toy_models):
+    from nanovllm.engine.messages import Request
+
+    core = fake_core(toy_models, stream=True)
+    core.add(Request(1, [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True)))
+    core.step()
+    core.abort([1, 99])
+    out = core.step()
+    assert [(e.request_id, e.finish_reason) for e in out.ended] == [(1, "abort")]
+    assert core.is_finished() and not core.step()
+    assert core.stats()["num_aborted"] == 1

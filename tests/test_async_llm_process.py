@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from nanovllm import SamplingParams
-from nanovllm.engine.async_llm import AsyncLLM, EngineDeadError
+from nanovllm.async_llm import AsyncLLM, EngineDeadError
 
 MODEL = "tied_mha_d16"
 KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model_len=256,
@@ -43,7 +43,7 @@ def test_a_dead_engine_process_fails_every_stream(toy_models):
             async for out in llm.generate(prompt, long):
                 got += len(out.outputs[0].token_ids) if out.outputs else 0
                 if got >= 2:  # both streams run: the engine process dies now
-                    os.kill(llm._proc.pid, signal.SIGKILL)
+                    os.kill(llm.client.runner.proc.pid, signal.SIGKILL)
             return got
 
         results = await asyncio.wait_for(
@@ -53,7 +53,7 @@ def test_a_dead_engine_process_fails_every_stream(toy_models):
     results = asyncio.run(main())
     assert all(isinstance(r, EngineDeadError) for r in results), results
     assert not llm.is_running
-    assert "exit code" in str(results[0])
+    assert "died (signal SIGKILL)" in str(results[0])
 
     async def new_request():
         async for _ in llm.generate("x", SamplingParams(max_tokens=2)):
@@ -62,12 +62,12 @@ def test_a_dead_engine_process_fails_every_stream(toy_models):
     with pytest.raises(EngineDeadError):
         asyncio.run(new_request())
     llm.shutdown()
-    assert not llm._proc.is_alive()
+    assert not llm.client.runner.proc.is_alive()
 
 
 def test_shutdown_stops_the_process_and_ends_open_streams(toy_models):
     llm = AsyncLLM(toy_models[MODEL], **KW)
-    pid = llm._proc.pid
+    pid = llm.client.runner.proc.pid
 
     async def main():
         gen = llm.generate("a b c", SamplingParams(temperature=0, max_tokens=200,
@@ -79,7 +79,7 @@ def test_shutdown_stops_the_process_and_ends_open_streams(toy_models):
                 pass
 
     asyncio.run(main())
-    assert not llm._proc.is_alive() and llm._proc.exitcode == 0
+    assert not llm.client.runner.proc.is_alive() and llm.client.runner.proc.exitcode == 0
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     with pytest.raises(EngineDeadError):

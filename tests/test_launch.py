@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.engine.load_balance import balance
+from nanovllm.engine.pipe_client import PipeClient
 from nanovllm.worker import device as device_module
-from nanovllm.engine.data_parallel import DataParallelLLM, balance
-from nanovllm.engine.llm_engine import LLMEngine
 from tests.support.prompts import make_prompts
 from tests.support.replicas import mixed_requests
 
@@ -84,7 +84,7 @@ def test_balance_sends_each_request_to_the_least_loaded_replica():
 
 
 def test_dp2_matches_dp1_in_input_order(dp2, expected):
-    assert isinstance(dp2, DataParallelLLM)
+    assert [type(c) for c in dp2.clients] == [PipeClient, PipeClient]
     outputs = dp2.generate(PROMPTS, PARAMS, use_tqdm=False)
     assert_same(outputs, expected)
     assert len({o.request_id for o in outputs}) == len(PROMPTS)
@@ -107,8 +107,6 @@ def test_a_bad_request_raises_and_leaves_the_replicas_serving(dp2, expected):
 def test_bad_arguments(toy_models):
     with pytest.raises(ValueError, match="data_parallel_size"):
         LLM(toy_models[MODEL], data_parallel_size=0, **KW)
-    with pytest.raises(ValueError, match="one replica"):
-        LLMEngine(toy_models[MODEL], data_parallel_size=2, **KW)
 
 
 def test_replica_gpus_are_disjoint_and_checked(toy_models, monkeypatch):
@@ -128,11 +126,11 @@ def test_a_killed_replica_is_named_and_shutdown_cleans_up(toy_models):
     # Replicas of two tensor-parallel ranks: the killed one leaves a worker behind.
     llm = LLM(toy_models["tied_gqa4_d16_l4"], **{**KW, "max_model_len": 512},
               data_parallel_size=2, tensor_parallel_size=2)
-    victim = llm.replicas[1].proc
+    victim = llm.clients[1].runner.proc
     long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
     def kill_once_it_works():  # seconds of work queued on each replica: kill it under way
-        while not llm.replicas[1].pending:
+        while not llm.clients[1].pending:
             time.sleep(0.01)
         time.sleep(0.2)
         os.kill(victim.pid, signal.SIGKILL)
@@ -145,7 +143,7 @@ def test_a_killed_replica_is_named_and_shutdown_cleans_up(toy_models):
     killer.join()
     with pytest.raises(RuntimeError, match="data-parallel replica 1"):
         llm.generate(["again"], use_tqdm=False)
-    procs = [r.proc for r in llm.replicas]
+    procs = [c.runner.proc for c in llm.clients]
     llm.shutdown()
     llm.shutdown()  # idempotent
     assert all(not p.is_alive() for p in procs) and procs[0].exitcode == 0
@@ -158,7 +156,7 @@ def test_shutdown_stops_every_replica(dp2):
     # Last in this module: it shuts the module's replicas down (the fixture's own shutdown
     # then does nothing).
     llm = dp2
-    procs = [r.proc for r in llm.replicas]
+    procs = [c.runner.proc for c in llm.clients]
     llm.shutdown()
     assert [p.exitcode for p in procs] == [0, 0]
     assert not set(procs) & set(multiprocessing.active_children())
@@ -193,11 +191,11 @@ def test_one_replica_process_matches_in_process_and_dies_named(toy_models, devic
     path = toy_models[MODEL]
     with LLM(path, **kw) as ref:
         expected = ref.generate(PROMPTS, PARAMS, use_tqdm=False)
-    llm = DataParallelLLM(path, data_parallel_size=1, **kw)
+    llm = LLM(path, engine_process=True, **kw)
     try:
         assert_same(llm.generate(PROMPTS, PARAMS, use_tqdm=False), expected)
         assert [s["num_blocks"] for s in llm.stats()] == [64]
-        victim = llm.replicas[0].proc
+        victim = llm.clients[0].runner.proc
         os.kill(victim.pid, signal.SIGKILL)
         victim.join()  # gone before the next request: sending to it fails, named all the same
         with pytest.raises(RuntimeError, match=rf"data-parallel replica 0 \(pid {victim.pid}\) "

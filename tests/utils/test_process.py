@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from nanovllm.utils.spawn import spawn_context
+from nanovllm.utils.process import spawn_context
 
 GUARD = 'if __name__ == "__main__":'
 

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from nanovllm import SamplingParams
-from nanovllm.engine.async_llm import AsyncLLM, EngineDeadError
+from nanovllm.async_llm import AsyncLLM, EngineDeadError
 
 
 def test_add_after_the_last_drain_fails_fast(toy_models, monkeypatch):
@@ -32,21 +32,24 @@ def test_a_send_to_a_dead_core_raises_engine_dead_error(toy_models):
     llm = AsyncLLM(toy_models["tied_mha_d16"], device="cpu", dtype="float32",
                    kvcache_block_size=16, max_model_len=128, num_kvcache_blocks=8,
                    max_num_seqs=2)
-    try:
-        def broken(*args):
+    real = llm.client._inbox
+
+    class Broken:
+        def send(self, msg):
             raise BrokenPipeError(32, "Broken pipe")
 
-        llm._send = broken  # the race, made deterministic: the reader still reads
+    try:
+        llm.client._inbox = Broken()  # the race, made deterministic: the reader still reads
 
         async def first_output():
             gen = llm.generate([5, 6, 7], SamplingParams(max_tokens=2))
             return await asyncio.wait_for(gen.__anext__(), timeout=5)
 
-        with pytest.raises(EngineDeadError, match="went away"):
+        with pytest.raises(EngineDeadError, match=r"the engine core \(pid \d+\) died"):
             asyncio.run(first_output())
-        assert not llm._live
-        with pytest.raises(EngineDeadError, match="went away"):
-            llm._reader.ask_stats(broken)
+        assert not llm._live and not llm._streams
+        with pytest.raises(EngineDeadError, match="died"):
+            llm.stats()
     finally:
-        del llm._send
+        llm.client._inbox = real
         llm.shutdown()

@@ -1,0 +1,56 @@
+"""Building an engine core on this process's device(s): the one module that imports the
+device side (create_executor), so engine/ and the front ends above it import no torch."""
+import logging
+import os
+import signal
+
+from nanovllm.config import Config
+from nanovllm.engine.core import EngineCore
+from nanovllm.engine.core_loop import picklable, serve_core
+
+# At the merge with the worker/ split: `from nanovllm.worker import create_executor`.
+from nanovllm.engine.executor import create_executor
+from nanovllm.engine.messages import Dead
+from nanovllm.utils.process import start_group
+
+
+def build_core(config: Config, eos_ids: set[int], tokenizer, stream: bool) -> EngineCore:
+    """An EngineCore on this process's device(s)."""
+    return EngineCore(config, create_executor(config), eos_ids, tokenizer, stream)
+
+
+def core_process_main(config: Config, eos_ids: set[int], tokenizer, stream: bool, conns: tuple,
+                      log_level: int, env: dict, threads: int | None, group: bool) -> None:
+    """Entry point of an engine-core process: its GPUs (set before CUDA starts) and CPU
+    threads, then the core (a failure to build it is reported as Dead), served until
+    stopped. group: a process group of its own, which its tensor-parallel workers join, so
+    that if it is killed its parent stops them at once."""
+    # Ctrl-C reaches every process of the terminal's group: the front end decides when the
+    # engine stops (it finishes or aborts requests first), so the core ignores SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    if group:
+        start_group()
+    os.environ.update(env)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    inbox, outbox = conns
+    try:
+        core = build_core(config, eos_ids, tokenizer, stream)
+    except BaseException as e:  # noqa: BLE001 - the front end raises it from its constructor
+        outbox.send(Dead(picklable(e)))
+        return
+    try:
+        serve_core(core, inbox, outbox)
+    finally:
+        core.shutdown()
+
+
+def serve_and_close(core: EngineCore, inbox, outbox) -> None:
+    """Serve the core over its pipes (on a thread), then release it."""
+    try:
+        serve_core(core, inbox, outbox)
+    finally:
+        core.shutdown()

@@ -1,0 +1,213 @@
+"""EngineCore: the step loop (schedule -> launch -> record results) behind add / abort / step.
+
+Every front end drives this one class: LLM steps it on its own thread (InprocClient), or
+through a pipe to a child process or a thread (core_loop.py), or in a Ray actor. It sees the
+device only through an Executor (executor.py), handed in by whoever built it, and imports no
+torch. With async scheduling one step is in flight while the host records the previous one.
+"""
+import logging
+
+from nanovllm.config import Config
+from nanovllm.engine import logprobs
+from nanovllm.engine.executor import Executor
+from nanovllm.engine.messages import Outputs, Request, RequestEnd, SampleDelta
+from nanovllm.engine.scheduler import Scheduler
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.tokenizer import TextDecoder
+
+logger = logging.getLogger(__name__)
+
+# A step that raises fails only its own requests; this many in a row mean the engine itself
+# is broken (e.g. the device is gone), and the error propagates.
+MAX_STEP_FAILURES = 3
+
+
+class EngineCore:
+    """A scheduler and an executor; requests in, typed outputs out.
+
+    stream=True reports every sample's new tokens after each step (a streaming front end);
+    stream=False reports a request once, whole, when it ends (batch generation)."""
+
+    def __init__(self, config: Config, executor: Executor, eos_ids: set[int], tokenizer=None,
+                 stream: bool = False):
+        """tokenizer: for stop strings only (the front end detokenizes outputs)."""
+        self.config, self.executor, self.stream = config, executor, stream
+        self.stops = TextDecoder(tokenizer)
+        self.scheduler = Scheduler(config, executor.num_kvcache_blocks, eos_ids)
+        executor.set_eos_ids(eos_ids)
+        # Overlap host and device work (on by default where it pays: one GPU).
+        self.async_scheduling = config.async_scheduling
+        if self.async_scheduling is None:
+            self.async_scheduling = config.tensor_parallel_size == 1 and executor.on_gpu
+        self._in_flight = None  # (Launched, result handle) of the step on the device
+        self._aborted: list[Sequence] = []  # aborted samples whose output step() owes
+        self._updated: list[Sequence] = []  # samples whose tokens the last step learned
+        self._touched: list[Sequence] = []  # sequences of the step under way (see _fail_step)
+        self._step_failures = 0  # consecutive steps that raised
+        self._live: set[int] = set()  # ids of the requests added and not reported ended
+        self._sent: dict[tuple[int, int], int] = {}  # (request id, sample) -> tokens reported
+        self.num_aborted = 0  # aborts that stopped a live request (stats)
+
+    # -- requests ---------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        """Queue a request (validated by the front end; the scheduler checks it fits)."""
+        seq = Sequence(request.prompt_token_ids, request.sampling_params,
+                       self.config.kvcache_block_size, priority=request.priority,
+                       request_id=request.request_id)
+        self.scheduler.add(seq)
+        self._live.add(request.request_id)
+
+    def abort(self, request_ids: list[int]) -> None:
+        """End these requests now with finish_reason "abort"; the next step() reports them.
+        Ids unknown or already ended are ignored."""
+        aborted = self.scheduler.abort(set(request_ids) & self._live)
+        self.num_aborted += len({s.request_id for s in aborted})
+        self._aborted += aborted
+
+    def abort_all(self) -> None:
+        """Drop every request, reporting none of them (the front end gave them up)."""
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.finish(seq, "abort")
+        self._aborted = []
+        self._live, self._sent = set(), {}
+        if self._in_flight is not None:  # its results would only land on finished requests
+            self._in_flight = None
+            self.scheduler.num_in_flight -= 1
+
+    def is_finished(self) -> bool:
+        """True when no request is waiting, running or in flight, and step() owes nothing."""
+        return self.scheduler.is_finished() and self._in_flight is None and not self._aborted
+
+    @property
+    def num_live(self) -> int:
+        """Requests added and not reported ended."""
+        return len(self._live)
+
+    def stats(self) -> dict:
+        """KV blocks, queues and counters: what a health check or a test looks at."""
+        bm = self.scheduler.block_manager
+        return dict(num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
+                    num_live_requests=self.num_live, idle=self.is_finished(),
+                    num_aborted=self.num_aborted)
+
+    def shutdown(self) -> None:
+        """Release the executor (workers, shared memory); idempotent."""
+        self.executor.shutdown()
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self) -> Outputs:
+        """Run one step; returns what it (and aborts since the last step) produced."""
+        self._updated, self._touched = [], []
+        finished, num_tokens = [], 0
+        if not self.scheduler.is_finished() or self._in_flight is not None:
+            finished, num_tokens = self._guarded_step()
+        finished, self._aborted = self._aborted + finished, []
+        out = Outputs(num_tokens=num_tokens)
+        if self.stream:
+            for seq in self._updated:
+                if seq.request_id in self._live:
+                    self._report(out, seq)
+        for req in _finished_requests(finished):
+            self._report_end(out, req)
+        return out
+
+    def _guarded_step(self) -> tuple[list[Sequence], int]:
+        try:
+            result = self._run_step()
+        except Exception as e:
+            self._step_failures += 1
+            if self._step_failures >= MAX_STEP_FAILURES:
+                raise  # every step fails: the device is gone, not one batch
+            return self._fail_step(e), 0
+        self._step_failures = 0
+        return result
+
+    def _fail_step(self, error: Exception) -> list[Sequence]:
+        """Finish every request of the step that raised (and of a step still in flight)
+        with finish_reason "error", its stop_reason the error's text; frees their blocks.
+        Returns their samples (ended now)."""
+        logger.error("a step failed: its requests end with an error", exc_info=error)
+        touched = list(self._touched)
+        if self._in_flight is not None:
+            touched += self._in_flight[0].seqs
+        # Nothing is in flight any more: the failed steps' results would be void anyway.
+        self._in_flight = None
+        self.scheduler.num_in_flight = 0
+        message = f"{type(error).__name__}: {error}"
+        return self.scheduler.abort({s.request_id for s in touched}, "error", message)
+
+    def _run_step(self) -> tuple[list[Sequence], int]:
+        """schedule -> launch -> record results; the sequences it works on go to _touched."""
+        seqs, is_prefill = self.scheduler.schedule()
+        self._touched += seqs
+        num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
+        if not self.async_scheduling:
+            handle = self.executor.launch(seqs, is_prefill)
+            return self._results(self.scheduler.on_launch(seqs), handle), num_tokens
+        # Async: start this step, then take the previous step's results while the device
+        # works; the control plane learns each token one step late.
+        launched = None
+        if seqs:
+            handle = self.executor.launch(seqs, is_prefill)
+            launched = (self.scheduler.on_launch(seqs), handle)
+        previous, self._in_flight = self._in_flight, launched
+        if previous is None:
+            return [], num_tokens
+        self._touched += previous[0].seqs
+        return self._results(*previous), num_tokens
+
+    def _results(self, launched, handle) -> list[Sequence]:
+        """Record a step's sampled tokens (and logprobs); returns the sequences that ended."""
+        token_ids = handle.result()
+        if handle.logprobs is not None:
+            logprobs.record(launched.seqs, handle.logprobs)
+        finished = self.scheduler.on_result(launched, token_ids)
+        self._updated += launched.seqs
+        for seq in launched.seqs:
+            sp = seq.sampling_params
+            # vLLM's rule: no stop string ends a sequence until it has more than min_tokens.
+            if (sp.stop and not seq.is_finished
+                    and seq.num_completion_tokens - seq.num_pending > sp.min_tokens):
+                stop = self.stops.stop_string_hit(seq.completion_token_ids, sp)
+                if stop is not None:
+                    self.scheduler.finish(seq, "stop", stop)
+                    finished.append(seq)
+        return finished
+
+    # -- outputs ----------------------------------------------------------------------------
+    def _report(self, out: Outputs, seq: Sequence) -> None:
+        """Add a sample's tokens not reported yet (and its end, if it ended) to out."""
+        at = (seq.request_id, seq.index)
+        start = self._sent.get(at, 0)
+        if start < 0:
+            return  # its end was reported
+        # Only the new ids: slicing completion_token_ids first would copy the whole output.
+        base = seq.num_prompt_tokens
+        ids = seq.token_ids[base + start: seq.num_tokens - seq.num_pending]
+        if not ids and not seq.is_finished:
+            return  # a chunk of a prompt, or a token still in flight: nothing to send
+        entries = None if seq.logprobs is None else seq.logprobs[start:start + len(ids)]
+        if seq.is_finished:
+            self._sent[at] = -1
+            out.samples.append(SampleDelta(at[0], seq.index, ids, entries, seq.finish_reason,
+                                           seq.stop_reason))
+        else:
+            self._sent[at] = start + len(ids)
+            out.samples.append(SampleDelta(at[0], seq.index, ids, entries))
+
+    def _report_end(self, out: Outputs, req: Sequence) -> None:
+        """Add a request's end, after its samples' last tokens, to out; forget it."""
+        if req.request_id not in self._live:
+            return  # dropped by abort_all
+        self._live.discard(req.request_id)
+        for seq in req.samples:
+            self._report(out, seq)
+            self._sent.pop((req.request_id, seq.index), None)
+        out.ended.append(RequestEnd(req.request_id, req.finish_reason, req.prompt_logprobs))
+
+
+def _finished_requests(seqs: list[Sequence]) -> list[Sequence]:
+    """The requests (first samples), in order of first mention, that seqs, the samples that
+    just ended, completed: each request once, when its last sample ends."""
+    reqs = {s.request_id: s.request for s in seqs if s.request_finished}
+    return list(reqs.values())

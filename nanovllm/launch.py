@@ -1,0 +1,80 @@
+"""Starting the engine clients a front end drives: LLM asks for 1..N (start_clients): one
+core stepped in this process, N replica processes of this host (data parallelism), or N Ray
+actors; AsyncLLM asks for one core served over pipes by a child process or a thread
+(start_pipe_client).
+"""
+import dataclasses
+import logging
+import multiprocessing
+import os
+
+from nanovllm.config import Config
+from nanovllm.core_builder import build_core, core_process_main, serve_and_close
+from nanovllm.engine.client import InprocClient, Sink
+from nanovllm.engine.pipe_client import PipeClient, ThreadRunner
+from nanovllm.utils.process import Child, pipes, spawn_context
+
+
+def start_pipe_client(config: Config, eos_ids: set[int], tokenizer, stream: bool, name: str,
+                      sink: Sink, what: str, in_process: bool = False, env: dict | None = None,
+                      threads: int | None = None, group: bool = False) -> PipeClient:
+    """A client whose core runs in a child process (or, in_process, on a thread of this
+    one: built here first, so a bad start raises here); wait_ready() before use. what: the
+    front end, for the error a missing __main__ guard gets."""
+    ctx = multiprocessing.get_context() if in_process else spawn_context(what)
+    ours, theirs = pipes(ctx)
+    thread_name = "nanovllm-" + name.replace(" ", "-")
+    if in_process:
+        core = build_core(config, eos_ids, tokenizer, stream)
+        runner = ThreadRunner(serve_and_close, (core, *theirs), thread_name)
+    else:
+        level = logging.getLogger().getEffectiveLevel()
+        runner = Child(ctx, core_process_main, (config, eos_ids, tokenizer, stream, theirs, level,
+                                                env or {}, threads, group), thread_name,
+                       group=group)
+        for conn in theirs:
+            conn.close()
+    client = PipeClient(name, runner, ours, sink)
+    if in_process:
+        client.core = core
+    return client
+
+
+def start_clients(config: Config, eos_ids: set[int], tokenizer, sink: Sink,
+                  processes: bool = False) -> list:
+    """LLM's clients: Ray actors (distributed_executor_backend="ray"), replica processes
+    (data_parallel_size > 1, or processes), or one core stepped in this process. Each is
+    ready; if one fails to start, those started are stopped and its error raised."""
+    if config.distributed_executor_backend == "ray":
+        from nanovllm.ray_client import start_ray_clients
+
+        return start_ray_clients(config, eos_ids, tokenizer, sink)
+    dp = config.data_parallel_size
+    if dp == 1 and not processes:
+        return [InprocClient(build_core(config, eos_ids, tokenizer, stream=False))]
+    gpus = None
+    if config.device != "cpu":
+        from nanovllm.engine.device import replica_gpus
+
+        gpus = replica_gpus(config)
+    # Replicas on CPU share its cores; more threads than cores only adds contention.
+    threads = None if gpus else max(1, (os.cpu_count() or 1) // dp)
+    if gpus:  # each replica sees only its own GPUs: the first is its cuda:0
+        config = dataclasses.replace(config, device="cuda:0")
+    clients = []
+    try:
+        for r in range(dp):
+            env = {} if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus[r]}
+            clients.append(start_pipe_client(config, eos_ids, tokenizer, False,
+                                             f"data-parallel replica {r}", sink,
+                                             "an LLM with data_parallel_size > 1", env=env,
+                                             threads=threads, group=True))
+        for client in clients:
+            client.wait_ready()
+    except BaseException:
+        for client in clients:
+            client.request_stop()
+        for client in clients:
+            client.join()
+        raise
+    return clients
