@@ -7,11 +7,9 @@ import signal
 from nanovllm.config import Config
 from nanovllm.engine.core import EngineCore
 from nanovllm.engine.core_loop import picklable, serve_core
-
-# At the merge with the worker/ split: `from nanovllm.worker import create_executor`.
-from nanovllm.engine.executor import create_executor
 from nanovllm.engine.messages import Dead
 from nanovllm.utils.process import start_group
+from nanovllm.worker import create_executor
 
 
 def build_core(config: Config, eos_ids: set[int], tokenizer, stream: bool) -> EngineCore:

@@ -54,7 +54,7 @@ def start_clients(config: Config, eos_ids: set[int], tokenizer, sink: Sink,
         return [InprocClient(build_core(config, eos_ids, tokenizer, stream=False))]
     gpus = None
     if config.device != "cpu":
-        from nanovllm.engine.device import replica_gpus
+        from nanovllm.worker.device import replica_gpus
 
         gpus = replica_gpus(config)
     # Replicas on CPU share its cores; more threads than cores only adds contention.

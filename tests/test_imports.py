@@ -18,17 +18,13 @@ def test_layers_import_only_kernels_distributed_and_torch_utils(path):
     assert not bad, f"{module_name(path)} imports {bad}"
 
 
-# The circle llm <-> data_parallel <-> ray goes with the other half of issue 28.
-PENDING_CYCLE = {"nanovllm.llm", "nanovllm.engine.data_parallel", "nanovllm.ray"}
-
-
 def test_no_import_cycles():
     """No module imports, even lazily inside a function, one that imports it back."""
     modules = {module_name(p): p for p in sources()}
     # A module's own packages are being imported already when it runs: not an edge.
     graph = {name: {m for m in imports(path) if m in modules and m != name
                     and not name.startswith(m + ".")} for name, path in modules.items()}
-    cycles = [c for c in strongly_connected(graph) if len(c) > 1 and not c <= PENDING_CYCLE]
+    cycles = [c for c in strongly_connected(graph) if len(c) > 1]
     assert not cycles, f"import cycles: {[sorted(c) for c in cycles]}"
 
 

@@ -1,5 +1,5 @@
 """Logprobs on the host: recording a step's results on its sequences, and vLLM's output
-dicts. No torch here (the model runner computes them: see engine/step_output.py).
+dicts. No torch here (the model runner computes them: see worker/step_output.py).
 
 An entry is one position's (logprob, rank, top-k ids, top-k logprobs), in plain Python: the
 chosen token's (the sampled one, or the prompt's next token) logprob and rank under the raw
