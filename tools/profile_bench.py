@@ -43,7 +43,7 @@ def main():
     prof_done = small_done = False
     buckets = {b: [0, 0.0, 0] for b in BUCKETS}
     t_all = time.perf_counter()
-    while not llm.is_finished():
+    while not sched.is_finished():
         t0 = time.perf_counter()
         seqs, is_prefill = sched.schedule()
         t1 = time.perf_counter()
