@@ -234,6 +234,4 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 def _kv_blocks(llm) -> int:
     """KV blocks of the engine (of each replica, with data parallelism)."""
-    if hasattr(llm, "executor"):
-        return llm.executor.num_kvcache_blocks
     return llm.stats()[0]["num_blocks"]

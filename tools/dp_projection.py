@@ -59,7 +59,7 @@ def main():
                        "seconds": round(timed(llm, ps, sps), 3)})
     slowest = max(s["seconds"] for s in shares)
     result = {"num_seqs": args.num_seqs, "dp": n, "output_tokens": total,
-              "kv_blocks": llm.executor.num_kvcache_blocks,
+              "kv_blocks": llm.stats()[0]["num_blocks"],
               "tp1_seconds": round(whole, 3), "tp1_tok_s": round(total / whole, 1),
               "replica_seconds": round(via_replica, 3),
               "replica_tok_s": round(total / via_replica, 1),

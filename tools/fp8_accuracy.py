@@ -54,7 +54,7 @@ TOY_SHAPES = {
 def context_logits(llm: LLM, tokens: list[int], prefill_len: int) -> torch.Tensor:
     """fp32 logits [len(tokens), vocab]: prefill tokens[:prefill_len], then one decode step
     per remaining token (eager, straight through the ModelRunner; blocks 0.. are ours)."""
-    runner = llm.executor.runner
+    runner = llm.clients[0].core.executor.runner
     bs, width = runner.block_size, runner.max_blocks_per_seq
     seq = Sequence(tokens[:prefill_len], SamplingParams(), bs)
     seq.block_table = list(range(-(-len(tokens) // bs)))

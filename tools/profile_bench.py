@@ -36,13 +36,14 @@ def main():
     for p, sp in zip(prompts, params):
         llm.add_request(p, sp)
 
-    sched, executor = llm.scheduler, llm.executor
+    core = llm.clients[0].core
+    sched, executor = core.scheduler, core.executor
     totals = defaultdict(float)
     counts = defaultdict(int)
     prof_done = small_done = False
     buckets = {b: [0, 0.0, 0] for b in BUCKETS}
     t_all = time.perf_counter()
-    while not llm.is_finished():
+    while not sched.is_finished():
         t0 = time.perf_counter()
         seqs, is_prefill = sched.schedule()
         t1 = time.perf_counter()
@@ -54,7 +55,7 @@ def main():
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.profile_steps):
                     ids = executor.launch(seqs, is_prefill).result()
-                    sched.postprocess(seqs, ids)
+                    sched.on_result(sched.on_launch(seqs), ids)
                     seqs, is_prefill = sched.schedule()
                 torch.cuda.synchronize()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
@@ -68,12 +69,12 @@ def main():
             print(f"one decode step at batch {len(seqs)}:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
             small_done = True
-            sched.postprocess(seqs, ids)
+            sched.on_result(sched.on_launch(seqs), ids)
             continue
         ctx = sum(len(s) for s in seqs)
         ids = executor.launch(seqs, is_prefill).result()
         t2 = time.perf_counter()
-        sched.postprocess(seqs, ids)
+        sched.on_result(sched.on_launch(seqs), ids)
         t3 = time.perf_counter()
         totals[kind + "_schedule"] += t1 - t0
         totals[kind + "_run"] += t2 - t1

@@ -80,7 +80,7 @@ def test_generation_config_supplies_defaults_unless_given(toy_models, tmp_path):
         prompt, given, use_tqdm=False)[0]["token_ids"]
     off = LLM(str(d), kvcache_block_size=16, num_kvcache_blocks=16, generation_config="none")
     assert off.get_default_sampling_params().temperature == SamplingParams().temperature
-    assert not {7, 9} & off.scheduler.eos_ids
+    assert not {7, 9} & off.clients[0].core.scheduler.eos_ids
 
 
 def test_bad_generation_configs_are_value_errors(toy_models, tmp_path):
