@@ -5,12 +5,11 @@ wake, so it would block forever on a worker killed while it waited.
 """
 import os
 import threading
-import time
 from multiprocessing import connection
 
 from nanovllm.config import Config
 from nanovllm.worker.tp_worker import WorkerSpec, worker_main
-from nanovllm.utils.process import Child, exit_description, spawn_context
+from nanovllm.utils.process import Child, exit_description, reaped_exitcode, spawn_context
 
 # How long to wait for an exited worker's status to become readable (normally microseconds).
 REAP_TIMEOUT_S = 5.0
@@ -75,7 +74,7 @@ class WorkerPool:
                     p.join(REAP_TIMEOUT_S)
                 code = p.exitcode
                 if code is None and p.sentinel in ready:
-                    code = _status_from_other_reaper(p)
+                    code = reaped_exitcode(p)
                 if code is None and p.sentinel not in ready:
                     continue
                 # code None: reaped by someone else, the status is gone.
@@ -89,15 +88,6 @@ class WorkerPool:
             child.join(JOIN_TIMEOUT_S if clean else 0.5)
         for child in self.children:
             child.stop(timeout_s=0.0)
-
-
-def _status_from_other_reaper(p, timeout_s: float = 1.0) -> int | None:
-    """The exit code another thread reaped for p (its waitpid won ours: ECHILD), once that
-    thread has stored it in the Process object."""
-    deadline = time.monotonic() + timeout_s
-    while p.exitcode is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return p.exitcode
 
 
 def worker_specs(backend: str, devices: list, port: int, shm_name: str) -> list[WorkerSpec]:

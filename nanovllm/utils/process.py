@@ -10,6 +10,8 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import time
+from multiprocessing import connection
 from multiprocessing.connection import Connection
 
 logger = logging.getLogger(__name__)
@@ -21,6 +23,8 @@ GUARD_HINT = ('if this runs from a script, put the code that creates the engine 
 STOP_TIMEOUT_S = 30.0
 # After terminate(): how long before kill().
 TERMINATE_TIMEOUT_S = 2.0
+# How long to wait for the status another thread reaped to land in the Process object.
+REAP_TIMEOUT_S = 1.0
 
 
 def spawn_context(what: str):
@@ -46,6 +50,19 @@ def pipes(ctx) -> tuple[tuple[Connection, Connection], tuple[Connection, Connect
     to_child_recv, to_child_send = ctx.Pipe(duplex=False)
     from_child_recv, from_child_send = ctx.Pipe(duplex=False)
     return (to_child_send, from_child_recv), (to_child_recv, from_child_send)
+
+
+def reaped_exitcode(p) -> int | None:
+    """p.exitcode, also when another thread's join() reaped p first: our waitpid then got
+    ECHILD and reads None, while that thread stores the status in the same Process object a
+    moment later (two threads joining one child: a reader thread and its caller)."""
+    code = p.exitcode
+    if code is None and connection.wait([p.sentinel], timeout=0):
+        deadline = time.monotonic() + REAP_TIMEOUT_S
+        while p.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        code = p.exitcode
+    return code
 
 
 class Child:
@@ -76,7 +93,7 @@ class Child:
         a moment before its status is readable); None while it runs."""
         if wait_s:
             self.proc.join(wait_s)
-        return self.proc.exitcode
+        return reaped_exitcode(self.proc)
 
     def join(self, timeout_s: float | None = None) -> None:
         self.proc.join(timeout_s)
