@@ -1,8 +1,6 @@
 """fp8 KV cache: the Triton store kernels quantize exactly as the torch reference does, and
 the Triton decode/prefill kernels read the same quantized cache as the reference does
 (TRITON_INTERPRET=1 on CPU, tiny fp32 shapes)."""
-import os
-
 import pytest
 import torch
 
@@ -17,18 +15,8 @@ from nanovllm.kernels.triton_decode import decode_attention
 from nanovllm.kernels.triton_kv import store_kvcache
 from nanovllm.kernels.triton_prefill import prefill_attention
 from nanovllm.kernels.triton_rope import norm_rope_store
+from tests.support.markers import needs_interpreter, on_gpu
 from tests.support.paged import make_paged_case, naive_attention, rel_err
-
-# The CPU tests run Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set by
-# tests/conftest.py without CUDA); the `gpu` ones run the compiled kernels.
-needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="needs TRITON_INTERPRET=1 (CPU)")
-
-
-def on_gpu(test):
-    """The `gpu` marker, with a skip where no CUDA GPU is visible."""
-    no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-    return pytest.mark.gpu(no_cuda(test))
 
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]

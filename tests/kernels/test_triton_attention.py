@@ -1,8 +1,6 @@
 """The Triton attention kernels (KV store, paged prefill, split-K decode) vs the torch
 reference: under TRITON_INTERPRET=1 on CPU (tiny fp32 shapes), and compiled on a GPU (`gpu`
 marker: bf16, realistic shapes, every tile config the benchmark may pick, CUDA-graph capture)."""
-import os
-
 import pytest
 import torch
 
@@ -15,18 +13,8 @@ from nanovllm.kernels.torch_ref import (
 from nanovllm.kernels.triton_decode import decode_attention
 from nanovllm.kernels.triton_kv import store_kvcache
 from nanovllm.kernels.triton_prefill import prefill_attention
+from tests.support.markers import needs_interpreter, on_gpu
 from tests.support.paged import make_paged_case, naive_attention, rel_err
-
-# The CPU tests run Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set by
-# tests/conftest.py without CUDA); the `gpu` ones run the compiled kernels.
-needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="needs TRITON_INTERPRET=1 (CPU)")
-
-
-def on_gpu(test):
-    """The `gpu` marker, with a skip where no CUDA GPU is visible."""
-    no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-    return pytest.mark.gpu(no_cuda(test))
 
 
 TOL = 1e-4  # fp32 end to end; observed ~1e-6
