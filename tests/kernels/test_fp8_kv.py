@@ -18,7 +18,6 @@ from nanovllm.kernels.triton_rope import norm_rope_store
 from tests.support.markers import needs_interpreter, on_gpu
 from tests.support.paged import make_paged_case, naive_attention, rel_err
 
-
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 TOL = 1e-4  # same quantized cache, fp32 arithmetic: only summation order differs
 

@@ -16,7 +16,6 @@ from nanovllm.kernels.triton_prefill import prefill_attention
 from tests.support.markers import needs_interpreter, on_gpu
 from tests.support.paged import make_paged_case, naive_attention, rel_err
 
-
 TOL = 1e-4  # fp32 end to end; observed ~1e-6
 
 
