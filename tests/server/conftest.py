@@ -43,14 +43,16 @@ class LiveServer:
         self.sock.close()
 
     def wait_idle(self, timeout: float = 10.0) -> None:
-        """Poll until every KV block is free (aborts are processed by the engine core)."""
+        """Poll until no request is live and every KV block is free (aborts processed)."""
         deadline = time.monotonic() + timeout
         while True:
             stats = self.engine.stats()
             held = stats["num_blocks"] - stats["num_free_blocks"]
-            if held == 0:
+            # Blocks alone are not enough: a request still waiting for admission holds none.
+            if held == 0 and stats["idle"] and stats["num_live_requests"] == 0:
                 return
-            assert time.monotonic() < deadline, f"{held} KV blocks still held"
+            assert time.monotonic() < deadline, (
+                f"{held} KV blocks still held, {stats['num_live_requests']} requests live")
             time.sleep(0.02)
 
 
