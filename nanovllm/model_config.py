@@ -105,6 +105,30 @@ def _moe_fields(d: dict, source: str) -> dict:
                 mlp_only_layers=tuple(layers))
 
 
+def _architecture(d: dict, source: str) -> str:
+    """The first supported name in `architectures`; a ValueError listing ours if none is."""
+    archs = d.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ValueError(f"{source}: architectures={archs!r} must be a list of names, "
+                         f"e.g. {list(SUPPORTED_ARCHITECTURES)}")
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ValueError(f"{source}: unsupported architecture "
+                         f"{archs or d.get('model_type')!r}: nanovllm runs "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    return arch
+
+
+def _refuse_unsupported(d: dict, source: str) -> None:
+    """ValueError for the config features our layers do not implement."""
+    if d.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{source}: hidden_act={d['hidden_act']!r} is not supported "
+                         "(only 'silu')")
+    if d.get("use_sliding_window"):
+        raise ValueError(f"{source}: use_sliding_window=true is not supported (nanovllm "
+                         "attends over the full context); set it to false")
+
+
 @dataclass
 class ModelConfig:
     """The fields of a Hugging Face config.json (SUPPORTED_ARCHITECTURES) the engine uses."""
@@ -151,15 +175,7 @@ class ModelConfig:
         if not isinstance(d, dict):
             raise ValueError(f"{source} must hold a JSON object {{...}}, not a JSON "
                              f"{type(d).__name__}")
-        archs = d.get("architectures") or []
-        if not isinstance(archs, list):
-            raise ValueError(f"{source}: architectures={archs!r} must be a list of names, "
-                             f"e.g. {list(SUPPORTED_ARCHITECTURES)}")
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            raise ValueError(f"{source}: unsupported architecture "
-                             f"{archs or d.get('model_type')!r}: nanovllm runs "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        arch = _architecture(d, source)
         missing = [name for name in REQUIRED_FIELDS if d.get(name) is None]
         if missing:
             raise ValueError(f"{source} lacks required field(s) {', '.join(missing)}")
@@ -170,12 +186,7 @@ class ModelConfig:
             raise ValueError(f"{source}: rope_parameters={rope!r} must be a JSON object")
         theta = (_positive_float(d, "rope_theta", source)
                  or _positive_float(rope, "rope_theta", source) or 10000.0)
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{source}: hidden_act={d['hidden_act']!r} is not supported "
-                             "(only 'silu')")
-        if d.get("use_sliding_window"):
-            raise ValueError(f"{source}: use_sliding_window=true is not supported (nanovllm "
-                             "attends over the full context); set it to false")
+        _refuse_unsupported(d, source)
         hidden = _positive_int(d, "hidden_size", source)
         heads = _positive_int(d, "num_attention_heads", source)
         kv_heads = _positive_int(d, "num_key_value_heads", source) or heads

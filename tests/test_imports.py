@@ -1,6 +1,7 @@
 """The floors' import rules, read from the sources: layers/ builds on kernels/, distributed/
-and the torch-level utils only (no engine, no sampling parameters, no loader), and no module
-imports one that imports it back."""
+and the torch-level utils only (no engine, no sampling parameters, no loader); distributed/
+on utils/ only (the device side hands it what to run); and no module imports one that
+imports it back."""
 import pytest
 
 from tests.support.imports import imports, module_name, sources
@@ -15,6 +16,14 @@ def test_layers_import_only_kernels_distributed_and_torch_utils(path):
     ours = [m for m in imports(path) if m == "nanovllm" or m.startswith("nanovllm.")]
     bad = sorted(m for m in ours
                  if not any(m == a or m.startswith(a + ".") for a in LAYERS_MAY_IMPORT))
+    assert not bad, f"{module_name(path)} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sources("distributed"), ids=lambda p: module_name(p))
+def test_distributed_imports_only_utils(path):
+    ours = [m for m in imports(path) if m == "nanovllm" or m.startswith("nanovllm.")]
+    bad = sorted(m for m in ours
+                 if not m.startswith(("nanovllm.distributed", "nanovllm.utils")))
     assert not bad, f"{module_name(path)} imports {bad}"
 
 

@@ -5,10 +5,9 @@ wake, so it would block forever on a worker killed while it waited.
 """
 import os
 import threading
+from dataclasses import dataclass
 from multiprocessing import connection
 
-from nanovllm.config import Config
-from nanovllm.worker.tp_worker import WorkerSpec, worker_main
 from nanovllm.utils.process import Child, exit_description, reaped_exitcode, spawn_context
 
 # How long to wait for an exited worker's status to become readable (normally microseconds).
@@ -17,10 +16,24 @@ REAP_TIMEOUT_S = 5.0
 JOIN_TIMEOUT_S = 10.0
 
 
+@dataclass
+class WorkerSpec:
+    """Where a worker runs and how it reaches rank 0."""
+
+    rank: int
+    backend: str
+    device: str
+    port: int
+    shm_name: str
+    parent_pid: int
+
+
 class WorkerPool:
     """The spawned worker processes of one tensor-parallel engine, with their semaphores."""
 
-    def __init__(self, config: Config, specs: list[WorkerSpec]):
+    def __init__(self, target, args: tuple, specs: list[WorkerSpec]):
+        """Spawn target(*args, spec, request, done) once per spec (target is the worker's
+        body, passed in so that this module stays below the device side)."""
         ctx = spawn_context("an LLM with tensor_parallel_size > 1")
         self.children: list[Child] = []
         self.requests, self.dones = [], []
@@ -30,7 +43,7 @@ class WorkerPool:
             request, done = ctx.Semaphore(0), ctx.Semaphore(0)
             # Not daemonic (a worker may need child processes, e.g. torch.compile's); rank 0
             # stops them in stop() (also at exit) and they exit by themselves if it dies.
-            self.children.append(Child(ctx, worker_main, (config, spec, request, done),
+            self.children.append(Child(ctx, target, (*args, spec, request, done),
                                        f"nanovllm-tp{spec.rank}"))
             self.requests.append(request)
             self.dones.append(done)

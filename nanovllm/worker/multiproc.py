@@ -22,7 +22,7 @@ from nanovllm.utils.process import GUARD_HINT
 from nanovllm.worker.device import resolve_device
 from nanovllm.worker.model_runner import ModelRunner
 from nanovllm.worker.step_output import StepResult
-from nanovllm.worker.tp_worker import RunStep, Stop
+from nanovllm.worker.tp_worker import RunStep, Stop, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ class MultiprocExecutor:
         atexit.register(self.shutdown)
         try:
             port = free_port()
-            self.workers = WorkerPool(config, worker_specs(self.backend, devices, port,
-                                                           self.channel.name))
+            specs = worker_specs(self.backend, devices, port, self.channel.name)
+            self.workers = WorkerPool(worker_main, (config,), specs)
             self._watchdog = threading.Thread(target=self._watch, name="nanovllm-tp-watchdog",
                                               daemon=True)
             self._watchdog.start()

@@ -9,6 +9,7 @@ import torch
 from nanovllm.config import Config
 from nanovllm.distributed.channel import ShmChannel
 from nanovllm.distributed.group import ProcessGroup
+from nanovllm.distributed.pool import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -27,18 +28,6 @@ class RunStep:
 @dataclass
 class Stop:
     """Leave the process group together with rank 0 and exit."""
-
-
-@dataclass
-class WorkerSpec:
-    """Where a worker runs and how it reaches rank 0."""
-
-    rank: int
-    backend: str
-    device: str
-    port: int
-    shm_name: str
-    parent_pid: int
 
 
 def worker_main(config: Config, spec: WorkerSpec, request, done) -> None:

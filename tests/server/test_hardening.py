@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from nanovllm.engine import step_inputs
-from nanovllm.server import app as server_app
+from nanovllm.server import routes as server_routes
 from nanovllm.server.guard import MAX_JSON_DEPTH
 from tests.server.conftest import NAME
 
@@ -100,7 +100,7 @@ def test_a_500_keeps_the_connection(live_server, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("injected bug")
 
-    monkeypatch.setattr(server_app, "check_length", broken)
+    monkeypatch.setattr(server_routes, "check_length", broken)
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     with httpx.Client(base_url=live_server.url, timeout=30, limits=limits,
                       transport=httpx.HTTPTransport(retries=0, limits=limits)) as one:
