@@ -11,6 +11,7 @@ import time
 from random import randint, seed
 
 from nanovllm.config import DTYPES, KV_CACHE_DTYPES
+from nanovllm.utils.json_arg import json_object
 from nanovllm.utils.model_shapes import SHAPES
 
 # The workload's default sizes: nano-vLLM's on a GPU; on a CPU, one a 2-core machine
@@ -83,6 +84,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     help="auto, none or a directory (the workload sets its own sampling)")
     ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                     default=None, help="reuse the KV cache of shared prefixes (default: on)")
+    ap.add_argument("--speculative-config", type=json_object, default=None,
+                    help="speculative decoding as JSON (default: off)")
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
@@ -151,7 +154,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 # Options left unset (None) keep the engine's default.
 _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
-                             "enable_prefix_caching", "tokenizer", "generation_config")
+                             "enable_prefix_caching", "tokenizer", "generation_config",
+                             "speculative_config")
 
 
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 
 from nanovllm.generation_config import GenerationDefaults, load_generation_defaults
 from nanovllm.model_config import ModelConfig
+from nanovllm.spec_config import SpeculativeConfig
 
 __all__ = ["ATTENTION_BACKENDS", "DTYPES", "EXECUTOR_BACKENDS", "KV_CACHE_DTYPES", "LOAD_FORMATS",
            "Config", "ModelConfig"]
@@ -56,6 +57,9 @@ class Config:
     # generation_config.json's default sampling values and end ids: "auto" (the model's),
     # "none", or a directory holding one.
     generation_config: str = "auto"
+    # Speculative decoding, vLLM's dict ({"method": "ngram", "num_speculative_tokens": 4,
+    # ...}); parsed into a SpeculativeConfig. None: off.
+    speculative_config: SpeculativeConfig | dict | None = None
     hf_config: ModelConfig = field(init=False, repr=False)
     generation_defaults: GenerationDefaults = field(init=False, repr=False)
 
@@ -107,6 +111,12 @@ class Config:
             raise ValueError("async_scheduling=True is not supported with "
                              "tensor_parallel_size > 1 yet; leave it unset or False")
         self._check_tensor_parallel()
+        if self.speculative_config is not None:
+            spec = SpeculativeConfig.from_dict(self.speculative_config)
+            if spec.method == "draft_model":
+                raise ValueError("speculative_config: method 'draft_model' is not built yet; "
+                                 "use 'ngram'")
+            object.__setattr__(self, "speculative_config", spec)
         object.__setattr__(self, "max_model_len",
                            min(self.max_model_len, self.hf_config.max_position_embeddings))
 

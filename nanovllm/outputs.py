@@ -42,6 +42,27 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
+@dataclass
+class SpecMetrics:
+    """Speculative decoding for one request (all its samples): drafts proposed and accepted,
+    the verify steps that carried drafts, and what they amount to."""
+
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_verify_steps: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / proposed drafts (0 when none was proposed)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verify step with drafts gained on average: 1 + accepted drafts."""
+        steps = self.num_verify_steps
+        return 1 + self.num_accepted_tokens / steps if steps else 0.0
+
+
 # The keys of nano-vLLM's output dict, read from the first completion except request_id.
 _DICT_KEYS = ("request_id", "text", "token_ids", "finish_reason")
 
@@ -58,6 +79,8 @@ class RequestOutput(Mapping):
     # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (it
     # has no context) and a dict for each other; else None.
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    # With speculative decoding, once the request finished; else None.
+    spec_metrics: SpecMetrics | None = None
 
     # -- nano-vLLM's dict view (Mapping gives keys/items/values/get/in/==) -------------------
     def __getitem__(self, key: str):

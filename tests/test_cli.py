@@ -236,8 +236,10 @@ def test_every_subcommand_takes_every_engine_option():
     from nanovllm.bench import engine_kwargs
     from nanovllm.cli import build_parser
     from nanovllm.cli.options import _ENGINE_FLAGS, _ENGINE_OPTIONS
+    from nanovllm.utils.json_arg import json_object
 
-    values = {int: "3", float: "0.5", str: "cpu"}
+    values = {int: "3", float: "0.5", str: "cpu",
+              json_object: '{"method": "ngram", "num_speculative_tokens": 2}'}
     # What bench expresses another way: random weights (--dummy) and the overlap (--sync).
     bench_own = {"--load-format", "--async-scheduling"}
     for command in ("generate", "chat", "serve", "bench"):
@@ -246,7 +248,8 @@ def test_every_subcommand_takes_every_engine_option():
                 continue
             value = kind[0] if isinstance(kind, tuple) else values[kind]
             args = build_parser().parse_args([command, flag, value])
-            assert str(getattr(args, key if command != "bench" else _bench_dest(key))) == value
+            got = getattr(args, key if command != "bench" else _bench_dest(key))
+            assert (json.dumps(got) if kind is json_object else str(got)) == value
         for flag, key, _ in _ENGINE_FLAGS:
             if command == "bench" and flag in bench_own:
                 continue

@@ -9,6 +9,7 @@ from dataclasses import MISSING, fields
 
 from nanovllm.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, Config
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.json_arg import json_object
 
 _CONFIG_DEFAULTS = {f.name: f.default for f in fields(Config) if f.default is not MISSING}
 _SAMPLING_DEFAULTS = {f.name: f.default for f in fields(SamplingParams)}
@@ -36,6 +37,9 @@ _ENGINE_OPTIONS = [
     ("--generation-config", "generation_config", str,
      "default sampling values: auto (the model's generation_config.json), none, or a "
      "directory holding one (default: auto)"),
+    ("--speculative-config", "speculative_config", json_object,
+     "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
+     "\"num_speculative_tokens\": 4}' (default: off)"),
 ]
 _ENGINE_FLAGS = [
     ("--enforce-eager", "enforce_eager", "no CUDA graphs (eager PyTorch every step)"),

@@ -171,6 +171,15 @@ class BlockManager:
         """Whether seq's newest token has (or can get) a block."""
         return len(seq.block_table) >= seq.num_blocks or self.num_free_blocks > 0
 
+    def reserve(self, seq: Sequence, num_tokens: int, keep: int = 0) -> int:
+        """Give seq free blocks toward holding num_tokens tokens, leaving `keep` free ones
+        (for others' next tokens: drafts never cause a preemption); returns how many tokens
+        its blocks hold now. Speculative drafts' K/V go there."""
+        need = -(-num_tokens // self.block_size)
+        while len(seq.block_table) < need and len(self.free_block_ids) > keep:
+            seq.block_table.append(self._take_free_block())
+        return len(seq.block_table) * self.block_size
+
     def may_append(self, seq: Sequence) -> None:
         """Give seq a new block when its newest token starts one."""
         while len(seq.block_table) < seq.num_blocks:

@@ -86,9 +86,12 @@ class EngineCore:
     def stats(self) -> dict:
         """KV blocks, queues and counters: what a health check or a test looks at."""
         bm = self.scheduler.block_manager
-        return dict(num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
-                    num_live_requests=self.num_live, idle=self.is_finished(),
-                    num_aborted=self.num_aborted)
+        stats = dict(num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
+                     num_live_requests=self.num_live, idle=self.is_finished(),
+                     num_aborted=self.num_aborted)
+        if self.scheduler.spec is not None:
+            stats.update(self.scheduler.spec_stats.as_dict())
+        return stats
 
     def shutdown(self) -> None:
         """Release the executor (workers, shared memory); idempotent."""
@@ -138,12 +141,22 @@ class EngineCore:
 
     def _run_step(self) -> tuple[list[Sequence], int]:
         """schedule -> launch -> record results; the sequences it works on go to _touched."""
+        if self._in_flight is not None and self.scheduler.wants_speculation():
+            # Drafts come from every token so far: first take the step in flight's results.
+            previous, self._in_flight = self._in_flight, None
+            self._touched += previous[0].seqs
+            return self._results(*previous), 0
         seqs, is_prefill = self.scheduler.schedule()
         self._touched += seqs
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
-        if not self.async_scheduling:
+        if not self.async_scheduling or any(s.spec_token_ids for s in seqs):
+            # A verify step's accepted drafts must be known before the next step's drafts.
             handle = self.executor.launch(seqs, is_prefill)
-            return self._results(self.scheduler.on_launch(seqs), handle), num_tokens
+            accepted = self.scheduler.spec_stats.accepted
+            finished = self._results(self.scheduler.on_launch(seqs), handle)
+            if not is_prefill:  # what a verify step gained beyond one token a sequence
+                num_tokens -= self.scheduler.spec_stats.accepted - accepted
+            return finished, num_tokens
         # Async: start this step, then take the previous step's results while the device
         # works; the control plane learns each token one step late.
         launched = None
@@ -161,18 +174,34 @@ class EngineCore:
         token_ids = handle.result()
         if handle.logprobs is not None:
             logprobs.record(launched.seqs, handle.logprobs)
+        before = [s.num_tokens for s in launched.seqs] if launched.speculative else None
         finished = self.scheduler.on_result(launched, token_ids)
         self._updated += launched.seqs
-        for seq in launched.seqs:
+        for i, seq in enumerate(launched.seqs):
             sp = seq.sampling_params
             # vLLM's rule: no stop string ends a sequence until it has more than min_tokens.
             if (sp.stop and not seq.is_finished
                     and seq.num_completion_tokens - seq.num_pending > sp.min_tokens):
-                stop = self.stops.stop_string_hit(seq.completion_token_ids, sp)
+                stop = self._stop_string(seq, before[i] if before else
+                                         seq.num_tokens - seq.num_pending - 1)
                 if stop is not None:
                     self.scheduler.finish(seq, "stop", stop)
                     finished.append(seq)
         return finished
+
+    def _stop_string(self, seq: Sequence, old_len: int) -> str | None:
+        """The stop string seq's newest tokens (those past old_len) complete, or None; a
+        verify step's tokens are checked one by one, and those after the one that completes
+        a stop string are dropped (single steps would not have made them)."""
+        sp, known = seq.sampling_params, seq.num_tokens - seq.num_pending
+        for end in range(max(old_len + 1, seq.num_prompt_tokens + sp.min_tokens + 1),
+                         known + 1):
+            stop = self.stops.stop_string_hit(seq.token_ids[seq.num_prompt_tokens:end], sp)
+            if stop is not None:
+                if end < known:
+                    seq.truncate(end)
+                return stop
+        return None
 
     # -- outputs ----------------------------------------------------------------------------
     def _report(self, out: Outputs, seq: Sequence) -> None:
@@ -203,7 +232,12 @@ class EngineCore:
         for seq in req.samples:
             self._report(out, seq)
             self._sent.pop((req.request_id, seq.index), None)
-        out.ended.append(RequestEnd(req.request_id, req.finish_reason, req.prompt_logprobs))
+        counts = None
+        if self.scheduler.spec is not None:
+            counts = tuple(sum(c) for c in zip(*((s.num_spec_proposed, s.num_spec_accepted,
+                                                  s.num_spec_steps) for s in req.samples)))
+        out.ended.append(RequestEnd(req.request_id, req.finish_reason, req.prompt_logprobs,
+                                    counts))
 
 
 def _finished_requests(seqs: list[Sequence]) -> list[Sequence]:

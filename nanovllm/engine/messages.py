@@ -44,6 +44,9 @@ class RequestEnd(NamedTuple):
     request_id: int
     finish_reason: str  # the first sample's; what samples never forked end with
     prompt_logprobs: list[Entry | None] | None  # entries of the prompt positions computed
+    # Speculative decoding, over the request's samples: (drafts proposed, accepted, verify
+    # steps with drafts); None when speculation is off.
+    spec_counts: tuple[int, int, int] | None = None
 
 
 # -- front end -> core ----------------------------------------------------------------------

@@ -6,7 +6,7 @@ from nanovllm.engine import logprobs as lp
 from nanovllm.engine.messages import RequestEnd, SampleDelta
 from nanovllm.engine.text_stream import TextStream
 from nanovllm.engine.tokenizer import TextDecoder
-from nanovllm.outputs import CompletionOutput, RequestOutput
+from nanovllm.outputs import CompletionOutput, RequestOutput, SpecMetrics
 from nanovllm.sampling_params import SamplingParams
 
 
@@ -53,9 +53,11 @@ class RequestState:
         completions = [self._completion(index, *parts[index]) for index in sorted(parts)]
         prompt_lps = None if end is None else lp.prompt_logprobs(
             end.prompt_logprobs, self.prompt_token_ids, self._text.token_text)
+        spec = None if end is None or end.spec_counts is None else SpecMetrics(*end.spec_counts)
         return RequestOutput(request_id=self.request_id, prompt=self.prompt,
                              prompt_token_ids=self.prompt_token_ids, outputs=completions,
-                             finished=end is not None, prompt_logprobs=prompt_lps)
+                             finished=end is not None, prompt_logprobs=prompt_lps,
+                             spec_metrics=spec)
 
     def _completion(self, index: int, ids: list[int], entries, text: str,
                     reasons: tuple | None) -> CompletionOutput:

@@ -23,6 +23,7 @@ from collections import deque
 from nanovllm.engine.block_manager import BlockManager
 from nanovllm.engine.prompts import check_fits
 from nanovllm.engine.sequence import Sequence, SequenceStatus, insert_in_order
+from nanovllm.engine.speculation import SpecStats, Speculator, take_verified
 from nanovllm.engine.stop_rules import finish_reason, length_done
 
 
@@ -43,6 +44,11 @@ class Scheduler:
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0  # a statistic, for logs and tests
         self.num_in_flight = 0  # launched steps whose results have not come back
+        # Speculative decoding (n-gram drafts); None: off.
+        self.spec = getattr(config, "speculative_config", None)
+        self.speculator = None if self.spec is None else Speculator(
+            self.spec, self.block_manager, self.max_model_len)
+        self.spec_stats = SpecStats()
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -120,9 +126,18 @@ class Scheduler:
             return 0
         return min(seq.sampling_params.n - len(seq.samples), self.max_num_seqs - 1)
 
+    def wants_speculation(self) -> bool:
+        """Whether the next decode step would verify drafts: speculation is on and few
+        enough sequences run for it to pay (it needs every token on the host: no step may be
+        in flight)."""
+        return self.speculator is not None and self.speculator.wanted(self.running)
+
     def _schedule_decode(self) -> list[Sequence]:
         scheduled, kept = [], []
         limit = min(self.max_num_seqs, self.max_num_batched_tokens)
+        # Rows a verify step may add beyond one per sequence (the token budget bounds them).
+        spare = (self.max_num_batched_tokens - min(len(self.running), limit)
+                 if self.wants_speculation() and self.speculator.allowed(self.running) else 0)
         while self.running and len(scheduled) < limit:
             seq = self.running.popleft()
             if seq.num_pending and length_done(seq, self.max_model_len):
@@ -139,6 +154,8 @@ class Scheduler:
             else:
                 self.block_manager.may_append(seq)
                 seq.num_scheduled_tokens = 1
+                if spare > 0:
+                    spare -= self.speculator.draft(seq, spare, keep=len(self.running))
                 scheduled.append(seq)
                 kept.append(seq)
         self.running.extendleft(reversed(kept))
@@ -157,8 +174,10 @@ class Scheduler:
     def on_launch(self, seqs: list[Sequence]) -> "Launched":
         """The step is on its way: its tokens count as computed, and each sequence whose
         prompt is now complete gets a pending token (its value comes with on_result)."""
-        produced = []
+        produced, speculative = [], False
         for seq in seqs:
+            if seq.spec_token_ids:  # only the last token's K/V is sure to be kept
+                seq.num_scheduled_tokens, speculative = 1, True
             seq.launch_scheduled()
             # A prefill chunk that leaves part of the prompt uncomputed samples nothing real.
             real = seq.num_cached_tokens >= seq.num_tokens
@@ -168,7 +187,7 @@ class Scheduler:
                     self._fork(seq)
             produced.append(real)
         self.num_in_flight += 1
-        return Launched(seqs, produced)
+        return Launched(seqs, produced, speculative)
 
     def _fork(self, parent: Sequence) -> None:
         """Make the other samples of parent's request, whose prompt this step computes. A
@@ -185,20 +204,25 @@ class Scheduler:
             else:
                 insert_in_order(self.waiting, child)
 
-    def on_result(self, launched: "Launched", token_ids: list[int]) -> list[Sequence]:
-        """A launched step's sampled tokens arrived; returns the sequences that finished."""
+    def on_result(self, launched: "Launched", token_ids: list) -> list[Sequence]:
+        """A launched step's sampled tokens arrived (a verify step: a list per sequence, its
+        accepted drafts and one more); returns the sequences that finished."""
         self.num_in_flight -= 1
         finished = []
-        for seq, real, token_id in zip(launched.seqs, launched.produced, token_ids):
+        for seq, real, out in zip(launched.seqs, launched.produced, token_ids):
             if seq.is_finished:
                 continue  # it ended at an earlier token: this step's work is void
-            if real:
-                seq.fill_pending(token_id)
-            self.block_manager.commit(seq)  # after the fill: every hashed token is known
             if not real:
+                self.block_manager.commit(seq)
                 continue
-            reason, stop_reason = finish_reason(seq, token_id, self.eos_ids,
-                                                self.max_model_len)
+            if launched.speculative:
+                reason, stop_reason = take_verified(seq, out, self.eos_ids,
+                                                    self.max_model_len, self.spec_stats)
+            else:
+                seq.fill_pending(out)
+                reason, stop_reason = finish_reason(seq, out, self.eos_ids,
+                                                    self.max_model_len)
+            self.block_manager.commit(seq)  # after the fill: every hashed token is known
             if reason is not None:
                 if seq.status is SequenceStatus.WAITING:  # preempted while in flight
                     self.waiting.remove(seq)
@@ -238,9 +262,11 @@ class Scheduler:
 
 
 class Launched:
-    """A step on its way: its sequences and which of them sample a real next token."""
+    """A step on its way: its sequences, which of them sample a real next token, and
+    whether it verifies drafts (its results are then a list of tokens per sequence)."""
 
-    __slots__ = ("produced", "seqs")
+    __slots__ = ("produced", "seqs", "speculative")
 
-    def __init__(self, seqs: list[Sequence], produced: list[bool]):
-        self.seqs, self.produced = seqs, produced
+    def __init__(self, seqs: list[Sequence], produced: list[bool], speculative: bool = False):
+        self.seqs, self.produced, self.speculative = seqs, produced, speculative
+

@@ -44,6 +44,12 @@ class Sequence:
         # Trailing tokens sampled by steps still in flight (async scheduling): their values
         # live on the device until the results come back; PLACEHOLDER stands in for them.
         self.num_pending = 0
+        # Speculative decoding: the drafts this step verifies after the last token (set by
+        # the scheduler, cleared with the result), the proposer's per-sequence state, and
+        # counts for the acceptance metrics.
+        self.spec_token_ids: list[int] = []
+        self.proposer_state = None
+        self.num_spec_proposed = self.num_spec_accepted = self.num_spec_steps = 0
         self.finish_reason: str | None = None
         # What ended a "stop": the stop token id or stop string (None for an end token).
         self.stop_reason: int | str | None = None
@@ -176,6 +182,15 @@ class Sequence:
         if i == self.num_tokens - 1:
             self.last_token = token_id
 
+    def truncate(self, num_tokens: int) -> None:
+        """Keep only the first num_tokens (known) tokens: a stop string ended the sequence
+        inside a verify step's tokens. Their K/V stay in blocks the sequence frees next."""
+        assert not self.num_pending and num_tokens >= self.num_prompt_tokens
+        del self.token_ids[num_tokens:]
+        self.num_tokens = num_tokens
+        self.num_cached_tokens = min(self.num_cached_tokens, num_tokens)
+        self.last_token = self.token_ids[-1]
+
     def drop_pending(self) -> None:
         """Forget in-flight tokens (the sequence ended before them)."""
         if self.num_pending:
@@ -188,18 +203,19 @@ class Sequence:
         # Sent to tensor-parallel workers every step: ship only what the model runner reads.
         # A decode step needs just the last token; a prefill needs the tokens it computes.
         start, n = self.num_cached_tokens, self.num_scheduled_tokens
-        if n == 1 and start == self.num_tokens - 1:
+        if start == self.num_tokens - 1:  # decode (with drafts, if any: they travel apart)
             tokens = None
         else:
             tokens = self.token_ids[start:start + n]
         # prompt_logits_next: every rank must pick the same rows for the LM head's gather.
         return (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.block_size,
-                start, n, self.block_table, self.last_token, tokens, self.prompt_logits_next)
+                start, n, self.block_table, self.last_token, tokens, self.prompt_logits_next,
+                self.spec_token_ids)
 
     def __setstate__(self, state):
         (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.block_size,
          self.num_cached_tokens, self.num_scheduled_tokens, self.block_table,
-         self.last_token, tokens, self.prompt_logits_next) = state
+         self.last_token, tokens, self.prompt_logits_next, self.spec_token_ids) = state
         # Workers only see the scheduled slice; pad the front so absolute indexing still works.
         self.token_ids = None if tokens is None else _Window(self.num_cached_tokens, tokens)
         self.status = SequenceStatus.RUNNING
@@ -207,10 +223,11 @@ class Sequence:
         self.sampling_params = None
 
     def scheduled_token_ids(self) -> list[int]:
-        """Token ids this step computes (a prefill chunk, or the last token in decode)."""
+        """Token ids this step computes (a prefill chunk, or the last token in decode and
+        the drafts it verifies)."""
         start, n = self.num_cached_tokens, self.num_scheduled_tokens
-        if self.token_ids is None:
-            return [self.last_token]
+        if self.token_ids is None or start == self.num_tokens - 1:
+            return [self.last_token, *self.spec_token_ids]
         return list(self.token_ids[start:start + n])
 
 

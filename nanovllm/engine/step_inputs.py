@@ -47,6 +47,13 @@ class StepInputs:
     feed_rows: np.ndarray | None = None
     # prefill: rows (of the step's tokens) whose logits give prompt logprobs; None = none.
     prompt_rows: np.ndarray | None = None
+    # decode: real rows (num_seqs, or more when a verify step gives a sequence one row per
+    # token it computes: its last token, then its drafts).
+    num_rows: int = 0
+    # verify steps: [rows] the draft each row's logits judge (-1: none, a sequence's last
+    # row), and [num_seqs + 1] each sequence's first row. None in other steps.
+    spec_drafts: np.ndarray | None = None
+    spec_starts: np.ndarray | None = None
     # Rank 0 (the rank that samples) only; None elsewhere, and for penalties and logprobs
     # also when no sequence uses them.
     sampling: SamplingRows | None = None
@@ -72,6 +79,8 @@ class StepInputs:
                 parts["prompt_rows"] = self.prompt_rows
         else:
             parts = dict(decode_meta=self.decode_meta, block_tables=self.block_tables)
+            if self.spec_drafts is not None:
+                parts.update(spec_drafts=self.spec_drafts, spec_starts=self.spec_starts)
         sr, pr, lp = self.sampling, self.penalties, self.logprobs
         if sr is not None:
             optional = dict(temperatures=sr.temperatures, top_ks=sr.top_ks, top_ps=sr.top_ps,
@@ -103,10 +112,19 @@ class StepBuilder:
         """The step's inputs; a decode step is padded to `rows` rows."""
         if is_prefill:
             inputs = prefill_inputs(seqs, self.block_size, self.width, self.tables)
+        elif any(s.spec_token_ids for s in seqs):
+            inputs = verify_inputs(seqs, self.block_size, rows, self.tables)
         else:
             inputs = decode_inputs(seqs, self.block_size, self.width, rows, self.prev_rows,
                                    self.tables)
-        if self.vocab_size is not None:
+        if self.vocab_size is not None and inputs.spec_starts is not None:
+            # A row per token computed: row j of a sequence samples its (j+1)-th new token.
+            counts = np.diff(inputs.spec_starts).tolist()
+            params = [s.sampling_params for s, c in zip(seqs, counts) for _ in range(c)]
+            steps = [s.num_completion_tokens + j for s, c in zip(seqs, counts) for j in range(c)]
+            inputs.sampling = sampling_rows(params, steps, self.vocab_size)
+        elif self.vocab_size is not None:
+            # (The scheduler gives no drafts in a step with penalties or logprobs.)
             inputs.sampling = sampling_rows([s.sampling_params for s in seqs],
                                             [s.num_completion_tokens for s in seqs],
                                             self.vocab_size)
@@ -173,11 +191,42 @@ def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
     # 0..b-1 for any graph size b >= n.
     order = np.arange(rows, dtype=np.int32)
     order[:n] = np.argsort(-lens[:n], kind="stable")
-    return StepInputs(is_prefill=False, num_seqs=n, input_ids=ids, positions=positions,
-                      slot_mapping=slots,
+    return StepInputs(is_prefill=False, num_seqs=n, num_rows=n, input_ids=ids,
+                      positions=positions, slot_mapping=slots,
                       block_tables=(block_table_array(seqs, width, rows) if tables is None
                                     else tables.gather(seqs, rows)),
                       context_lens=lens, order=order, feed_rows=feed)
+
+
+def verify_inputs(seqs: list[Sequence], block_size: int, rows: int,
+                  tables: BlockTables) -> StepInputs:
+    """A verify step as decode rows: sequence s computes its last token and its drafts, a
+    row each, row j attending to the context up to its own position (the rows' K/V are all
+    stored before attention runs), so the decode kernels and graphs serve it unchanged."""
+    counts = [1 + len(s.spec_token_ids) for s in seqs]
+    starts = np.zeros(len(seqs) + 1, dtype=np.int32)
+    starts[1:] = np.cumsum(counts)
+    n = int(starts[-1])
+    ids, positions, slots = (np.zeros(rows, np.int32), np.zeros(rows, np.int32),
+                             np.full(rows, -1, np.int32))
+    drafts = np.full(rows, -1, dtype=np.int32)
+    for s, r, c in zip(seqs, starts.tolist(), counts):
+        tokens = [s.last_token, *s.spec_token_ids]
+        ids[r:r + c] = tokens
+        drafts[r:r + c - 1] = tokens[1:]
+        first = s.num_tokens - 1
+        positions[r:r + c] = range(first, first + c)
+        slots[r:r + c] = [s.block_table[p // block_size] * block_size + p % block_size
+                          for p in range(first, first + c)]
+    lens = np.zeros(rows, dtype=np.int32)
+    lens[:n] = positions[:n] + 1
+    table = np.zeros((rows, tables.table.shape[1]), dtype=np.int32)
+    table[:n] = np.repeat(tables.gather(seqs), counts, axis=0)
+    order = np.arange(rows, dtype=np.int32)
+    order[:n] = np.argsort(-lens[:n], kind="stable")
+    return StepInputs(is_prefill=False, num_seqs=len(seqs), num_rows=n, input_ids=ids,
+                      positions=positions, slot_mapping=slots, block_tables=table,
+                      context_lens=lens, order=order, spec_drafts=drafts, spec_starts=starts)
 
 
 def _i32(values) -> np.ndarray:

@@ -23,6 +23,7 @@ from nanovllm.worker.penalties import penalty_tensors
 from nanovllm.worker.sampler import Sampler, SamplingTensors
 from nanovllm.worker.stager import Stager
 from nanovllm.worker.step_output import StepResult
+from nanovllm.worker.verify import verify_drafts
 from nanovllm.worker.warmup import compile_kernels, size_activations
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class ModelRunner:
         self._id_hosts = ([torch.zeros(config.max_num_seqs, dtype=torch.int32).pin_memory()
                            for _ in range(2)] if self.pinned else [])
         self._turn = 0
+        self._verify_host = None  # pinned, grown on demand: see _send
         self._calibrate_kv = False  # see _allocate_kv: after the kernel warm-up
         self.kv_scales = None
         self.stager = Stager(self.device)
@@ -130,6 +132,10 @@ class ModelRunner:
     def _capture_graphs(self) -> None:
         """Decode graphs reading their inputs from the stager's fixed buffer."""
         max_bs = min(self.config.max_num_seqs, 512)
+        spec = self.config.speculative_config
+        if spec is not None:  # verify steps: a row per token computed
+            seqs = min(spec.disable_by_batch_size, max_bs)
+            max_bs = min(max(max_bs, seqs * (1 + spec.num_speculative_tokens)), 512)
         self.stager = Stager(self.device, [(DECODE_META_ROWS, max_bs),
                                            (max_bs, self.max_blocks_per_seq)])
         meta, table = self.stager.graph_views
@@ -151,10 +157,12 @@ class ModelRunner:
     def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
         """Start one step without waiting for the device; the sampled ids come back through
         the returned handle (rank 0) and stay on the device for the next step."""
-        graphed = not is_prefill and self.graphs is not None and self.graphs.can_run(len(seqs))
+        # A verify step (speculative decoding) has a row per token computed.
+        num_rows = len(seqs) if is_prefill else sum(s.num_scheduled_tokens for s in seqs)
+        graphed = not is_prefill and self.graphs is not None and self.graphs.can_run(num_rows)
         # Rows padded to a multiple of 4 (eager) keep every row of the decode meta 16-byte
         # aligned; a graph takes its full batch.
-        rows = self.graphs.max_bs if graphed else -(-len(seqs) // 4) * 4
+        rows = self.graphs.max_bs if graphed else -(-num_rows // 4) * 4
         inputs = self.builder.build(seqs, is_prefill, rows)
         dev = self.stager.upload(inputs.device_parts(), graph=graphed)  # the step's one copy
         st = lp = None
@@ -172,6 +180,10 @@ class ModelRunner:
         self.builder.launched(seqs)
         if self.rank != 0:
             return StepResult(None)
+        if inputs.spec_starts is not None:
+            out = verify_drafts(self.sampler, logits, st, dev["spec_drafts"][:num_rows],
+                                dev["spec_starts"])
+            return self._send(out, [s.num_scheduled_tokens for s in seqs])
         return self._sample(logits, st, lp, len(seqs))
 
     def forward(self, inputs: StepInputs, dev: dict[str, torch.Tensor] | None = None,
@@ -190,7 +202,7 @@ class ModelRunner:
                         calibrate_kv=self._calibrate_kv)
             self._calibrate_kv = False
             return self.model(dev["input_ids"], dev["positions"])
-        n = inputs.num_seqs
+        n = inputs.num_rows
         ids, pos, slots, lens, order, feed = dev["decode_meta"][:, :n]
         if inputs.feed_rows is not None:
             feed_tokens(ids, feed, self.sampled)
@@ -217,6 +229,20 @@ class ModelRunner:
         done = torch.cuda.Event()
         done.record()
         return StepResult(host[:n], done, lp)
+
+    def _send(self, out: torch.Tensor, row_counts: list[int]) -> StepResult:
+        """A verify step's packed tokens and counts on their way to the host (the step is
+        waited for at once: the next drafts depend on them)."""
+        if not self.pinned:
+            return StepResult(out.tolist(), row_counts=row_counts)
+        if self._verify_host is None or self._verify_host.numel() < out.numel():
+            self._verify_host = torch.empty(max(out.numel(), 1024), dtype=torch.int32,
+                                            pin_memory=True)
+        host = self._verify_host[:out.numel()]
+        host.copy_(out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return StepResult(host, done, row_counts=row_counts)
 
 
 def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:

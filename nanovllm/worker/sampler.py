@@ -53,8 +53,14 @@ class Sampler(nn.Module):
             self.steps += 1
             seed = (torch.initial_seed() + self.steps * 0x9E3779B1) & 0x7FFFFFFF
             return sample_temperature(logits, st.temperatures, seed)
-        logits = logits.float()
         greedy = logits.argmax(-1)
+        sampled = race(self.probs(logits, st), st)
+        return torch.where(st.temperatures > 0, sampled, greedy)
+
+    def probs(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        """[B, V] float32 probabilities after temperature, top-k, top-p and min-p (rows
+        with temperature 0 come out as temperature 1: the caller takes their argmax)."""
+        logits = logits.float()
         temps = st.temperatures.unsqueeze(1)
         logits = logits / torch.where(temps > 0, temps, torch.ones_like(temps))
         if st.top_ks is not None or st.top_ps is not None:
@@ -63,14 +69,8 @@ class Sampler(nn.Module):
         if st.min_ps is not None:
             keep = probs >= st.min_ps.unsqueeze(1) * probs.max(-1, keepdim=True).values
             probs = probs * keep
-        # Exponential race (Gumbel-max): argmax(p / E) with E ~ Exp(1) samples from p
-        # without a cumulative sum over the vocabulary.
-        noise = torch.empty_like(probs).exponential_()
-        for row, seed, step in st.seeds or ():
-            g = torch.Generator(device=probs.device).manual_seed(hash((seed, step)) & (2**63 - 1))
-            noise[row] = torch.empty(probs.size(1), device=probs.device).exponential_(generator=g)
-        sampled = (probs / noise).argmax(-1)
-        return torch.where(st.temperatures > 0, sampled, greedy)
+            probs = probs / probs.sum(-1, keepdim=True)
+        return probs
 
     @staticmethod
     def _top_k_top_p(logits, top_ks, top_ps):
@@ -87,3 +87,20 @@ class Sampler(nn.Module):
             drop |= before >= top_ps.unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def seeded_generator(seed: int, step: int, device, salt: int = 0) -> torch.Generator:
+    """The random stream of a seeded row at one of its steps (salt: a second stream)."""
+    key = hash((seed, step) if not salt else (seed, step, salt)) & (2**63 - 1)
+    return torch.Generator(device=device).manual_seed(key)
+
+
+def race(probs: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """One token per row drawn from probs [B, V] (unnormalized is fine). Exponential race
+    (Gumbel-max): argmax(p / E) with E ~ Exp(1) samples from p without a cumulative sum
+    over the vocabulary; seeded rows draw their E from their own streams."""
+    noise = torch.empty_like(probs).exponential_()
+    for row, seed, step in st.seeds or ():
+        g = seeded_generator(seed, step, probs.device)
+        noise[row] = torch.empty(probs.size(1), device=probs.device).exponential_(generator=g)
+    return (probs / noise).argmax(-1)

@@ -8,16 +8,32 @@ class StepResult:
     """A launched step's sampled ids, and logprobs when asked for: ready now, or once the
     device gets there (one event covers both copies)."""
 
-    def __init__(self, ids, done=None, logprobs: LogprobsStep | None = None):
-        self._ids, self._done, self._lp = ids, done, logprobs
+    def __init__(self, ids, done=None, logprobs: LogprobsStep | None = None,
+                 row_counts: list[int] | None = None):
+        """row_counts: a verify step's rows per sequence (ids then hold every row's token
+        and each sequence's count of tokens out, see worker/verify.py)."""
+        self._ids, self._done, self._lp, self._rows = ids, done, logprobs, row_counts
         self.logprobs: StepLogprobs | None = None  # set by result()
 
-    def result(self) -> list[int] | None:
-        """The ids (None on ranks other than 0), waiting for the device if needed; then
-        .logprobs holds the step's logprobs (None when no sequence asked)."""
+    def result(self) -> list | None:
+        """The ids (None on ranks other than 0), waiting for the device if needed: one per
+        sequence, or for a verify step a list per sequence; then .logprobs holds the step's
+        logprobs (None when no sequence asked)."""
         if self._done is not None:
             self._done.synchronize()
             self._ids, self._done = self._ids.tolist(), None
         if self._lp is not None:
             self.logprobs, self._lp = self._lp.unpack(), None
+        if self._rows is not None:
+            self._ids, self._rows = _split(self._ids, self._rows), None
         return self._ids
+
+
+def _split(packed: list[int], row_counts: list[int]) -> list[list[int]]:
+    """Rows' tokens + counts out -> each sequence's tokens out (the first of its rows)."""
+    rows = len(packed) - len(row_counts)
+    out, start = [], 0
+    for rows_of_seq, count in zip(row_counts, packed[rows:]):
+        out.append(packed[start:start + count])
+        start += rows_of_seq
+    return out

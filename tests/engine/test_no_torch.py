@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "nanovllm"
 # What engine/ may import from the rest of nanovllm: plain, torch-free modules.
 SHARED = {"nanovllm.config", "nanovllm.model_config", "nanovllm.generation_config",
-          "nanovllm.sampling_params", "nanovllm.outputs", "nanovllm.utils.process"}
+          "nanovllm.sampling_params", "nanovllm.outputs", "nanovllm.utils.process",
+          "nanovllm.spec_config"}
 DEVICE_LIBS = {"torch", "triton"}
 
 

@@ -1,0 +1,144 @@
+"""Speculative decoding end to end on the CPU (n-gram drafts, toy Qwen3): greedy outputs are
+token for token those of plain decoding, under preemption, chunked prefill, prefix hits,
+n = 2 and stop strings; drafts are accepted; every block is free afterwards."""
+import random
+
+import pytest
+
+from nanovllm import LLM, SamplingParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+         "prompt_lookup_min": 1}
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+def repeating_prompts(seed: int, n: int) -> list[list[int]]:
+    """Random ids, each prompt its own piece said twice: text that n-gram lookup can hit."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 400) for _ in range(rng.randrange(4, 30))] * 2 for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def spec_llm(toy_models):
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256,
+              speculative_config=NGRAM)
+    yield llm
+    llm.shutdown()
+
+
+def core(llm):
+    return llm.clients[0].core
+
+
+def assert_idle(llm):
+    stats = llm.stats()[0] if isinstance(llm.stats(), list) else llm.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+
+
+def ids(outs) -> list[list[list[int]]]:
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+def test_greedy_matches_plain_decoding_and_reports_acceptance(spec_llm, small_llm):
+    prompts = repeating_prompts(0, 6)
+    want = small_llm.generate(prompts, GREEDY, use_tqdm=False)
+    got = spec_llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert ids(got) == ids(want)
+    assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in got)  # no overshoot
+    stats = core(spec_llm).stats()
+    assert stats["spec_accepted"] > 0 and 0 < stats["spec_acceptance_rate"] <= 1
+    per_request = [o.spec_metrics for o in got]
+    assert sum(m.num_accepted_tokens for m in per_request) > 0
+    assert all(m.mean_accepted_length >= 1 or m.num_verify_steps == 0 for m in per_request)
+    assert_idle(spec_llm)
+
+
+def test_prefix_hits_and_n2(spec_llm, small_llm):
+    prompts = repeating_prompts(1, 4)
+    n2 = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=2)
+    want = small_llm.generate(prompts, n2, use_tqdm=False)
+    bm = core(spec_llm).scheduler.block_manager
+    first = spec_llm.generate(prompts, n2, use_tqdm=False)
+    hits = bm.num_hit_tokens
+    again = spec_llm.generate(prompts, n2, use_tqdm=False)  # now from the prefix cache
+    assert bm.num_hit_tokens > hits
+    assert ids(first) == ids(again) == ids(want)
+    assert_idle(spec_llm)
+
+
+def test_stop_strings_end_where_plain_decoding_ends(spec_llm, small_llm):
+    prompts = repeating_prompts(2, 4)
+    texts = [o.outputs[0].text for o in small_llm.generate(prompts, GREEDY, use_tqdm=False)]
+    for prompt, text in zip(prompts, texts):
+        stop = text[len(text) // 2: len(text) // 2 + 2]
+        if len(stop.strip()) < 2:
+            continue
+        sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=stop)
+        want = small_llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0]
+        got = spec_llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0]
+        assert (got.token_ids, got.text, got.finish_reason) == (
+            want.token_ids, want.text, "stop")
+    assert_idle(spec_llm)
+
+
+def test_seeded_sampling_repeats_and_plain_requests_mix_in(spec_llm):
+    prompts = repeating_prompts(3, 3)
+    params = [SamplingParams(temperature=0.8, seed=7, max_tokens=20),
+              SamplingParams(temperature=1.0, top_k=5, seed=8, max_tokens=20),
+              SamplingParams(temperature=0, max_tokens=20, logprobs=2)]  # no drafts: logprobs
+    a = spec_llm.generate(prompts, params, use_tqdm=False)
+    b = spec_llm.generate(prompts, params, use_tqdm=False)
+    assert ids(a) == ids(b)
+    assert len(a[2].outputs[0].logprobs) == len(a[2].outputs[0].token_ids)
+    assert_idle(spec_llm)
+
+
+def test_preemption_and_chunked_prefill(toy_models, small_llm):
+    prompts = repeating_prompts(4, 8)
+    want = small_llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256,
+              num_kvcache_blocks=14, max_num_batched_tokens=48, speculative_config=NGRAM)
+    try:
+        got = llm.generate(prompts, GREEDY, use_tqdm=False)
+        sched = core(llm).scheduler
+        assert sched.num_preemptions > 0 and sched.spec_stats.accepted > 0
+        assert ids(got) == ids(want)
+        assert_idle(llm)
+    finally:
+        llm.shutdown()
+
+
+def test_speculation_switches_off_above_its_batch_size(toy_models):
+    spec = {**NGRAM, "disable_by_batch_size": 2}
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256,
+              speculative_config=spec)
+    try:
+        sched = core(llm).scheduler
+        llm.generate(repeating_prompts(5, 6), GREEDY, use_tqdm=False)
+        many = sched.spec_stats.steps
+        # Six requests with 40 tokens each: they all end together, so no step ran <= 2.
+        assert many == 0
+        llm.generate(repeating_prompts(5, 2), GREEDY, use_tqdm=False)
+        assert sched.spec_stats.steps > 0
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_gpu_greedy_matches_plain_decoding(toy_models, eager):
+    """Triton kernels, with and without decode graphs: verify rows run in the decode graphs."""
+    prompts = repeating_prompts(6, 12)
+    kw = dict(device="cuda", dtype="float32", kvcache_block_size=16, max_model_len=256,
+              enforce_eager=eager, max_num_seqs=16)
+    outs = {}
+    for name, spec in (("plain", None), ("spec", NGRAM)):
+        llm = LLM(toy_models["untied_gqa4_d64"], speculative_config=spec, **kw)
+        try:
+            outs[name] = ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+            if spec is not None:
+                assert core(llm).scheduler.spec_stats.accepted > 0
+            assert_idle(llm)
+        finally:
+            llm.shutdown()
+    assert outs["spec"] == outs["plain"]
