@@ -142,3 +142,22 @@ def test_gpu_greedy_matches_plain_decoding(toy_models, eager):
         finally:
             llm.shutdown()
     assert outs["spec"] == outs["plain"]
+
+
+def test_async_scheduling_hands_over_to_speculation(toy_models, small_llm):
+    """With the host a step ahead while many sequences run, and verify steps once few are
+    left (requests of different lengths), the outputs are still plain decoding's."""
+    prompts = repeating_prompts(7, 6)
+    params = [SamplingParams(temperature=0, max_tokens=8 + 6 * i, ignore_eos=True)
+              for i in range(6)]
+    want = small_llm.generate(prompts, params, use_tqdm=False)
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256,
+              async_scheduling=True, speculative_config={**NGRAM, "disable_by_batch_size": 3})
+    try:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        sched = core(llm).scheduler
+        assert ids(got) == ids(want) and sched.spec_stats.steps > 0
+        assert sched.num_in_flight == 0
+        assert_idle(llm)
+    finally:
+        llm.shutdown()

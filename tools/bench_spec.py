@@ -2,6 +2,7 @@
 
     python tools/bench_spec.py steps [--model PATH | --shape qwen3-0.6b]   # verify vs decode
     python tools/bench_spec.py e2e --model SmolLM2.gguf                     # n-gram tok/s
+    python tools/bench_spec.py timings --model SmolLM2.gguf                 # where a step goes
 
 `steps` times one engine step through the model runner (host inputs, one copy, the model,
 sampling or verification, the ids back): a plain decode step vs a verify step with k drafts
@@ -159,17 +160,61 @@ def e2e(args) -> None:
         llm.shutdown()
 
 
+def timings(args) -> None:
+    """Host seconds per part of the step loop (schedule, launch, waiting for the device,
+    taking the results), plain and with n-gram drafts."""
+    import collections
+
+    from nanovllm import LLM, SamplingParams
+    from nanovllm.worker import step_output
+
+    spent, calls = collections.defaultdict(float), collections.Counter()
+
+    def timed(fn, key):
+        def run(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[key] += time.perf_counter() - t
+                calls[key] += 1
+        return run
+
+    step_output.StepResult.result = timed(step_output.StepResult.result, "wait_result")
+    convs = conversations(grounded_prompts())
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    for spec in (None, {"method": "ngram", "num_speculative_tokens": args.k}):
+        llm = LLM(args.model, speculative_config=spec, max_model_len=2048,
+                  gpu_memory_utilization=0.4)
+        core = llm.clients[0].core
+        for obj, name in ((core.scheduler, "schedule"), (core.executor, "launch"),
+                          (core.scheduler, "on_result"), (core, "step")):
+            setattr(obj, name, timed(getattr(obj, name), name))
+        llm.chat(convs[:1], SamplingParams(max_tokens=8), use_tqdm=False)
+        spent.clear()
+        calls.clear()
+        t, tokens = time.perf_counter(), 0
+        for conv in convs:
+            tokens += len(llm.chat([conv], sp, use_tqdm=False)[0].outputs[0].token_ids)
+        wall = time.perf_counter() - t
+        print(json.dumps({"what": "timings", "spec": spec is not None, "tokens": tokens,
+                          "wall_ms": round(wall * 1e3, 1),
+                          **{k: {"calls": calls[k], "ms": round(v * 1e3, 1)}
+                             for k, v in spent.items()}}), flush=True)
+        llm.shutdown()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["steps", "e2e"])
+    ap.add_argument("what", choices=["steps", "e2e", "timings"])
     ap.add_argument("--model", default=None)
     ap.add_argument("--shape", default="qwen3-0.6b")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
     args = ap.parse_args(argv)
-    if args.what == "e2e" and not args.model:
-        sys.exit("e2e needs --model (a real model: random weights accept nothing)")
-    steps(args) if args.what == "steps" else e2e(args)
+    if args.what != "steps" and not args.model:
+        sys.exit(f"{args.what} needs --model (a real model: random weights accept nothing)")
+    {"steps": steps, "e2e": e2e, "timings": timings}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -149,11 +149,18 @@ class EngineCore:
         seqs, is_prefill = self.scheduler.schedule()
         self._touched += seqs
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
-        if not self.async_scheduling or any(s.spec_token_ids for s in seqs):
-            # A verify step's accepted drafts must be known before the next step's drafts.
+        # Decode steps while speculating run one at a time: a verify step's accepted drafts
+        # must be known before the next step's drafts are proposed.
+        if not self.async_scheduling or (not is_prefill and seqs
+                                         and self.scheduler.wants_speculation()):
             handle = self.executor.launch(seqs, is_prefill)
-            accepted = self.scheduler.spec_stats.accepted
-            finished = self._results(self.scheduler.on_launch(seqs), handle)
+            launched = self.scheduler.on_launch(seqs)
+            finished, accepted = [], self.scheduler.spec_stats.accepted
+            if self._in_flight is not None:  # rare (after a preemption): its results first
+                previous, self._in_flight = self._in_flight, None
+                self._touched += previous[0].seqs
+                finished = self._results(*previous)
+            finished += self._results(launched, handle)
             if not is_prefill:  # what a verify step gained beyond one token a sequence
                 num_tokens -= self.scheduler.spec_stats.accepted - accepted
             return finished, num_tokens

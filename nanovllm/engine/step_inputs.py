@@ -80,7 +80,7 @@ class StepInputs:
         else:
             parts = dict(decode_meta=self.decode_meta, block_tables=self.block_tables)
             if self.spec_drafts is not None:
-                parts.update(spec_drafts=self.spec_drafts, spec_starts=self.spec_starts)
+                parts["spec_drafts"] = self.spec_drafts
         sr, pr, lp = self.sampling, self.penalties, self.logprobs
         if sr is not None:
             optional = dict(temperatures=sr.temperatures, top_ks=sr.top_ks, top_ps=sr.top_ps,

@@ -181,8 +181,7 @@ class ModelRunner:
         if self.rank != 0:
             return StepResult(None)
         if inputs.spec_starts is not None:
-            out = verify_drafts(self.sampler, logits, st, dev["spec_drafts"][:num_rows],
-                                dev["spec_starts"])
+            out = verify_drafts(self.sampler, logits, st, dev["spec_drafts"][:num_rows])
             return self._send(out, [s.num_scheduled_tokens for s in seqs])
         return self._sample(logits, st, lp, len(seqs))
 

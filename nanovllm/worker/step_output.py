@@ -11,7 +11,7 @@ class StepResult:
     def __init__(self, ids, done=None, logprobs: LogprobsStep | None = None,
                  row_counts: list[int] | None = None):
         """row_counts: a verify step's rows per sequence (ids then hold every row's token
-        and each sequence's count of tokens out, see worker/verify.py)."""
+        and accept flag, see worker/verify.py)."""
         self._ids, self._done, self._lp, self._rows = ids, done, logprobs, row_counts
         self.logprobs: StepLogprobs | None = None  # set by result()
 
@@ -30,10 +30,14 @@ class StepResult:
 
 
 def _split(packed: list[int], row_counts: list[int]) -> list[list[int]]:
-    """Rows' tokens + counts out -> each sequence's tokens out (the first of its rows)."""
-    rows = len(packed) - len(row_counts)
+    """Rows' tokens + accept flags -> each sequence's tokens out: its rows up to and
+    including the first whose draft was rejected (or its last row, which has none)."""
+    rows = len(packed) // 2
     out, start = [], 0
-    for rows_of_seq, count in zip(row_counts, packed[rows:]):
-        out.append(packed[start:start + count])
-        start += rows_of_seq
+    for count in row_counts:
+        kept = 1
+        while kept < count and packed[rows + start + kept - 1]:
+            kept += 1
+        out.append(packed[start:start + kept])
+        start += count
     return out

@@ -16,33 +16,27 @@ from nanovllm.worker.sampler import Sampler, SamplingTensors, race, seeded_gener
 
 
 def verify_drafts(sampler: Sampler, logits: torch.Tensor, st: SamplingTensors,
-                  drafts: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """[R + B] int32: each row's token if kept (the draft when accepted, else the drawn
-    one), then each sequence's count of tokens out (accepted drafts + 1)."""
-    rows = logits.size(0)
+                  drafts: torch.Tensor) -> torch.Tensor:
+    """[2R] int32: each row's token if kept (the draft when accepted, else the one drawn),
+    then each row's accept flag. The host, which knows where each sequence's rows start,
+    keeps a sequence's rows up to its first rejection (step_output._split): a handful of
+    device ops a step instead of a segmented scan."""
     has = drafts >= 0
     d = drafts.clamp(min=0).long()
     greedy = logits.argmax(-1)
     if st.all_greedy:
-        accept, drawn = has & (greedy == d), greedy
+        accept, tokens = has & (greedy == d), greedy
     else:
         probs = sampler.probs(logits, st)
         p_draft = probs.gather(1, d.unsqueeze(1)).squeeze(1)
         residual = torch.where(has.unsqueeze(1), probs.scatter(1, d.unsqueeze(1), 0.0), probs)
         sampled = temperature_rows(st)
-        accept = torch.where(sampled, has & (uniforms(st, rows, logits.device) < p_draft),
-                             has & (greedy == d))
+        u = uniforms(st, logits.size(0), logits.device)
+        accept = has & torch.where(sampled, u < p_draft, greedy == d)
         drawn = torch.where(sampled, race(residual, st), greedy)
-    tokens = torch.where(accept, d, drawn).to(torch.int32)
-    # Tokens out per sequence: 1 + the rows before its first rejection (its last row, which
-    # has no draft, counts as one).
-    num_seqs = starts.numel() - 1
-    seq_of = torch.repeat_interleave(torch.arange(num_seqs, device=logits.device),
-                                     (starts[1:] - starts[:-1]).long(), output_size=rows)
-    j = torch.arange(rows, device=logits.device) - starts[seq_of].long()
-    first_reject = torch.full((num_seqs,), rows, dtype=torch.long, device=logits.device)
-    first_reject.scatter_reduce_(0, seq_of, torch.where(accept, rows, j), "amin")
-    return torch.cat([tokens, (first_reject + 1).to(torch.int32)])
+        tokens = torch.where(accept, d, drawn)
+    # A row without a draft (a sequence's last) is never "accepted": its token is drawn.
+    return torch.cat([tokens, accept]).to(torch.int32)
 
 
 def temperature_rows(st: SamplingTensors) -> torch.Tensor:

@@ -7,6 +7,7 @@ import torch
 from nanovllm.engine.sampling_rows import sampling_rows
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.worker.sampler import Sampler, SamplingTensors
+from nanovllm.worker.step_output import _split
 from nanovllm.worker.verify import verify_drafts
 
 # chi-square critical values at p = 0.001 for 3 and 4 degrees of freedom: a correct sampler
@@ -24,11 +25,12 @@ def tensors(params: list[SamplingParams], vocab: int) -> SamplingTensors:
 
 
 def run(logits, params, drafts, counts):
-    starts = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int32)
+    """(each row's token, each sequence's count of tokens out) as the host reads them."""
     out = verify_drafts(Sampler(), logits, tensors(params, logits.size(1)),
-                        torch.tensor(drafts, dtype=torch.int32), starts)
+                        torch.tensor(drafts, dtype=torch.int32))
     rows = logits.size(0)
-    return out[:rows], out[rows:]
+    kept = _split(out.tolist(), counts)
+    return out[:rows], torch.tensor([len(k) for k in kept])
 
 
 def test_greedy_keeps_the_argmax_prefix():
