@@ -161,3 +161,18 @@ def test_async_scheduling_hands_over_to_speculation(toy_models, small_llm):
         assert_idle(llm)
     finally:
         llm.shutdown()
+
+
+def test_tensor_parallel_workers_verify_the_same_rows(toy_models, small_llm):
+    """Two ranks (gloo): the drafts travel with the sequences to the worker."""
+    prompts = repeating_prompts(8, 3)
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = small_llm.generate(prompts, sp, use_tqdm=False)
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256,
+              tensor_parallel_size=2, speculative_config=NGRAM)
+    try:
+        got = llm.generate(prompts, sp, use_tqdm=False)
+        assert ids(got) == ids(want)
+        assert llm.stats()[0]["spec_verify_steps"] > 0
+    finally:
+        llm.shutdown()
