@@ -113,9 +113,9 @@ class Config:
         self._check_tensor_parallel()
         if self.speculative_config is not None:
             spec = SpeculativeConfig.from_dict(self.speculative_config)
-            if spec.method == "draft_model":
-                raise ValueError("speculative_config: method 'draft_model' is not built yet; "
-                                 "use 'ngram'")
+            if spec.method == "draft_model" and self.tensor_parallel_size > 1:
+                raise ValueError("speculative_config: method 'draft_model' with "
+                                 "tensor_parallel_size > 1 is not supported yet; use 'ngram'")
             object.__setattr__(self, "speculative_config", spec)
         object.__setattr__(self, "max_model_len",
                            min(self.max_model_len, self.hf_config.max_position_embeddings))

@@ -127,21 +127,26 @@ def test_speculation_switches_off_above_its_batch_size(toy_models):
 @pytest.mark.gpu
 @pytest.mark.parametrize("eager", [True, False])
 def test_gpu_greedy_matches_plain_decoding(toy_models, eager):
-    """Triton kernels, with and without decode graphs: verify rows run in the decode graphs."""
+    """Triton kernels, with and without decode graphs: verify rows (and a self-draft's
+    rows) run in the decode graphs."""
     prompts = repeating_prompts(6, 12)
     kw = dict(device="cuda", dtype="float32", kvcache_block_size=16, max_model_len=256,
               enforce_eager=eager, max_num_seqs=16)
+    path = toy_models["untied_gqa4_d64"]
     outs = {}
-    for name, spec in (("plain", None), ("spec", NGRAM)):
-        llm = LLM(toy_models["untied_gqa4_d64"], speculative_config=spec, **kw)
+    for name, spec in (("plain", None), ("ngram", NGRAM), ("self", draft_config(path, k=4))):
+        llm = LLM(path, speculative_config=spec, **kw)
         try:
             outs[name] = ids(llm.generate(prompts, GREEDY, use_tqdm=False))
-            if spec is not None:
-                assert core(llm).scheduler.spec_stats.accepted > 0
+            stats = core(llm).scheduler.spec_stats
+            if name == "self":  # float32: the draft's argmax is the target's
+                assert stats.steps > 0 and stats.accepted == stats.proposed
+            elif spec is not None:
+                assert stats.accepted > 0
             assert_idle(llm)
         finally:
             llm.shutdown()
-    assert outs["spec"] == outs["plain"]
+    assert outs["ngram"] == outs["plain"] and outs["self"] == outs["plain"]
 
 
 def test_async_scheduling_hands_over_to_speculation(toy_models, small_llm):
@@ -176,3 +181,68 @@ def test_tensor_parallel_workers_verify_the_same_rows(toy_models, small_llm):
         assert llm.stats()[0]["spec_verify_steps"] > 0
     finally:
         llm.shutdown()
+
+
+# -- a draft model ----------------------------------------------------------------------------
+def draft_config(path: str, k: int = 3) -> dict:
+    return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
+
+
+def test_self_draft_accepts_every_token(toy_models, small_llm):
+    """The target as its own draft: every draft is accepted, under preemption, chunked
+    prefill, prefix hits and n = 2 (the draft's cache recomputed where blocks were not its
+    own), and the outputs are plain decoding's."""
+    path = toy_models["tied_gqa4_d16_l4"]
+    prompts = repeating_prompts(9, 6)
+    n2 = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=2)
+    want = ids(small_llm.generate(prompts, n2, use_tqdm=False))
+    llm = LLM(path, kvcache_block_size=16, max_model_len=256, num_kvcache_blocks=20,
+              max_num_batched_tokens=48, speculative_config=draft_config(path))
+    try:
+        first = llm.generate(prompts, n2, use_tqdm=False)
+        again = llm.generate(prompts, n2, use_tqdm=False)
+        sched = core(llm).scheduler
+        assert ids(first) == ids(again) == want
+        assert sched.num_preemptions > 0 and sched.block_manager.num_hit_tokens > 0
+        stats = sched.spec_stats
+        assert stats.steps > 0 and stats.accepted == stats.proposed
+        assert all(o.spec_metrics.acceptance_rate == 1.0 for o in first + again)
+        assert_idle(llm)
+    finally:
+        llm.shutdown()
+
+
+def test_a_smaller_draft_keeps_the_targets_outputs(toy_models, small_llm):
+    """Another (random) model proposes: most drafts are rejected, the outputs stay the
+    target's, greedy and with a stop string; sampled requests run too."""
+    prompts = repeating_prompts(10, 3)
+    want = small_llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256,
+              speculative_config=draft_config(toy_models["tied_mha_d16"], k=2))
+    try:
+        assert ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == ids(want)
+        text = want[0].outputs[0].text
+        stop = text[len(text) // 2: len(text) // 2 + 2]
+        sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=stop)
+        if len(stop.strip()) == 2:
+            got = llm.generate(prompts[:1], sp, use_tqdm=False)[0].outputs[0]
+            plain = small_llm.generate(prompts[:1], sp, use_tqdm=False)[0].outputs[0]
+            assert (got.token_ids, got.text) == (plain.token_ids, plain.text)
+        sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=12)
+        a, b = (llm.generate(prompts, sampled, use_tqdm=False) for _ in range(2))
+        assert ids(a) == ids(b) and core(llm).scheduler.spec_stats.steps > 0
+        assert_idle(llm)
+    finally:
+        llm.shutdown()
+
+
+def test_draft_model_errors(toy_models, tmp_path):
+    from tests.support.checkpoints import write_config_dir
+
+    big = write_config_dir(tmp_path / "big", vocab_size=1024)
+    with pytest.raises(ValueError, match="vocab_size"):
+        LLM(toy_models["tied_gqa4_d16_l4"], kvcache_block_size=16, max_model_len=256,
+            load_format="dummy", speculative_config=draft_config(big))
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        LLM(toy_models["tied_gqa4_d16_l4"], tensor_parallel_size=2,
+            speculative_config=draft_config(toy_models["tied_mha_d16"]))

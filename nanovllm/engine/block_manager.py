@@ -130,6 +130,8 @@ class BlockManager:
             block.ref_count += 1
         seq.block_table = hits + [self._take_free_block() for _ in range(seq.num_blocks - len(hits))]
         seq.num_cached_tokens = len(hits) * self.block_size
+        # A draft model recomputes hit blocks: their draft K/V may never have been written.
+        seq.num_draft_cached = 0
         self.num_hit_tokens += seq.num_cached_tokens
 
     @staticmethod
@@ -165,7 +167,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free_block_ids[block_id] = None
         seq.block_table = []
-        seq.num_cached_tokens = 0
+        seq.num_cached_tokens = seq.num_draft_cached = 0
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether seq's newest token has (or can get) a block."""

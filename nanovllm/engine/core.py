@@ -181,7 +181,8 @@ class EngineCore:
         token_ids = handle.result()
         if handle.logprobs is not None:
             logprobs.record(launched.seqs, handle.logprobs)
-        before = [s.num_tokens for s in launched.seqs] if launched.speculative else None
+        before = ([s.num_tokens - s.num_pending for s in launched.seqs]
+                  if launched.speculative else None)
         finished = self.scheduler.on_result(launched, token_ids)
         self._updated += launched.seqs
         for i, seq in enumerate(launched.seqs):

@@ -49,6 +49,9 @@ class Sequence:
         # counts for the acceptance metrics.
         self.spec_token_ids: list[int] = []
         self.proposer_state = None
+        # Tokens whose K/V a draft model's cache holds (draft_model proposals; see
+        # worker/draft.py); reset with the blocks.
+        self.num_draft_cached = 0
         self.num_spec_proposed = self.num_spec_accepted = self.num_spec_steps = 0
         self.finish_reason: str | None = None
         # What ended a "stop": the stop token id or stop string (None for an end token).

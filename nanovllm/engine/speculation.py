@@ -3,7 +3,7 @@
 verifies (worker/verify.py)."""
 from nanovllm.engine.block_manager import BlockManager
 from nanovllm.engine.ngram import propose_ngram
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 from nanovllm.engine.stop_rules import finish_reason
 from nanovllm.spec_config import SpeculativeConfig
 
@@ -41,7 +41,10 @@ class Speculator:
                    self.max_model_len - seq.num_tokens - 1)
         if room <= 0:
             return 0
-        drafts = propose_ngram(seq, spec.prompt_lookup_min, spec.prompt_lookup_max, room)
+        if spec.method == "ngram":
+            drafts = propose_ngram(seq, spec.prompt_lookup_min, spec.prompt_lookup_max, room)
+        else:  # a draft model makes them on the device, within the verify step
+            drafts = [PLACEHOLDER] * room
         if drafts:
             held = self.block_manager.reserve(seq, seq.num_tokens + len(drafts), keep)
             drafts = drafts[: held - seq.num_tokens]
@@ -58,6 +61,10 @@ def take_verified(seq: Sequence, tokens: list[int], eos_ids: set[int], max_model
     drafts, seq.spec_token_ids = seq.spec_token_ids, []
     if drafts:
         stats.record(seq, len(drafts), len(tokens) - 1)
+        # A draft model's cache now holds the last token and the accepted drafts it was fed
+        # (drafts 1..k-1: the k-th was never its input).
+        # (num_tokens counts the step's pending token: the last token sits at num_tokens - 2.)
+        seq.num_draft_cached = seq.num_tokens - 1 + min(len(tokens) - 1, len(drafts) - 1)
     seq.fill_pending(tokens[0])
     reason, stop_reason = finish_reason(seq, tokens[0], eos_ids, max_model_len)
     for token_id in tokens[1:]:

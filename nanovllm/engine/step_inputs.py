@@ -198,8 +198,8 @@ def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
                       context_lens=lens, order=order, feed_rows=feed)
 
 
-def verify_inputs(seqs: list[Sequence], block_size: int, rows: int,
-                  tables: BlockTables) -> StepInputs:
+def verify_inputs(seqs: list[Sequence], block_size: int, rows: int, tables: BlockTables,
+                  refresh: bool = False) -> StepInputs:
     """A verify step as decode rows: sequence s computes its last token and its drafts, a
     row each, row j attending to the context up to its own position (the rows' K/V are all
     stored before attention runs), so the decode kernels and graphs serve it unchanged."""
@@ -221,7 +221,7 @@ def verify_inputs(seqs: list[Sequence], block_size: int, rows: int,
     lens = np.zeros(rows, dtype=np.int32)
     lens[:n] = positions[:n] + 1
     table = np.zeros((rows, tables.table.shape[1]), dtype=np.int32)
-    table[:n] = np.repeat(tables.gather(seqs), counts, axis=0)
+    table[:n] = np.repeat(tables.gather(seqs, refresh=refresh), counts, axis=0)
     order = np.arange(rows, dtype=np.int32)
     order[:n] = np.argsort(-lens[:n], kind="stable")
     return StepInputs(is_prefill=False, num_seqs=len(seqs), num_rows=n, input_ids=ids,

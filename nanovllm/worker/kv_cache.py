@@ -61,13 +61,15 @@ def agree_on_blocks(num_blocks: int, device: torch.device) -> int:
 
 
 def allocate_kv_cache(config: Config, attn_layers: list, dtype: torch.dtype,
-                      device: torch.device, max_blocks_per_seq: int, log: bool) -> torch.Tensor:
+                      device: torch.device, max_blocks_per_seq: int, log: bool,
+                      extra: int = 0) -> torch.Tensor:
     """Allocate the cache (elements of `dtype`) and give each Attention layer its K and V
-    views. An fp8 cache holds twice the tokens of a bf16 one in the same memory."""
+    views. An fp8 cache holds twice the tokens of a bf16 one in the same memory. `extra`:
+    bytes each block needs elsewhere (a draft model's K/V), counted when sizing."""
     bs = config.kvcache_block_size
     per_block = kv_shape(attn_layers, 1, bs)
     bytes_per_block = torch.Size(per_block).numel() * dtype.itemsize
-    num_blocks = agree_on_blocks(count_blocks(config, bytes_per_block, device,
+    num_blocks = agree_on_blocks(count_blocks(config, bytes_per_block + extra, device,
                                               max_blocks_per_seq), device)
     if num_blocks < 1:
         raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization or "

@@ -2,6 +2,7 @@
 step's host inputs (built by engine/step_inputs.py) in one copy, runs the model (CUDA graphs
 for decode) and samples."""
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -17,6 +18,7 @@ from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.cuda_graph import DecodeGraphs
 from nanovllm.worker.device import resolve_device, resolve_dtype
+from nanovllm.worker.draft import make_drafter
 from nanovllm.worker.kv_cache import allocate_kv_cache, allocate_kv_scales, kv_cache_dtype
 from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
 from nanovllm.worker.penalties import penalty_tensors
@@ -32,7 +34,10 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     """Runs the model for one tensor-parallel rank."""
 
-    def __init__(self, config: Config, rank: int = 0, device: torch.device | None = None):
+    def __init__(self, config: Config, rank: int = 0, device: torch.device | None = None,
+                 draft: bool = False):
+        """draft: a speculative draft model's runner: its KV cache waits for finish_cache()
+        (it must have the target's block count), and it never samples."""
         self.config = config
         self.rank = rank
         self.block_size = config.kvcache_block_size
@@ -68,20 +73,35 @@ class ModelRunner:
         self._calibrate_kv = False  # see _allocate_kv: after the kernel warm-up
         self.kv_scales = None
         self.stager = Stager(self.device)
+        self.graphs = None
+        # A draft model (speculative decoding) loads before our cache is sized: its weights
+        # count as used memory, and each block gets room for its K/V too.
+        self.drafter = make_drafter(config, self.device) if not draft and rank == 0 else None
         size_activations(self)
         clock.lap("warm-up")
-        calibrate = self._allocate_kv(backend)
-        clock.lap("KV cache")
+        self._backend, self._clock = backend, clock
+        if not draft:
+            self.finish_cache()
+
+    def finish_cache(self, num_blocks: int | None = None) -> None:
+        """Allocate the KV cache (num_blocks: a draft's, the target's count), warm the
+        kernels up and capture the decode graphs."""
+        if num_blocks is not None:
+            self.config = replace(self.config, num_kvcache_blocks=num_blocks)
+        extra = 0 if self.drafter is None else self.drafter.bytes_per_block
+        calibrate = self._allocate_kv(self._backend, extra)
+        self._clock.lap("KV cache")
         compile_kernels(self)
-        clock.lap("kernel warm-up")
+        self._clock.lap("kernel warm-up")
         # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch).
         self._calibrate_kv = calibrate
-        self.graphs = None
-        if self.device.type == "cuda" and not config.enforce_eager:
+        if self.device.type == "cuda" and not self.config.enforce_eager:
             self._capture_graphs()
-            clock.lap("decode graphs")
-        if rank == 0:
-            logger.info("attention: %s; start-up %s", self.backend_name, clock)
+            self._clock.lap("decode graphs")
+        if self.drafter is not None:
+            self.drafter.runner.finish_cache(self.num_kvcache_blocks)
+        if self.rank == 0:
+            logger.info("attention: %s; start-up %s", self.backend_name, self._clock)
 
     # -- set-up -----------------------------------------------------------------------------
     def _load_model(self) -> torch.nn.Module:
@@ -100,12 +120,12 @@ class ModelRunner:
             load_model(model, self.config.model)
         return model.eval()
 
-    def _allocate_kv(self, backend) -> bool:
+    def _allocate_kv(self, backend, extra_bytes_per_block: int = 0) -> bool:
         """The KV cache (and an fp8 cache's scales); True when the first real prefill must
         calibrate the scales."""
         self.kv_cache = allocate_kv_cache(self.config, self.attn_layers, self.kv_dtype,
                                           self.device, self.max_blocks_per_seq,
-                                          log=self.rank == 0)
+                                          log=self.rank == 0, extra=extra_bytes_per_block)
         self.num_kvcache_blocks = self.kv_cache.size(2)
         if self.kv_dtype.itemsize != 1:
             return False
@@ -172,6 +192,8 @@ class ModelRunner:
                   else penalty_tensors(inputs.penalties, dev, self.sampled))
             st = SamplingTensors.from_rows(inputs.sampling, dev, pt)
             lp = None if inputs.logprobs is None else LogprobsStep(inputs.logprobs, dev)
+        if inputs.spec_starts is not None and self.drafter is not None:
+            self.drafter.propose(seqs, inputs, dev)  # the draft model fills the draft rows
         hidden = self.forward(inputs, dev, graphed)
         logits = self.model.compute_logits(hidden)
         if inputs.prompt_rows is not None:  # on every rank: the LM head gathers across ranks
