@@ -1,4 +1,5 @@
-"""Shared fixtures. Triton runs in interpreter mode when no GPU is present."""
+"""Shared fixtures. Without a GPU, Triton runs in interpreter mode and torch runs one CPU
+thread per process."""
 import os
 
 try:
@@ -6,10 +7,18 @@ try:
 
     _HAS_CUDA = torch.cuda.is_available()
 except ImportError:  # the control-plane tests need no torch
-    _HAS_CUDA = False
+    torch, _HAS_CUDA = None, False
 if not _HAS_CUDA:
     # Must be set before any @triton.jit kernel is defined.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # One torch thread per process, here and in every process a test starts (the variable is
+    # inherited): many tests run two or more processes at once (an engine core, tensor-parallel
+    # ranks, Ray actors, a CLI) on tiny models, and two OpenMP threads per process on a 2-core
+    # machine spin against each other (a toy MoE forward: 5 ms on one thread, 850 ms on two
+    # while another process ran). A count set in the environment wins.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if torch is not None:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 import pytest  # noqa: E402
 

@@ -34,9 +34,10 @@ def offline(toy_models):
     return outs
 
 
-@pytest.fixture(params=[True, False], ids=["process", "thread"])
+@pytest.fixture(scope="module", params=[True, False], ids=["process", "thread"])
 def engine(toy_models, request):
-    """AsyncLLM with the engine core in its own process, then on a thread."""
+    """AsyncLLM with the engine core in its own process, then on a thread; each started once
+    for the module's tests (a test leaves it idle: its requests finished or aborted)."""
     llm = AsyncLLM(toy_models[MODEL], engine_process=request.param, **KW)
     yield llm
     llm.shutdown()

@@ -17,13 +17,10 @@ ENGINE_KW = dict(device="cpu", dtype="float32", enforce_eager=True, max_model_le
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """One tiny random-weight Qwen3 (with the toy tokenizer and its chat template)."""
-    from nanovllm.utils.toy import save_random_qwen3
-
-    path = str(tmp_path_factory.mktemp("cli") / "qwen3")
-    return save_random_qwen3(path, hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
-                             head_dim=16, num_hidden_layers=2)
+def model(toy_models):
+    """The session's smallest random-weight Qwen3 (with the toy tokenizer and its chat
+    template)."""
+    return toy_models["tied_mha_d16"]
 
 
 @pytest.fixture(scope="module")

