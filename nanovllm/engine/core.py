@@ -13,6 +13,7 @@ from nanovllm.engine.executor import Executor
 from nanovllm.engine.messages import Outputs, Request, RequestEnd, SampleDelta
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.stop_rules import stop_string_end
 from nanovllm.engine.tokenizer import TextDecoder
 
 logger = logging.getLogger(__name__)
@@ -190,26 +191,12 @@ class EngineCore:
             # vLLM's rule: no stop string ends a sequence until it has more than min_tokens.
             if (sp.stop and not seq.is_finished
                     and seq.num_completion_tokens - seq.num_pending > sp.min_tokens):
-                stop = self._stop_string(seq, before[i] if before else
-                                         seq.num_tokens - seq.num_pending - 1)
+                stop = stop_string_end(seq, before[i] if before else
+                                       seq.num_tokens - seq.num_pending - 1, self.stops)
                 if stop is not None:
                     self.scheduler.finish(seq, "stop", stop)
                     finished.append(seq)
         return finished
-
-    def _stop_string(self, seq: Sequence, old_len: int) -> str | None:
-        """The stop string seq's newest tokens (those past old_len) complete, or None; a
-        verify step's tokens are checked one by one, and those after the one that completes
-        a stop string are dropped (single steps would not have made them)."""
-        sp, known = seq.sampling_params, seq.num_tokens - seq.num_pending
-        for end in range(max(old_len + 1, seq.num_prompt_tokens + sp.min_tokens + 1),
-                         known + 1):
-            stop = self.stops.stop_string_hit(seq.token_ids[seq.num_prompt_tokens:end], sp)
-            if stop is not None:
-                if end < known:
-                    seq.truncate(end)
-                return stop
-        return None
 
     # -- outputs ----------------------------------------------------------------------------
     def _report(self, out: Outputs, seq: Sequence) -> None:

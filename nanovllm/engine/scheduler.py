@@ -1,22 +1,18 @@
 """Decides which sequences run each step. No torch here.
 
-Policy (nano-vLLM's, plus chunked prefill and vLLM's request priorities): a step is either
-all prefill or all decode. Both queues are kept in (priority, arrival) order: a lower
-priority value first, ties by arrival; with every priority 0 (the default) that is plain
-arrival order. Prefill has precedence: sequences whose prompt is only partly computed
-continue first, then waiting requests are admitted in queue order while blocks,
-`max_num_seqs` and the `max_num_batched_tokens` budget allow; a prompt longer than the
-remaining budget is cut into chunks over several steps. When no prefill work fits, every
-running sequence decodes one token; if a block cannot be found, the last running sequence in
-that order (lowest priority, latest arrival) is preempted: its blocks are freed and it waits
-in its place in the waiting queue to be recomputed.
+Policy (nano-vLLM's, plus chunked prefill and vLLM's priorities; README "Scheduling policy"):
+a step is all prefill or all decode; both queues are kept in (priority, arrival) order.
+Prefill goes first: partly computed prompts continue, then waiting requests are admitted while
+blocks, `max_num_seqs` and the token budget allow (a longer prompt is cut into chunks). Else
+every running sequence decodes one token (and, when speculating, verifies its drafts: see
+speculation.py); without a free block the last running sequence in that order is preempted
+(blocks freed, recomputed later in its place in the waiting queue).
 
-Parallel sampling (SamplingParams.n > 1): a request is admitted and prefilled as one
-sequence, its first sample. The step that computes the end of its prompt forks the other
-n - 1 (see _fork): each shares, by reference count, the prompt's blocks before the last
-token's and computes only the rest of the prompt (1..block_size tokens) to sample its own
-first token. From then on every sample is an ordinary sequence (preempted, recomputed,
-finished and aborted like any other); the request ends when all its samples have.
+Parallel sampling (n > 1): a request is admitted and prefilled as one sequence, its first
+sample. The step that computes the end of its prompt forks the other n - 1 (see _fork): each
+shares, by reference count, the prompt's blocks before the last token's and computes only the
+rest of the prompt to sample its own first token; from then on every sample is an ordinary
+sequence, and the request ends when all its samples have.
 """
 from collections import deque
 

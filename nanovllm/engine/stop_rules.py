@@ -1,7 +1,5 @@
-"""When a sequence ends, and why: end tokens, stop token ids and length limits. No torch here.
-
-(Stop strings need the detokenized text, so the engine checks those; see TextDecoder.)
-"""
+"""When a sequence ends, and why: end tokens, stop token ids, length limits and stop strings
+(these through the engine's TextDecoder, which detokenizes). No torch here."""
 from nanovllm.engine.sequence import Sequence
 
 
@@ -30,3 +28,17 @@ def finish_reason(seq: Sequence, token_id: int, eos_ids: set[int],
     if generated >= sp.max_tokens or known >= max_model_len:
         return "length", None
     return None, None
+
+
+def stop_string_end(seq: Sequence, old_len: int, decoder) -> str | None:
+    """The stop string seq's newest tokens (those past old_len) complete, or None; a verify
+    step's tokens are checked one by one, and those after the one that completes a stop
+    string are dropped (single steps would not have made them)."""
+    sp, known = seq.sampling_params, seq.num_tokens - seq.num_pending
+    for end in range(max(old_len + 1, seq.num_prompt_tokens + sp.min_tokens + 1), known + 1):
+        stop = decoder.stop_string_hit(seq.token_ids[seq.num_prompt_tokens:end], sp)
+        if stop is not None:
+            if end < known:
+                seq.truncate(end)
+            return stop
+    return None

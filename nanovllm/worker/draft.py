@@ -8,7 +8,6 @@ previous draft. Drafts are the draft model's argmax: point masses, which the ver
 (worker/verify.py) judges exactly, greedy or sampled. They go straight into the verify
 step's staged inputs; the host never sees them (the accepted ones come back as tokens).
 """
-from dataclasses import replace
 
 import torch
 

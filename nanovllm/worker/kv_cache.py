@@ -4,6 +4,7 @@ import logging
 import torch
 
 from nanovllm.config import Config
+from nanovllm.models.safetensors_io import read_kv_scales
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +96,17 @@ def allocate_kv_scales(attn_layers: list, device: torch.device,
     for i, layer in enumerate(attn_layers):
         layer.k_scale, layer.v_scale = scales[0, i], scales[1, i]
     return scales
+
+
+def checkpoint_kv_scales(config: Config, rank: int, local_heads: int) -> torch.Tensor | None:
+    """This rank's heads (local_heads of them) of the checkpoint's k_scale/v_scale, or None
+    (calibrate on the first prefill)."""
+    if config.load_format == "dummy":
+        return None
+    hf = config.hf_config
+    scales = read_kv_scales(config.model, hf.num_hidden_layers, hf.num_key_value_heads)
+    if scales is None:
+        return None
+    if rank == 0:
+        logger.info("fp8 KV cache: k/v scales from the checkpoint")
+    return scales[:, :, rank * local_heads:(rank + 1) * local_heads]

@@ -13,13 +13,17 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend, mix_kv_wanted
 from nanovllm.models import model_class
 from nanovllm.models.loader import init_dummy_weights, load_model
-from nanovllm.models.safetensors_io import read_kv_scales
 from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.cuda_graph import DecodeGraphs
 from nanovllm.worker.device import resolve_device, resolve_dtype
 from nanovllm.worker.draft import make_drafter
-from nanovllm.worker.kv_cache import allocate_kv_cache, allocate_kv_scales, kv_cache_dtype
+from nanovllm.worker.kv_cache import (
+    allocate_kv_cache,
+    allocate_kv_scales,
+    checkpoint_kv_scales,
+    kv_cache_dtype,
+)
 from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
 from nanovllm.worker.penalties import penalty_tensors
 from nanovllm.worker.sampler import Sampler, SamplingTensors
@@ -129,25 +133,12 @@ class ModelRunner:
         self.num_kvcache_blocks = self.kv_cache.size(2)
         if self.kv_dtype.itemsize != 1:
             return False
-        loaded = self._checkpoint_kv_scales()
+        loaded = checkpoint_kv_scales(self.config, self.rank, self.attn_layers[0].num_kv_heads)
         self.kv_scales = allocate_kv_scales(self.attn_layers, self.device, loaded)
         # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated
         # on mixed keys: a checkpoint's scales were measured on plain ones.
         backend.mix_kv = loaded is None and mix_kv_wanted(self.attn_layers[0].head_dim)
         return loaded is None
-
-    def _checkpoint_kv_scales(self) -> torch.Tensor | None:
-        """This rank's heads of the checkpoint's k_scale/v_scale, or None (calibrate)."""
-        if self.config.load_format == "dummy":
-            return None
-        hf = self.config.hf_config
-        scales = read_kv_scales(self.config.model, hf.num_hidden_layers, hf.num_key_value_heads)
-        if scales is None:
-            return None
-        if self.rank == 0:
-            logger.info("fp8 KV cache: k/v scales from the checkpoint")
-        local = self.attn_layers[0].num_kv_heads  # this rank's share
-        return scales[:, :, self.rank * local:(self.rank + 1) * local]
 
     def _capture_graphs(self) -> None:
         """Decode graphs reading their inputs from the stager's fixed buffer."""
