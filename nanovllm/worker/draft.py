@@ -8,7 +8,6 @@ previous draft. Drafts are the draft model's argmax: point masses, which the ver
 (worker/verify.py) judges exactly, greedy or sampled. They go straight into the verify
 step's staged inputs; the host never sees them (the accepted ones come back as tokens).
 """
-
 import torch
 
 from nanovllm.config import Config
@@ -17,41 +16,36 @@ from nanovllm.engine.step_inputs import DECODE_META_ROWS, decode_inputs, verify_
 from nanovllm.utils.context import reset_context
 
 
-def make_drafter(config: Config, device: torch.device) -> "DraftProposer | None":
-    """The draft model's proposer when speculative_config asks for one, else None."""
-    spec = config.speculative_config
-    if spec is None or spec.method != "draft_model":
-        return None
-    return DraftProposer(config, device)
+def draft_config(target: Config) -> Config:
+    """The draft model's engine settings: the target's limits and block size, a plain
+    cache (an fp8 one would need its own calibration), no tokenizer."""
+    path = target.speculative_config.model
+    config = Config(path, max_num_batched_tokens=target.max_num_batched_tokens,
+                    max_num_seqs=target.max_num_seqs, max_model_len=target.max_model_len,
+                    gpu_memory_utilization=target.gpu_memory_utilization,
+                    enforce_eager=target.enforce_eager,
+                    kvcache_block_size=target.kvcache_block_size, device=target.device,
+                    dtype=target.dtype, attention_backend=target.attention_backend,
+                    seed=target.seed, skip_tokenizer_init=True)
+    if config.hf_config.vocab_size > target.hf_config.vocab_size:
+        raise ValueError(
+            f"speculative_config['model']={path!r} has vocab_size="
+            f"{config.hf_config.vocab_size}, more than the target's "
+            f"{target.hf_config.vocab_size}: the draft must share the target's tokenizer")
+    return config
 
 
 class DraftProposer:
     """Runs the draft model over a verify step's sequences and fills in their drafts."""
 
-    def __init__(self, target: Config, device: torch.device):
-        from nanovllm.worker.model_runner import ModelRunner
-
-        # The draft keeps a plain cache (an fp8 one would need its own calibration).
-        path = target.speculative_config.model
-        config = Config(path, max_num_batched_tokens=target.max_num_batched_tokens,
-                        max_num_seqs=target.max_num_seqs, max_model_len=target.max_model_len,
-                        gpu_memory_utilization=target.gpu_memory_utilization,
-                        enforce_eager=target.enforce_eager,
-                        kvcache_block_size=target.kvcache_block_size, device=target.device,
-                        dtype=target.dtype, attention_backend=target.attention_backend,
-                        seed=target.seed, skip_tokenizer_init=True)
-        if config.hf_config.vocab_size > target.hf_config.vocab_size:
-            raise ValueError(
-                f"speculative_config['model']={path!r} has vocab_size="
-                f"{config.hf_config.vocab_size}, more than the target's "
-                f"{target.hf_config.vocab_size}: the draft must share the target's tokenizer")
-        self.runner = ModelRunner(config, device=device, draft=True)
-        self.vocab_size = config.hf_config.vocab_size
-        self.block_size = config.kvcache_block_size
-        layer = self.runner.attn_layers[0]
-        self.bytes_per_block = (2 * len(self.runner.attn_layers) * self.block_size
-                                * layer.num_kv_heads * layer.head_dim
-                                * self.runner.kv_dtype.itemsize)
+    def __init__(self, runner):
+        """runner: the draft's ModelRunner (built with draft=True: its cache comes later)."""
+        self.runner = runner
+        self.vocab_size = runner.config.hf_config.vocab_size
+        self.block_size = runner.config.kvcache_block_size
+        layer = runner.attn_layers[0]
+        self.bytes_per_block = (2 * len(runner.attn_layers) * self.block_size
+                                * layer.num_kv_heads * layer.head_dim * runner.kv_dtype.itemsize)
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], inputs, dev: dict[str, torch.Tensor]) -> None:

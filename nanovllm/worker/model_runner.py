@@ -17,7 +17,7 @@ from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.cuda_graph import DecodeGraphs
 from nanovllm.worker.device import resolve_device, resolve_dtype
-from nanovllm.worker.draft import make_drafter
+from nanovllm.worker.draft import DraftProposer, draft_config
 from nanovllm.worker.kv_cache import (
     allocate_kv_cache,
     allocate_kv_scales,
@@ -80,7 +80,11 @@ class ModelRunner:
         self.graphs = None
         # A draft model (speculative decoding) loads before our cache is sized: its weights
         # count as used memory, and each block gets room for its K/V too.
-        self.drafter = make_drafter(config, self.device) if not draft and rank == 0 else None
+        spec = config.speculative_config
+        self.drafter = None
+        if not draft and rank == 0 and spec is not None and spec.method == "draft_model":
+            runner = ModelRunner(draft_config(config), device=self.device, draft=True)
+            self.drafter = DraftProposer(runner)
         size_activations(self)
         clock.lap("warm-up")
         self._backend, self._clock = backend, clock
