@@ -7,8 +7,9 @@ import pytest
 
 from nanovllm import LLM, SamplingParams
 
+# Speculating at every batch size these tests run (the default stops above 4 sequences).
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-         "prompt_lookup_min": 1}
+         "prompt_lookup_min": 1, "disable_by_batch_size": 16}
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
 
@@ -185,7 +186,8 @@ def test_tensor_parallel_workers_verify_the_same_rows(toy_models, small_llm):
 
 # -- a draft model ----------------------------------------------------------------------------
 def draft_config(path: str, k: int = 3) -> dict:
-    return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
+    return {"method": "draft_model", "model": path, "num_speculative_tokens": k,
+            "disable_by_batch_size": 16}
 
 
 def test_self_draft_accepts_every_token(toy_models, small_llm):

@@ -1,6 +1,7 @@
 """Speculative decoding on a GPU: the cost of a verify step, and end-to-end speed-ups.
 
     python tools/bench_spec.py steps [--model PATH | --shape qwen3-0.6b]   # verify vs decode
+    python tools/bench_spec.py steps --shape qwen3-8b --draft-shape qwen3-0.6b
     python tools/bench_spec.py e2e --model SmolLM2.gguf                     # n-gram tok/s
     python tools/bench_spec.py timings --model SmolLM2.gguf                 # where a step goes
 
@@ -77,6 +78,7 @@ def time_steps(llm, batch: int, k: int, context: int = 512, reps: int = 30) -> d
                      SamplingParams(temperature=0), bm.block_size)
         bm.allocate(s)
         s.num_cached_tokens = s.num_tokens - 1  # timing only: the K/V values do not matter
+        s.num_draft_cached = s.num_tokens - 1  # a draft model's cache: caught up but the last
         bm.reserve(s, s.num_tokens + k)
         seqs.append(s)
     out = {}
@@ -104,11 +106,14 @@ def steps(args) -> None:
 
     model = args.model or dummy_model_dir(args.shape)
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "disable_by_batch_size": 64}
+    if args.draft_shape:  # the verify step then includes the draft model's k passes
+        spec = {**spec, "method": "draft_model", "model": dummy_model_dir(args.draft_shape)}
     llm = LLM(model, load_format="auto" if args.model else "dummy", speculative_config=spec,
               max_model_len=2048, gpu_memory_utilization=0.5)
     for batch in (1, 8, 64):
         print(json.dumps({"what": "step", "model": args.model or args.shape,
-                          **time_steps(llm, batch, args.k)}), flush=True)
+                          "draft": args.draft_shape, **time_steps(llm, batch, args.k)}),
+              flush=True)
     llm.shutdown()
 
 
@@ -134,7 +139,8 @@ def e2e(args) -> None:
     results = {}
     for label, spec in (("plain", None),
                         ("ngram", {"method": "ngram", "num_speculative_tokens": args.k,
-                                   "prompt_lookup_max": 4, "prompt_lookup_min": 2})):
+                                   "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+                                   "disable_by_batch_size": 8})):
         llm = LLM(args.model, speculative_config=spec, max_model_len=2048,
                   gpu_memory_utilization=0.5)
         for name, convs in sets.items():
@@ -209,6 +215,8 @@ def main(argv=None) -> None:
     ap.add_argument("what", choices=["steps", "e2e", "timings"])
     ap.add_argument("--model", default=None)
     ap.add_argument("--shape", default="qwen3-0.6b")
+    ap.add_argument("--draft-shape", default=None,
+                    help="steps: a draft model of this shape (random weights), e.g. qwen3-0.6b")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
     args = ap.parse_args(argv)

@@ -1,10 +1,14 @@
 """The config.json of well-known checkpoints, shapes only, for benchmarks with random weights
-(load_format="dummy"): `bench.py --model-shape NAME`."""
+(load_format="dummy"): `bench.py --model-shape NAME`; Qwen3-8B's with a Qwen3-0.6B draft for
+`tools/bench_spec.py`."""
 from nanovllm.utils.toy import QWEN3_0_6B
 
 # name -> (architecture, config.json fields over the tiny defaults of nanovllm.utils.toy)
 SHAPES = {
     "qwen3-0.6b": ("Qwen3ForCausalLM", dict(QWEN3_0_6B, eos_token_id=151645)),
+    "qwen3-8b": ("Qwen3ForCausalLM", dict(
+        QWEN3_0_6B, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, tie_word_embeddings=False, eos_token_id=151645)),
     "qwen2.5-0.5b": ("Qwen2ForCausalLM", dict(
         hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,

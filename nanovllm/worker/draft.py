@@ -12,8 +12,17 @@ import torch
 
 from nanovllm.config import Config
 from nanovllm.engine.sequence import Sequence
-from nanovllm.engine.step_inputs import DECODE_META_ROWS, decode_inputs, verify_inputs
+from nanovllm.engine.step_inputs import (
+    DECODE_META_ROWS,
+    decode_inputs,
+    prefill_inputs,
+    verify_inputs,
+)
 from nanovllm.utils.context import reset_context
+
+# Catch-ups of more tokens than this run as a prefill (decode rows would each read the whole
+# context: quadratic in a long prompt).
+CATCH_UP_ROWS = 8
 
 
 def draft_config(target: Config) -> Config:
@@ -26,7 +35,8 @@ def draft_config(target: Config) -> Config:
                     enforce_eager=target.enforce_eager,
                     kvcache_block_size=target.kvcache_block_size, device=target.device,
                     dtype=target.dtype, attention_backend=target.attention_backend,
-                    seed=target.seed, skip_tokenizer_init=True)
+                    seed=target.seed, skip_tokenizer_init=True,
+                    load_format="dummy" if target.load_format == "dummy" else "auto")
     if config.hf_config.vocab_size > target.hf_config.vocab_size:
         raise ValueError(
             f"speculative_config['model']={path!r} has vocab_size="
@@ -69,19 +79,24 @@ class DraftProposer:
         dev["decode_meta"][0][rows_t + 1] = values
 
     def _catch_up(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Pass 0: the tokens the draft's cache lacks, a row each; the argmax of each
-        sequence's last row (its first draft)."""
-        views, top = [], self.vocab_size - 1
-        for s in seqs:
-            first = s.num_draft_cached
-            view = _view(s, first + 1)
-            # A target token past the draft's vocabulary (padding ids) is clamped: it only
-            # makes the draft worse there, never the output.
-            tokens = [min(t, top) for t in s.token_ids[first: s.num_tokens]]
-            view.last_token, view.spec_token_ids = tokens[0], tokens[1:]
+        """Pass 0: the tokens the draft's cache lacks, then the argmax after each sequence's
+        last token (its first draft). Usually one or two tokens a sequence: decode rows (in
+        a graph); a whole prompt (the first time, or after a preemption or a prefix hit):
+        a prefill."""
+        top = self.vocab_size - 1
+        # A target token past the draft's vocabulary (padding ids) is clamped: it only makes
+        # the draft worse there, never the output.
+        tokens = [[min(t, top) for t in s.token_ids[s.num_draft_cached: s.num_tokens]]
+                  for s in seqs]
+        if max(map(len, tokens)) > CATCH_UP_ROWS:
+            return self._prefill(seqs, tokens)
+        views = []
+        for s, new in zip(seqs, tokens):
+            view = _view(s, s.num_draft_cached + 1)
+            view.last_token, view.spec_token_ids = new[0], new[1:]
             views.append(view)
         runner = self.runner
-        rows = sum(1 + len(v.spec_token_ids) for v in views)
+        rows = sum(map(len, tokens))
         # The block-table rows are rewritten: a sequence's blocks change wholesale when it is
         # preempted and admitted again, which the draft, never prefilling, cannot tell.
         staged = verify_inputs(views, self.block_size, _padded(runner, rows),
@@ -89,6 +104,21 @@ class DraftProposer:
         hidden = self._run(staged, rows)
         last = torch.tensor((staged.spec_starts[1:] - 1).tolist(), device=hidden.device)
         return runner.model.compute_logits(hidden[last]).argmax(-1).to(torch.int32)
+
+    def _prefill(self, seqs: list[Sequence], tokens: list[list[int]]) -> torch.Tensor:
+        """Pass 0 as a chunked prefill over each sequence's missing tokens."""
+        runner = self.runner
+        views = []
+        for s, new in zip(seqs, tokens):
+            view = _view(s, s.num_tokens)
+            view.token_ids = [0] * s.num_draft_cached + new  # positions index it
+            view.num_cached_tokens, view.num_scheduled_tokens = s.num_draft_cached, len(new)
+            view.last_token = new[-1]
+            views.append(view)
+        staged = prefill_inputs(views, self.block_size, runner.max_blocks_per_seq,
+                                runner.builder.tables)
+        hidden = runner.forward(staged, runner.stager.upload(staged.device_parts()))
+        return runner.model.compute_logits(hidden).argmax(-1).to(torch.int32)
 
     def _step(self, seqs: list[Sequence], j: int, tokens: torch.Tensor) -> torch.Tensor:
         """Pass j: each sequence's draft j - 1 in, its argmax (draft j) out."""
@@ -117,7 +147,7 @@ def _view(seq: Sequence, num_tokens: int) -> Sequence:
     view.seq_id, view.block_table, view.block_size = seq.seq_id, seq.block_table, seq.block_size
     view.num_tokens = num_tokens
     view.num_cached_tokens, view.num_scheduled_tokens = num_tokens - 1, 1
-    view.last_token, view.spec_token_ids = 0, []
+    view.last_token, view.spec_token_ids, view.prompt_logits_next = 0, [], None
     return view
 
 
