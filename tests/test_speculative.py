@@ -86,11 +86,41 @@ def test_seeded_sampling_repeats_and_plain_requests_mix_in(spec_llm):
     prompts = repeating_prompts(3, 3)
     params = [SamplingParams(temperature=0.8, seed=7, max_tokens=20),
               SamplingParams(temperature=1.0, top_k=5, seed=8, max_tokens=20),
-              SamplingParams(temperature=0, max_tokens=20, logprobs=2)]  # no drafts: logprobs
+              SamplingParams(temperature=0, max_tokens=20, logprobs=2)]
     a = spec_llm.generate(prompts, params, use_tqdm=False)
     b = spec_llm.generate(prompts, params, use_tqdm=False)
     assert ids(a) == ids(b)
     assert len(a[2].outputs[0].logprobs) == len(a[2].outputs[0].token_ids)
+    assert_idle(spec_llm)
+
+
+def test_logprobs_are_those_of_plain_decoding(spec_llm, small_llm):
+    """Each accepted token's logprob entry (its logprob, rank and top-k) is plain decoding's
+    for the same token, also where a stop string cut the verify step's tokens."""
+    prompts = repeating_prompts(11, 3)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3)
+    want = small_llm.generate(prompts, sp, use_tqdm=False)
+    before = core(spec_llm).scheduler.spec_stats.accepted
+    got = spec_llm.generate(prompts, sp, use_tqdm=False)
+    assert core(spec_llm).scheduler.spec_stats.accepted > before
+    for g, w in zip(got, want):
+        g, w = g.outputs[0], w.outputs[0]
+        assert g.token_ids == w.token_ids and len(g.logprobs) == len(g.token_ids)
+        for a, b in zip(g.logprobs, w.logprobs):
+            assert a.keys() == b.keys()
+            for t in a:
+                assert a[t].rank == b[t].rank
+                assert abs(a[t].logprob - b[t].logprob) < 1e-4
+        assert abs(g.cumulative_logprob - w.cumulative_logprob) < 1e-3
+    for w in want:  # a stop string: the entries end with the tokens
+        text = w.outputs[0].text
+        stop = text[len(text) // 2: len(text) // 2 + 2]
+        if len(stop.strip()) == 2:
+            cut = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1,
+                                 stop=stop)
+            g = spec_llm.generate([w.prompt_token_ids], cut, use_tqdm=False)[0].outputs[0]
+            p = small_llm.generate([w.prompt_token_ids], cut, use_tqdm=False)[0].outputs[0]
+            assert g.token_ids == p.token_ids and len(g.logprobs) == len(p.token_ids)
     assert_idle(spec_llm)
 
 

@@ -180,11 +180,13 @@ class EngineCore:
     def _results(self, launched, handle) -> list[Sequence]:
         """Record a step's sampled tokens (and logprobs); returns the sequences that ended."""
         token_ids = handle.result()
-        if handle.logprobs is not None:
-            logprobs.record(launched.seqs, handle.logprobs)
         before = ([s.num_tokens - s.num_pending for s in launched.seqs]
                   if launched.speculative else None)
+        if handle.logprobs is not None and before is None:
+            logprobs.record(launched.seqs, handle.logprobs)
         finished = self.scheduler.on_result(launched, token_ids)
+        if handle.logprobs is not None and before is not None:  # as many as it took tokens
+            logprobs.record_verified(launched.seqs, handle.logprobs, before)
         self._updated += launched.seqs
         for i, seq in enumerate(launched.seqs):
             sp = seq.sampling_params

@@ -35,6 +35,15 @@ def record(seqs: list[Sequence], step: StepLogprobs) -> None:
             seq.logprobs.append(sample)
 
 
+def record_verified(seqs: list[Sequence], step: StepLogprobs, known_before: list[int]) -> None:
+    """Append a verify step's entries (a list per sequence) for the tokens each sequence
+    took (after Scheduler.on_result: it stops at a token that ends the sequence)."""
+    for seq, entries, before in zip(seqs, step.sample, known_before):
+        if seq.logprobs is not None and entries:
+            taken = seq.num_tokens - seq.num_pending - before
+            seq.logprobs.extend(entries[:taken])
+
+
 def position_logprobs(entry: Entry, token_id: int,
                       decode: Callable[[int], str | None]) -> PositionLogprobs:
     """vLLM's dict of one position: the chosen token first, with its own rank, then the top-k

@@ -163,3 +163,14 @@ def logprob_plan(seqs: list[Sequence], is_prefill: bool,
     return LogprobPlan(len(seqs), sample, prompt, max(e[-1] for e in sample + prompt),
                        np.array([i for i, _ in sample], np.int32) if some else None,
                        np.array(targets, np.int32) if prompt else None)
+
+
+def row_logprob_plan(params: list[SamplingParams], rows: int) -> LogprobPlan | None:
+    """A verify step's logprob work: every row of the sequences that ask (the host keeps
+    those of the tokens it accepts), or None."""
+    sample = [(r, p.logprobs) for r, p in enumerate(params[:rows]) if p.logprobs is not None]
+    if not sample:
+        return None
+    some = len(sample) < rows
+    return LogprobPlan(rows, sample, [], max(k for _, k in sample),
+                       np.array([r for r, _ in sample], np.int32) if some else None, None)

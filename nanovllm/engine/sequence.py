@@ -190,6 +190,8 @@ class Sequence:
         inside a verify step's tokens. Their K/V stay in blocks the sequence frees next."""
         assert not self.num_pending and num_tokens >= self.num_prompt_tokens
         del self.token_ids[num_tokens:]
+        if self.logprobs is not None:
+            del self.logprobs[num_tokens - self.num_prompt_tokens:]
         self.num_tokens = num_tokens
         self.num_cached_tokens = min(self.num_cached_tokens, num_tokens)
         self.last_token = self.token_ids[-1]

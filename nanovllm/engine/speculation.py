@@ -23,11 +23,11 @@ class Speculator:
     @staticmethod
     def allowed(running) -> bool:
         """False when some running sequence needs per-row work that verify steps do not
-        build (logprobs, penalties, min_tokens still holding end tokens back) or has a
-        token in flight: such a step decodes one token per sequence, as without drafts."""
+        build (penalties, min_tokens still holding end tokens back) or has a token in
+        flight: such a step decodes one token per sequence, as without drafts."""
         for seq in running:
             sp = seq.sampling_params
-            if (seq.num_pending or sp.logprobs is not None or sp.penalized
+            if (seq.num_pending or sp.penalized
                     or seq.num_completion_tokens < sp.min_tokens):
                 return False
         return True

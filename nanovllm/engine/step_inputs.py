@@ -15,6 +15,7 @@ from nanovllm.engine.sampling_rows import (
     SamplingRows,
     logprob_plan,
     penalty_rows,
+    row_logprob_plan,
     sampling_rows,
 )
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
@@ -123,8 +124,9 @@ class StepBuilder:
             params = [s.sampling_params for s, c in zip(seqs, counts) for _ in range(c)]
             steps = [s.num_completion_tokens + j for s, c in zip(seqs, counts) for j in range(c)]
             inputs.sampling = sampling_rows(params, steps, self.vocab_size)
+            inputs.logprobs = row_logprob_plan(params, inputs.num_rows)
         elif self.vocab_size is not None:
-            # (The scheduler gives no drafts in a step with penalties or logprobs.)
+            # (The scheduler gives no drafts in a step with penalties.)
             inputs.sampling = sampling_rows([s.sampling_params for s in seqs],
                                             [s.num_completion_tokens for s in seqs],
                                             self.vocab_size)

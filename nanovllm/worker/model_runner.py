@@ -198,8 +198,12 @@ class ModelRunner:
         if self.rank != 0:
             return StepResult(None)
         if inputs.spec_starts is not None:
+            if lp is not None:
+                lp.take_raw(logits)
             out = verify_drafts(self.sampler, logits, st, dev["spec_drafts"][:num_rows])
-            return self._send(out, [s.num_scheduled_tokens for s in seqs])
+            if lp is not None:  # of each row's token; the host keeps the accepted rows'
+                lp.finish(out[:num_rows], self.pinned)
+            return self._send(out, [s.num_scheduled_tokens for s in seqs], lp)
         return self._sample(logits, st, lp, len(seqs))
 
     def forward(self, inputs: StepInputs, dev: dict[str, torch.Tensor] | None = None,
@@ -246,11 +250,12 @@ class ModelRunner:
         done.record()
         return StepResult(host[:n], done, lp)
 
-    def _send(self, out: torch.Tensor, row_counts: list[int]) -> StepResult:
+    def _send(self, out: torch.Tensor, row_counts: list[int],
+              lp: LogprobsStep | None) -> StepResult:
         """A verify step's packed tokens and counts on their way to the host (the step is
         waited for at once: the next drafts depend on them)."""
         if not self.pinned:
-            return StepResult(out.tolist(), row_counts=row_counts)
+            return StepResult(out.tolist(), logprobs=lp, row_counts=row_counts)
         if self._verify_host is None or self._verify_host.numel() < out.numel():
             self._verify_host = torch.empty(max(out.numel(), 1024), dtype=torch.int32,
                                             pin_memory=True)
@@ -258,7 +263,7 @@ class ModelRunner:
         host.copy_(out, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return StepResult(host, done, row_counts=row_counts)
+        return StepResult(host, done, lp, row_counts=row_counts)
 
 
 def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:

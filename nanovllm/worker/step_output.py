@@ -25,7 +25,14 @@ class StepResult:
         if self._lp is not None:
             self.logprobs, self._lp = self._lp.unpack(), None
         if self._rows is not None:
-            self._ids, self._rows = _split(self._ids, self._rows), None
+            ids = _split(self._ids, self._rows)
+            if self.logprobs is not None:  # the rows' entries, each sequence's kept rows'
+                rows, start, per_seq = self.logprobs.sample, 0, []
+                for count, kept in zip(self._rows, ids):
+                    per_seq.append(rows[start:start + len(kept)])
+                    start += count
+                self.logprobs = StepLogprobs(per_seq, [None] * len(ids))
+            self._ids, self._rows = ids, None
         return self._ids
 
 
