@@ -278,3 +278,46 @@ def test_draft_model_errors(toy_models, tmp_path):
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         LLM(toy_models["tied_gqa4_d16_l4"], tensor_parallel_size=2,
             speculative_config=draft_config(toy_models["tied_mha_d16"]))
+
+
+def test_streaming_deltas_of_several_tokens_and_abort(toy_models, small_llm):
+    """AsyncLLM (engine on a thread): the deltas of a speculating stream add up to the
+    offline output; a consumer that leaves aborts its request and frees its blocks."""
+    import asyncio
+
+    from nanovllm.async_llm import AsyncLLM
+
+    prompt = repeating_prompts(19, 1)[0]
+    want = small_llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    llm = AsyncLLM(toy_models["tied_gqa4_d16_l4"], engine_process=False, kvcache_block_size=16,
+                   max_model_len=256, speculative_config=NGRAM)
+
+    async def stream(sp, leave_after=None):
+        tokens, deltas, metrics = [], 0, None
+        async for out in llm.generate({"prompt_token_ids": prompt}, sp):
+            tokens += out.outputs[0].token_ids
+            deltas, metrics = deltas + 1, out.spec_metrics
+            if leave_after is not None and deltas >= leave_after:
+                break
+        return tokens, deltas, metrics
+
+    async def main():
+        got, deltas, metrics = await stream(GREEDY)
+        left, _, _ = await stream(SamplingParams(temperature=0, max_tokens=200,
+                                                 ignore_eos=True), leave_after=2)
+        for _ in range(200):
+            stats = llm.stats()
+            if stats["idle"] and stats["num_free_blocks"] == stats["num_blocks"]:
+                break
+            await asyncio.sleep(0.01)
+        return got, deltas, metrics, left, stats
+
+    try:
+        got, deltas, metrics, left, stats = asyncio.run(main())
+        # A verify step's accepted drafts arrive with its token, in one delta.
+        assert got == want and metrics.num_accepted_tokens > 0
+        assert deltas <= len(want) - metrics.num_accepted_tokens
+        assert len(left) < 200 and stats["num_free_blocks"] == stats["num_blocks"]
+        assert stats["num_aborted"] == 1
+    finally:
+        llm.shutdown()
