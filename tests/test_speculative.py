@@ -321,3 +321,20 @@ def test_streaming_deltas_of_several_tokens_and_abort(toy_models, small_llm):
         assert stats["num_aborted"] == 1
     finally:
         llm.shutdown()
+
+
+def test_penalties_and_min_tokens_see_each_rows_drafts(spec_llm, small_llm):
+    """Each verify row is penalized with the drafts before it counted as output, and end
+    tokens stay banned on the rows short of min_tokens: the outputs are plain decoding's."""
+    prompts = repeating_prompts(13, 4)
+    params = [SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=24, frequency_penalty=0.5,
+                             presence_penalty=0.3),
+              SamplingParams(temperature=0, max_tokens=24, min_tokens=20),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
+    want = small_llm.generate(prompts, params, use_tqdm=False)
+    before = core(spec_llm).scheduler.spec_stats.steps
+    got = spec_llm.generate(prompts, params, use_tqdm=False)
+    assert core(spec_llm).scheduler.spec_stats.steps > before
+    assert ids(got) == ids(want)
+    assert_idle(spec_llm)

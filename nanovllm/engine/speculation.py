@@ -20,15 +20,16 @@ class Speculator:
         once for several tokens only while it is bound by reading them)."""
         return 0 < len(running) <= self.spec.disable_by_batch_size
 
-    @staticmethod
-    def allowed(running) -> bool:
-        """False when some running sequence needs per-row work that verify steps do not
-        build (penalties, min_tokens still holding end tokens back) or has a token in
-        flight: such a step decodes one token per sequence, as without drafts."""
+    def allowed(self, running) -> bool:
+        """False when some running sequence has a token in flight, or (draft_model: the host
+        never sees the drafts, which the penalty rows would need) uses penalties or is
+        short of min_tokens: such a step decodes one token per sequence."""
         for seq in running:
             sp = seq.sampling_params
-            if (seq.num_pending or sp.penalized
-                    or seq.num_completion_tokens < sp.min_tokens):
+            if seq.num_pending:
+                return False
+            if self.spec.method != "ngram" and (
+                    sp.penalized or seq.num_completion_tokens < sp.min_tokens):
                 return False
         return True
 
