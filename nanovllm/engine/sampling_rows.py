@@ -174,3 +174,39 @@ def row_logprob_plan(params: list[SamplingParams], rows: int) -> LogprobPlan | N
     some = len(sample) < rows
     return LogprobPlan(rows, sample, [], max(k for _, k in sample),
                        np.array([r for r, _ in sample], np.int32) if some else None, None)
+
+
+def verify_rows(seqs: list[Sequence], counts: list[int], eos_ids: frozenset[int],
+                vocab_size: int) -> tuple:
+    """(sampling, penalty, logprob) rows of a verify step: a row per token computed, row j
+    of a sequence sampling its (j + 1)-th new token."""
+    params = [s.sampling_params for s, c in zip(seqs, counts) for _ in range(c)]
+    steps = [s.num_completion_tokens + j for s, c in zip(seqs, counts) for j in range(c)]
+    penalties = None
+    if any(p.penalized or p.min_tokens for p in params):
+        penalties = penalty_rows(row_views(seqs, counts), eos_ids, {}, vocab_size)
+    return (sampling_rows(params, steps, vocab_size), penalties,
+            row_logprob_plan(params, len(params)))
+
+
+class _RowView:
+    """Row j of a verify step's sequence, as the penalty rows read a sequence: its tokens
+    and drafts up to the token row j samples after (drafts judged as if accepted: a row
+    counts only when they were)."""
+
+    __slots__ = ("num_completion_tokens", "num_prompt_tokens", "num_tokens", "sampling_params",
+                 "token_ids")
+    num_pending = 0
+
+    def __init__(self, seq: Sequence, j: int):
+        self.token_ids = seq.token_ids[:seq.num_tokens] + seq.spec_token_ids[:j]
+        self.num_tokens = seq.num_tokens + j
+        self.num_prompt_tokens = seq.num_prompt_tokens
+        self.num_completion_tokens = seq.num_completion_tokens + j
+        self.sampling_params = seq.sampling_params
+
+
+def row_views(seqs: list[Sequence], counts: list[int]) -> list:
+    """Every row of a verify step as a sequence-like view (for penalty_rows)."""
+    return [_RowView(s, j) if s.sampling_params.penalized or s.sampling_params.min_tokens
+            else s for s, c in zip(seqs, counts) for j in range(c)]

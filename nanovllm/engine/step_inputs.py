@@ -15,8 +15,8 @@ from nanovllm.engine.sampling_rows import (
     SamplingRows,
     logprob_plan,
     penalty_rows,
-    row_logprob_plan,
     sampling_rows,
+    verify_rows,
 )
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
 
@@ -119,15 +119,8 @@ class StepBuilder:
             inputs = decode_inputs(seqs, self.block_size, self.width, rows, self.prev_rows,
                                    self.tables)
         if self.vocab_size is not None and inputs.spec_starts is not None:
-            # A row per token computed: row j of a sequence samples its (j+1)-th new token.
-            counts = np.diff(inputs.spec_starts).tolist()
-            params = [s.sampling_params for s, c in zip(seqs, counts) for _ in range(c)]
-            steps = [s.num_completion_tokens + j for s, c in zip(seqs, counts) for j in range(c)]
-            inputs.sampling = sampling_rows(params, steps, self.vocab_size)
-            inputs.logprobs = row_logprob_plan(params, inputs.num_rows)
-            if any(p.penalized or p.min_tokens for p in params):
-                inputs.penalties = penalty_rows(row_views(seqs, counts), self.eos_ids, {},
-                                                self.vocab_size)
+            inputs.sampling, inputs.penalties, inputs.logprobs = verify_rows(
+                seqs, np.diff(inputs.spec_starts).tolist(), self.eos_ids, self.vocab_size)
         elif self.vocab_size is not None:
             inputs.sampling = sampling_rows([s.sampling_params for s in seqs],
                                             [s.num_completion_tokens for s in seqs],
@@ -231,29 +224,6 @@ def verify_inputs(seqs: list[Sequence], block_size: int, rows: int, tables: Bloc
     return StepInputs(is_prefill=False, num_seqs=len(seqs), num_rows=n, input_ids=ids,
                       positions=positions, slot_mapping=slots, block_tables=table,
                       context_lens=lens, order=order, spec_drafts=drafts, spec_starts=starts)
-
-
-class _RowView:
-    """Row j of a verify step's sequence, as the penalty rows read a sequence: its tokens
-    and drafts up to the token row j samples after (drafts judged as if accepted: a row
-    counts only when they were)."""
-
-    __slots__ = ("num_completion_tokens", "num_prompt_tokens", "num_tokens", "sampling_params",
-                 "token_ids")
-    num_pending = 0
-
-    def __init__(self, seq: Sequence, j: int):
-        self.token_ids = seq.token_ids[:seq.num_tokens] + seq.spec_token_ids[:j]
-        self.num_tokens = seq.num_tokens + j
-        self.num_prompt_tokens = seq.num_prompt_tokens
-        self.num_completion_tokens = seq.num_completion_tokens + j
-        self.sampling_params = seq.sampling_params
-
-
-def row_views(seqs: list[Sequence], counts: list[int]) -> list:
-    """Every row of a verify step as a sequence-like view (for penalty_rows)."""
-    return [_RowView(s, j) if s.sampling_params.penalized or s.sampling_params.min_tokens
-            else s for s, c in zip(seqs, counts) for j in range(c)]
 
 
 def _i32(values) -> np.ndarray:

@@ -28,7 +28,7 @@ from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
 from nanovllm.worker.penalties import penalty_tensors
 from nanovllm.worker.sampler import Sampler, SamplingTensors
 from nanovllm.worker.stager import Stager
-from nanovllm.worker.step_output import StepResult
+from nanovllm.worker.step_output import HostBuffer, StepResult
 from nanovllm.worker.verify import verify_drafts
 from nanovllm.worker.warmup import compile_kernels, size_activations
 
@@ -73,7 +73,7 @@ class ModelRunner:
         self._id_hosts = ([torch.zeros(config.max_num_seqs, dtype=torch.int32).pin_memory()
                            for _ in range(2)] if self.pinned else [])
         self._turn = 0
-        self._verify_host = None  # pinned, grown on demand: see _send
+        self._verify_host = HostBuffer()  # a verify step's results, on their way back
         self._calibrate_kv = False  # see _allocate_kv: after the kernel warm-up
         self.kv_scales = None
         self.stager = Stager(self.device)
@@ -203,7 +203,8 @@ class ModelRunner:
             out = verify_drafts(self.sampler, logits, st, dev["spec_drafts"][:num_rows])
             if lp is not None:  # of each row's token; the host keeps the accepted rows'
                 lp.finish(out[:num_rows], self.pinned)
-            return self._send(out, [s.num_scheduled_tokens for s in seqs], lp)
+            rows_of = [s.num_scheduled_tokens for s in seqs]
+            return self._verify_host.send(out, rows_of, lp, self.pinned)
         return self._sample(logits, st, lp, len(seqs))
 
     def forward(self, inputs: StepInputs, dev: dict[str, torch.Tensor] | None = None,
@@ -249,21 +250,6 @@ class ModelRunner:
         done = torch.cuda.Event()
         done.record()
         return StepResult(host[:n], done, lp)
-
-    def _send(self, out: torch.Tensor, row_counts: list[int],
-              lp: LogprobsStep | None) -> StepResult:
-        """A verify step's packed tokens and counts on their way to the host (the step is
-        waited for at once: the next drafts depend on them)."""
-        if not self.pinned:
-            return StepResult(out.tolist(), logprobs=lp, row_counts=row_counts)
-        if self._verify_host is None or self._verify_host.numel() < out.numel():
-            self._verify_host = torch.empty(max(out.numel(), 1024), dtype=torch.int32,
-                                            pin_memory=True)
-        host = self._verify_host[:out.numel()]
-        host.copy_(out, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return StepResult(host, done, lp, row_counts=row_counts)
 
 
 def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:

@@ -1,5 +1,7 @@
 """What a launched step hands back: its sampled ids and, when some sequence asks for them,
 its logprobs, brought to the host with the ids (the same event; no per-token host syncs)."""
+import torch
+
 from nanovllm.engine.logprobs import StepLogprobs
 from nanovllm.worker.logprobs import LogprobsStep
 
@@ -48,3 +50,25 @@ def _split(packed: list[int], row_counts: list[int]) -> list[list[int]]:
         out.append(packed[start:start + kept])
         start += count
     return out
+
+
+class HostBuffer:
+    """A pinned host buffer, grown on demand, that a verify step's results travel back in
+    (the step is waited for before the next: one buffer is enough)."""
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+
+    def send(self, out: torch.Tensor, row_counts: list[int], lp: LogprobsStep | None,
+             pinned: bool) -> StepResult:
+        """Start out's copy to the host; the result splits it per sequence."""
+        if not pinned:
+            return StepResult(out.tolist(), logprobs=lp, row_counts=row_counts)
+        if self.buffer is None or self.buffer.numel() < out.numel():
+            self.buffer = torch.empty(max(out.numel(), 1024), dtype=torch.int32,
+                                      pin_memory=True)
+        host = self.buffer[:out.numel()]
+        host.copy_(out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return StepResult(host, done, lp, row_counts=row_counts)
