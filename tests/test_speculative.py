@@ -338,3 +338,20 @@ def test_penalties_and_min_tokens_see_each_rows_drafts(spec_llm, small_llm):
     assert core(spec_llm).scheduler.spec_stats.steps > before
     assert ids(got) == ids(want)
     assert_idle(spec_llm)
+
+
+def test_fp8_kv_cache(toy_models):
+    """Verify rows store and read an fp8 cache as decode rows do: the same greedy tokens as
+    plain decoding over the same fp8 cache (scales calibrated on the same first prefill)."""
+    prompts = repeating_prompts(14, 3)
+    kw = dict(kvcache_block_size=16, max_model_len=256, kv_cache_dtype="fp8_e4m3")
+    outs = []
+    for spec in (None, NGRAM):
+        llm = LLM(toy_models["tied_gqa4_d16_l4"], speculative_config=spec, **kw)
+        try:
+            outs.append(ids(llm.generate(prompts, GREEDY, use_tqdm=False)))
+            if spec is not None:
+                assert core(llm).scheduler.spec_stats.accepted > 0
+        finally:
+            llm.shutdown()
+    assert outs[0] == outs[1]
