@@ -123,10 +123,11 @@ class Scheduler:
         return min(seq.sampling_params.n - len(seq.samples), self.max_num_seqs - 1)
 
     def wants_speculation(self) -> bool:
-        """Whether the next decode step would verify drafts: speculation is on and few
-        enough sequences run for it to pay (it needs every token on the host: no step may be
-        in flight)."""
-        return self.speculator is not None and self.speculator.wanted(self.running)
+        """Whether the next decode step would verify drafts: speculation is on, few enough
+        sequences run for it to pay and none needs what verify steps lack (it needs every
+        token on the host: the caller takes a step in flight first)."""
+        sp = self.speculator
+        return sp is not None and sp.wanted(self.running) and sp.allowed(self.running, True)
 
     def _schedule_decode(self) -> list[Sequence]:
         scheduled, kept = [], []

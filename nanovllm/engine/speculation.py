@@ -20,13 +20,14 @@ class Speculator:
         once for several tokens only while it is bound by reading them)."""
         return 0 < len(running) <= self.spec.disable_by_batch_size
 
-    def allowed(self, running) -> bool:
-        """False when some running sequence has a token in flight, or (draft_model: the host
-        never sees the drafts, which the penalty rows would need) uses penalties or is
-        short of min_tokens: such a step decodes one token per sequence."""
+    def allowed(self, running, pending_ok: bool = False) -> bool:
+        """False when some running sequence has a token in flight (unless pending_ok: the
+        caller will take it first), or (draft_model: the host never sees the drafts, which
+        the penalty rows would need) uses penalties or is short of min_tokens: such a step
+        decodes one token per sequence."""
         for seq in running:
             sp = seq.sampling_params
-            if seq.num_pending:
+            if seq.num_pending and not pending_ok:
                 return False
             if self.spec.method != "ngram" and (
                     sp.penalized or seq.num_completion_tokens < sp.min_tokens):
