@@ -2,7 +2,7 @@
 
     python tools/bench_spec.py steps [--model PATH | --shape qwen3-0.6b]   # verify vs decode
     python tools/bench_spec.py steps --shape qwen3-8b --draft-shape qwen3-0.6b
-    python tools/bench_spec.py e2e --model SmolLM2.gguf                     # n-gram tok/s
+    python tools/bench_spec.py e2e --model SmolLM2.gguf [--self-draft]      # n-gram tok/s
     python tools/bench_spec.py timings --model SmolLM2.gguf                 # where a step goes
 
 `steps` times one engine step through the model runner (host inputs, one copy, the model,
@@ -119,9 +119,6 @@ def steps(args) -> None:
 
 def generate(llm, convs, batch: int, sp) -> tuple[int, float, list]:
     """Output tokens, seconds, outputs: `batch` conversations at a time."""
-    from nanovllm import SamplingParams
-
-    llm.chat(convs[:1], SamplingParams(max_tokens=8), use_tqdm=False)  # warm
     outs, tokens = [], 0
     t = time.perf_counter()
     for i in range(0, len(convs), batch):
@@ -137,14 +134,21 @@ def e2e(args) -> None:
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     sets = {"grounded": conversations(grounded_prompts()), "open": conversations(OPEN)}
     results = {}
-    for label, spec in (("plain", None),
-                        ("ngram", {"method": "ngram", "num_speculative_tokens": args.k,
-                                   "prompt_lookup_max": 4, "prompt_lookup_min": 2,
-                                   "disable_by_batch_size": 8})):
+    configs = [("plain", None),
+               ("ngram", {"method": "ngram", "num_speculative_tokens": args.k,
+                          "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+                          "disable_by_batch_size": 8})]
+    if args.self_draft:  # the machinery's ceiling: every draft is the target's own argmax
+        configs.append(("self_draft", {"method": "draft_model", "model": args.model,
+                                       "num_speculative_tokens": args.k,
+                                       "disable_by_batch_size": 8}))
+    for label, spec in configs:
         llm = LLM(args.model, speculative_config=spec, max_model_len=2048,
                   gpu_memory_utilization=0.5)
         for name, convs in sets.items():
             for batch in (1, 8):
+                llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8),
+                         use_tqdm=False)  # warm, outside the acceptance counts
                 before = llm.clients[0].core.stats()
                 tokens, secs, outs = generate(llm, convs, batch, sp)
                 after = llm.clients[0].core.stats()
@@ -217,6 +221,8 @@ def main(argv=None) -> None:
     ap.add_argument("--shape", default="qwen3-0.6b")
     ap.add_argument("--draft-shape", default=None,
                     help="steps: a draft model of this shape (random weights), e.g. qwen3-0.6b")
+    ap.add_argument("--self-draft", action="store_true",
+                    help="e2e: also the target as its own draft model (the upper bound)")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
     args = ap.parse_args(argv)
