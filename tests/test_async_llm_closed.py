@@ -26,7 +26,7 @@ def test_add_after_the_last_drain_fails_fast(toy_models, monkeypatch):
     assert not llm._live  # the request left no trace
 
 
-def test_a_send_to_a_dead_core_raises_engine_dead_error(toy_models):
+def test_a_send_to_a_dead_core_raises_engine_dead_error(toy_models, monkeypatch):
     # The core died and the reader has not read the end of its pipe yet: the add's or the
     # stats call's send fails on the closed pipe, and the caller gets EngineDeadError.
     llm = AsyncLLM(toy_models["tied_mha_d16"], device="cpu", dtype="float32",
@@ -40,6 +40,9 @@ def test_a_send_to_a_dead_core_raises_engine_dead_error(toy_models):
 
     try:
         llm.client._inbox = Broken()  # the race, made deterministic: the reader still reads
+        # The core process is in fact alive, so the wait for its exit status (2 s per error)
+        # always ends in "unknown": answer that at once.
+        monkeypatch.setattr(llm.client.runner, "exitcode", lambda wait_s=0.0: None)
 
         async def first_output():
             gen = llm.generate([5, 6, 7], SamplingParams(max_tokens=2))
