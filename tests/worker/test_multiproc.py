@@ -65,28 +65,23 @@ def reference(toy_models):
     return prompts, out, tokens(llm, prompts, PENALIZED * 5)
 
 
-def test_tp2_matches_tp1_with_preemption_and_prefix_cache(toy_models, reference):
+def test_tp2_matches_tp1_with_preemption_prefix_cache_and_a_growing_segment(
+        toy_models, reference, monkeypatch):
+    # A 128-byte first segment: prefill batches' pickles outgrow it (several times), and every
+    # later step goes through the grown one.
+    monkeypatch.setattr(channel_module, "SHM_BYTES", 128)
     prompts, expected, penalized = reference
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE)
+    first = llm.clients[0].core.executor.channel.name
     assert (tokens(llm, prompts), tokens(llm, prompts)) == expected
     assert tokens(llm, prompts, PENALIZED * 5) == penalized
     assert llm.clients[0].core.scheduler.num_preemptions > 0
     assert llm.clients[0].core.scheduler.block_manager.num_hit_tokens > 0
     bm = llm.clients[0].core.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
+    assert llm.clients[0].core.executor.channel.shm.size > 128
+    assert not os.path.exists(f"/dev/shm/{first}")  # the outgrown segment is gone
     assert_cleaned_up(llm)
-
-
-def test_messages_bigger_than_the_segment_grow_it(toy_models, reference, monkeypatch):
-    # A 128-byte first segment: prefill batches' pickles outgrow it (several times).
-    monkeypatch.setattr(channel_module, "SHM_BYTES", 128)
-    prompts, expected, _ = reference
-    with LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE) as llm:
-        first = llm.clients[0].core.executor.channel.name
-        assert tokens(llm, prompts) == expected[0]
-        assert llm.clients[0].core.executor.channel.shm.size > 128
-        assert not os.path.exists(f"/dev/shm/{first}")  # the outgrown segment is gone
-        assert_cleaned_up(llm)
 
 
 def test_channel_grows_and_cleans_up():
