@@ -185,20 +185,6 @@ def test_chat_streams_the_offline_chat_reply(toy_models, engine):
     assert asyncio.run(main()) == ref.outputs[0].text
 
 
-def test_after_shutdown_requests_fail_clearly(toy_models):
-    llm = AsyncLLM(toy_models[MODEL], **KW)
-    assert llm.is_running
-    llm.shutdown()
-    llm.shutdown()  # idempotent
-    assert not llm.is_running
-
-    async def main():
-        await collect(llm, "hi", params(0))
-
-    with pytest.raises(EngineDeadError, match="shut down"):
-        asyncio.run(main())
-
-
 # -- AsyncLLM on a GPU: streams under CUDA graphs and async scheduling add up to the offline
 # outputs of the same engine settings, with preemption and chunked prefill.
 GPU_MODEL = "untied_gqa4_d64"
