@@ -1,7 +1,7 @@
 """AsyncLLM after its engine stopped: a request fails clearly ("shut down"), even one that got
 past the is_running check just before the reader's last drain (at once instead of waiting
-forever), and one whose
-send finds the dead core's pipe closed raises EngineDeadError, not BrokenPipeError."""
+forever), and one whose send finds the dead core's pipe closed raises EngineDeadError, not
+BrokenPipeError."""
 import asyncio
 
 import pytest
