@@ -3,6 +3,7 @@ import argparse
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -149,14 +150,21 @@ def test_chat_system_message_and_exit_command(model, offline, monkeypatch, capsy
     assert stdout == f"{reply}\n"  # one reply: /exit ended the session
 
 
-def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path):
+def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path, capsys):
     workload = ["--num-seqs", "3", "--min-input-len", "4", "--max-input-len", "8",
                 "--min-output-len", "2", "--max-output-len", "5", "--max-model-len", "64",
                 "--block-size", "16", "--enforce-eager", "--device", "cpu", "--dtype", "float32"]
     result = tmp_path / "bench.json"
-    proc = cli("bench", model, *workload, "--json", str(result))
-    assert proc.returncode == 0, proc.stderr
-    assert "Total: " in proc.stdout and "Throughput: " in proc.stdout
+    # In this process (one interpreter start less); the workload seeds the global `random`,
+    # which is restored for the tests after this one.
+    state = random.getstate()
+    try:
+        code = main(["bench", model, *workload, "--json", str(result)])
+    finally:
+        random.setstate(state)
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    assert "Total: " in stdout and "Throughput: " in stdout
     figures = json.loads(result.read_text())
     assert 3 * 2 <= figures["output_tokens"] <= 3 * 5
     assert 3 * 4 <= figures["prompt_tokens"] <= 3 * 8
@@ -166,7 +174,7 @@ def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path):
                             env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert script.returncode == 0, script.stderr
     total = f"Total: {figures['output_tokens']}tok, "
-    assert script.stdout.startswith(total) and proc.stdout.startswith(total)
+    assert script.stdout.startswith(total) and stdout.startswith(total)
 
 
 def test_parser_and_help_import_no_torch():
