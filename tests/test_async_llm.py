@@ -185,20 +185,6 @@ def test_chat_streams_the_offline_chat_reply(toy_models, engine):
     assert asyncio.run(main()) == ref.outputs[0].text
 
 
-def test_after_shutdown_requests_fail_clearly(toy_models):
-    llm = AsyncLLM(toy_models[MODEL], **KW)
-    assert llm.is_running
-    llm.shutdown()
-    llm.shutdown()  # idempotent
-    assert not llm.is_running
-
-    async def main():
-        await collect(llm, "hi", params(0))
-
-    with pytest.raises(EngineDeadError, match="shut down"):
-        asyncio.run(main())
-
-
 # -- AsyncLLM on a GPU: streams under CUDA graphs and async scheduling add up to the offline
 # outputs of the same engine settings, with preemption and chunked prefill.
 GPU_MODEL = "untied_gqa4_d64"
@@ -240,3 +226,38 @@ def test_streams_equal_offline_under_graphs_and_async(toy_models):
     assert stats["num_free_blocks"] == stats["num_blocks"]
     engine.shutdown()
     assert got == ref
+
+
+# The settings of test_async_llm_process.py, where this test ran in the engine process.
+CHUNKED_MODEL = "tied_mha_d16"
+CHUNKED_KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model_len=256,
+                  num_kvcache_blocks=32, max_num_seqs=4)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_chunked_prefill_streams_equal_offline(toy_models, async_scheduling):
+    """Prompt chunks (and, with async scheduling, steps whose token is still in flight)
+    bring a stream nothing: the streams still add up to the offline outputs. The core runs
+    on a thread: the deltas are built in the core either way, and the process's pipe is
+    covered above."""
+    kw = dict(CHUNKED_KW, max_num_batched_tokens=16, async_scheduling=async_scheduling)
+    prompts = [list(range(1, 60)), list(range(100, 140)), [7, 8, 9]]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = LLM(toy_models[CHUNKED_MODEL], **kw)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    llm.shutdown()
+    engine = AsyncLLM(toy_models[CHUNKED_MODEL], engine_process=False, **kw)
+
+    async def one(prompt):
+        ids = []
+        async for out in engine.generate(prompt, sp):
+            ids += out.outputs[0].token_ids if out.outputs else []
+        return ids
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    try:
+        assert asyncio.run(main()) == want
+    finally:
+        engine.shutdown()

@@ -84,32 +84,3 @@ def test_shutdown_stops_the_process_and_ends_open_streams(toy_models):
         os.kill(pid, 0)
     with pytest.raises(EngineDeadError):
         llm.stats()
-
-
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_chunked_prefill_streams_equal_offline(toy_models, async_scheduling):
-    """Prompt chunks (and, with async scheduling, steps whose token is still in flight)
-    bring a stream nothing: the streams still add up to the offline outputs."""
-    from nanovllm import LLM
-
-    kw = dict(KW, max_num_batched_tokens=16, async_scheduling=async_scheduling)
-    prompts = [list(range(1, 60)), list(range(100, 140)), [7, 8, 9]]
-    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    llm = LLM(toy_models[MODEL], **kw)
-    want = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
-    llm.shutdown()
-    engine = AsyncLLM(toy_models[MODEL], **kw)
-
-    async def one(prompt):
-        ids = []
-        async for out in engine.generate(prompt, sp):
-            ids += out.outputs[0].token_ids if out.outputs else []
-        return ids
-
-    async def main():
-        return await asyncio.gather(*(one(p) for p in prompts))
-
-    try:
-        assert asyncio.run(main()) == want
-    finally:
-        engine.shutdown()

@@ -1,7 +1,9 @@
 """The `nanovllm` command line, run as `python -m nanovllm` on a tiny random model (CPU)."""
 import argparse
+import io
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -107,12 +109,22 @@ def test_generate_matches_offline_llm(model, offline, tmp_path):
         [c.token_ids for c in expected[6].outputs]
 
 
-def test_chat_streams_replies_from_piped_stdin(model, offline):
+def chat(monkeypatch, capsys, *args, stdin: str):
+    """`nanovllm chat ARGS` in this process (its engine still runs in a process of its own)
+    reading piped stdin: (exit code, stdout, stderr)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))  # not a tty, as a pipe
+    code = main(["chat", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_chat_streams_replies_from_piped_stdin(model, offline, monkeypatch, capsys):
     from nanovllm import SamplingParams
 
-    proc = cli("chat", model, "--temperature", "0", "--max-tokens", "5", *ENGINE,
-               stdin="Hello\n/reset\nHello\n\nWhat is the capital of France?\n")
-    assert proc.returncode == 0, proc.stderr  # ended by the end of input
+    code, stdout, stderr = chat(monkeypatch, capsys, model, "--temperature", "0",
+                                "--max-tokens", "5", *ENGINE,
+                                stdin="Hello\n/reset\nHello\n\nWhat is the capital of France?\n")
+    assert code == 0, stderr  # ended by the end of input
     sp = SamplingParams(temperature=0, max_tokens=5)
     first = [{"role": "user", "content": "Hello"}]
     reply = offline.chat(first, sp, use_tqdm=False)[0].outputs[0].text
@@ -121,30 +133,38 @@ def test_chat_streams_replies_from_piped_stdin(model, offline):
     second = first + [{"role": "assistant", "content": reply},
                       {"role": "user", "content": "What is the capital of France?"}]
     follow_up = offline.chat(second, sp, use_tqdm=False)[0].outputs[0].text
-    assert proc.stdout == f"{reply}\n{reply}\n{follow_up}\n"
-    assert "conversation cleared" in proc.stderr
+    assert stdout == f"{reply}\n{reply}\n{follow_up}\n"
+    assert "conversation cleared" in stderr
 
 
-def test_chat_system_message_and_exit_command(model, offline):
+def test_chat_system_message_and_exit_command(model, offline, monkeypatch, capsys):
     from nanovllm import SamplingParams
 
-    proc = cli("chat", model, "--system", "Be brief.", "--temperature", "0", "--max-tokens", "4",
-               *ENGINE, stdin="Hi\n/exit\nnever answered\n")
-    assert proc.returncode == 0, proc.stderr
+    code, stdout, stderr = chat(monkeypatch, capsys, model, "--system", "Be brief.",
+                                "--temperature", "0", "--max-tokens", "4", *ENGINE,
+                                stdin="Hi\n/exit\nnever answered\n")
+    assert code == 0, stderr
     conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     reply = offline.chat(conversation, SamplingParams(temperature=0, max_tokens=4),
                          use_tqdm=False)[0].outputs[0].text
-    assert proc.stdout == f"{reply}\n"  # one reply: /exit ended the session
+    assert stdout == f"{reply}\n"  # one reply: /exit ended the session
 
 
-def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path):
+def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path, capsys):
     workload = ["--num-seqs", "3", "--min-input-len", "4", "--max-input-len", "8",
                 "--min-output-len", "2", "--max-output-len", "5", "--max-model-len", "64",
                 "--block-size", "16", "--enforce-eager", "--device", "cpu", "--dtype", "float32"]
     result = tmp_path / "bench.json"
-    proc = cli("bench", model, *workload, "--json", str(result))
-    assert proc.returncode == 0, proc.stderr
-    assert "Total: " in proc.stdout and "Throughput: " in proc.stdout
+    # In this process (one interpreter start less); the workload seeds the global `random`,
+    # which is restored for the tests after this one.
+    state = random.getstate()
+    try:
+        code = main(["bench", model, *workload, "--json", str(result)])
+    finally:
+        random.setstate(state)
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    assert "Total: " in stdout and "Throughput: " in stdout
     figures = json.loads(result.read_text())
     assert 3 * 2 <= figures["output_tokens"] <= 3 * 5
     assert 3 * 4 <= figures["prompt_tokens"] <= 3 * 8
@@ -154,7 +174,7 @@ def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path):
                             env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert script.returncode == 0, script.stderr
     total = f"Total: {figures['output_tokens']}tok, "
-    assert script.stdout.startswith(total) and proc.stdout.startswith(total)
+    assert script.stdout.startswith(total) and stdout.startswith(total)
 
 
 def test_parser_and_help_import_no_torch():

@@ -53,14 +53,13 @@ def test_greedy_matches_hf_with_preemption_chunks_and_prefix_cache(arch_models, 
 
 @pytest.mark.parametrize("name", TP_MODELS)
 def test_tp2_matches_tp1(arch_models, name):
+    # The prompts of the single-rank test above, whose tokens equal HF's: HF's (cached when
+    # that test ran) stand for TP=1's.
     path = arch_models[name]
-    prompts = make_prompts(5, **PROMPTS)
-    with LLM(path, **ENGINE) as llm:
-        expected = tokens(llm, prompts)
+    prompts = make_prompts(4, **PROMPTS)
     with LLM(path, tensor_parallel_size=2, **ENGINE) as llm:
-        assert tokens(llm, prompts) == expected
+        assert tokens(llm, prompts) == hf_tokens(path, prompts)
         assert llm.clients[0].core.scheduler.num_preemptions > 0
-    assert expected == hf_tokens(path, prompts)
 
 
 @pytest.mark.gpu

@@ -56,19 +56,51 @@ class LiveServer:
             time.sleep(0.02)
 
 
+# Engine settings several modules share: they share one server too (started once).
+SHARED_OVERRIDES = dict(num_kvcache_blocks=128, max_num_seqs=32)
+
+
+def _server_key(module) -> tuple:
+    """What a module's live server is built from: equal keys may share one server."""
+    kw = {**ENGINE_KW, **getattr(module, "ENGINE_OVERRIDES", {})}
+    return (tuple(sorted(kw.items())), getattr(module, "ENGINE_PROCESS", True),
+            getattr(module, "API_KEY", None))
+
+
+@pytest.fixture(scope="session")
+def _servers():
+    """Live servers by _server_key, each stopped after the last module that uses it."""
+    servers = {}
+    yield servers
+    for server in servers.values():
+        server.stop()
+        server.engine.shutdown()
+
+
 @pytest.fixture(scope="module")
-def live_server(toy_models, request):
+def live_server(toy_models, request, _servers):
     """A server over AsyncLLM(toy model); the module may set ENGINE_OVERRIDES, API_KEY and
-    ENGINE_PROCESS (False: the engine on a thread, in reach of monkeypatch)."""
+    ENGINE_PROCESS (False: the engine on a thread, in reach of monkeypatch). Modules with the
+    same settings get the same server, idle (no request live, every block free) at the start
+    of each; it stops after the last of them."""
     from nanovllm.async_llm import AsyncLLM
 
-    kw = {**ENGINE_KW, **getattr(request.module, "ENGINE_OVERRIDES", {})}
-    engine = AsyncLLM(toy_models[MODEL],
-                      engine_process=getattr(request.module, "ENGINE_PROCESS", True), **kw)
-    server = LiveServer(engine, api_key=getattr(request.module, "API_KEY", None))
+    key = _server_key(request.module)
+    if key not in _servers:
+        kw = {**ENGINE_KW, **getattr(request.module, "ENGINE_OVERRIDES", {})}
+        engine = AsyncLLM(toy_models[MODEL],
+                          engine_process=getattr(request.module, "ENGINE_PROCESS", True), **kw)
+        _servers[key] = LiveServer(engine, api_key=getattr(request.module, "API_KEY", None))
+    server = _servers[key]
+    server.wait_idle()
     yield server
-    server.stop()
-    engine.shutdown()
+    items = request.session.items
+    last = max(i for i, item in enumerate(items) if item.module is request.module)
+    if not any(_server_key(item.module) == key and "live_server" in item.fixturenames
+               for item in items[last + 1:]):
+        del _servers[key]
+        server.stop()
+        server.engine.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.server.conftest import NAME
+from tests.server.conftest import NAME, SHARED_OVERRIDES
+
+ENGINE_OVERRIDES = SHARED_OVERRIDES  # the server of test_load.py and test_openai_client.py
 
 SEED, NUM_BODIES, CONCURRENCY = 26, 300, 8
 CMPL = {"model": NAME, "prompt": "Hello", "max_tokens": 2}

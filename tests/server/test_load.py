@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from nanovllm import SamplingParams
-from tests.server.conftest import NAME
+from tests.server.conftest import NAME, SHARED_OVERRIDES
 
-ENGINE_OVERRIDES = dict(num_kvcache_blocks=128, max_num_seqs=32)
+ENGINE_OVERRIDES = SHARED_OVERRIDES
 PROMPTS = ["The quick brown fox", "Hello, world!", "Paged attention stores keys",
            "def fibonacci(n):", "What is the capital of France?", "0123456789 + -",
            "Introduce yourself.", "a lazy dog"]

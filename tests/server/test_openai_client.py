@@ -5,9 +5,9 @@ import openai
 import pytest
 
 from nanovllm import SamplingParams
-from tests.server.conftest import NAME, LiveServer
+from tests.server.conftest import NAME, SHARED_OVERRIDES, LiveServer
 
-ENGINE_OVERRIDES = dict(num_kvcache_blocks=64, max_num_seqs=8)
+ENGINE_OVERRIDES = SHARED_OVERRIDES
 PROMPTS = ["The quick brown fox", "Hello, world! nanovllm", "What is the capital of"]
 MESSAGES = [{"role": "system", "content": "Answer briefly."},
             {"role": "user", "content": "List all prime numbers within 100."}]
