@@ -16,6 +16,7 @@ import itertools
 import logging
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from nanovllm.config import Config
 from nanovllm.engine.client import EngineDeadError, RequestFailedError
@@ -97,6 +98,11 @@ class AsyncLLM:
                 out = await stream.next_output()
                 why = failure(out)
                 if why is not None:  # the step that ran it raised (see EngineCore)
+                    # Tokens made before the failing step (they may arrive with its news)
+                    # still reach the consumer, then the error.
+                    partial = _before_failure(out)
+                    if partial is not None:
+                        yield partial
                     raise RequestFailedError(f"request {stream.request_id!r} failed in the "
                                              f"engine: {why}")
                 yield out
@@ -196,3 +202,11 @@ class AsyncLLM:
             by_loop.setdefault(stream.loop, []).append(stream)
         for loop, group in by_loop.items():
             wake_soon(loop, group)
+
+
+def _before_failure(out: RequestOutput) -> RequestOutput | None:
+    """The part of a failed request's last delta that came before the failure: its samples'
+    new tokens, without the error end (None when there are none)."""
+    moved = [replace(c, finish_reason=None, stop_reason=None) if c.finish_reason == "error"
+             else c for c in out.outputs if c.token_ids or c.text]
+    return replace(out, outputs=moved, finished=False) if moved else None

@@ -261,3 +261,37 @@ def test_chunked_prefill_streams_equal_offline(toy_models, async_scheduling):
         assert asyncio.run(main()) == want
     finally:
         engine.shutdown()
+
+
+def test_tokens_before_a_failed_step_still_arrive(toy_models, monkeypatch):
+    """A stream read only after its request failed (the tokens and the failure arrive in one
+    batch) still yields the tokens made before the failing step, then raises."""
+    from nanovllm.engine import step_inputs
+    from nanovllm.engine.client import RequestFailedError
+
+    original = step_inputs.sampling_rows
+
+    def sampling_rows(params, steps, *args, **kwargs):
+        if any(p.seed == 4343 and step >= 3 for p, step in zip(params, steps)):
+            raise OverflowError("injected failure")
+        return original(params, steps, *args, **kwargs)
+
+    monkeypatch.setattr(step_inputs, "sampling_rows", sampling_rows)
+    llm = AsyncLLM(toy_models[MODEL], engine_process=False, **KW)
+    sp = SamplingParams(temperature=1.0, seed=4343, max_tokens=20, ignore_eos=True)
+
+    async def main():
+        stream = llm.generate(PROMPTS[0], sp)
+        first = await anext(stream)  # the request is queued; its first token is back
+        await wait_idle(llm)  # everything else happened before the next read
+        tokens = list(first.outputs[0].token_ids)
+        with pytest.raises(RequestFailedError, match="injected failure"):
+            async for out in stream:
+                assert not out.finished and out.outputs[0].finish_reason is None
+                tokens += out.outputs[0].token_ids
+        return tokens
+
+    try:
+        assert len(asyncio.run(main())) == 3  # steps 0, 1 and 2 sampled; step 3 raised
+    finally:
+        llm.shutdown()
