@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.async_llm import AsyncLLM, EngineDeadError
+from nanovllm.async_llm import AsyncLLM
 from tests.support.prompts import make_prompts
 
 MODEL = "tied_gqa4_d16_l4"
@@ -266,17 +266,10 @@ def test_chunked_prefill_streams_equal_offline(toy_models, async_scheduling):
 def test_tokens_before_a_failed_step_still_arrive(toy_models, monkeypatch):
     """A stream read only after its request failed (the tokens and the failure arrive in one
     batch) still yields the tokens made before the failing step, then raises."""
-    from nanovllm.engine import step_inputs
     from nanovllm.engine.client import RequestFailedError
+    from tests.support.failures import fail_steps_of_seed
 
-    original = step_inputs.sampling_rows
-
-    def sampling_rows(params, steps, *args, **kwargs):
-        if any(p.seed == 4343 and step >= 3 for p, step in zip(params, steps)):
-            raise OverflowError("injected failure")
-        return original(params, steps, *args, **kwargs)
-
-    monkeypatch.setattr(step_inputs, "sampling_rows", sampling_rows)
+    fail_steps_of_seed(monkeypatch, 4343, 3, "injected failure")
     llm = AsyncLLM(toy_models[MODEL], engine_process=False, **KW)
     sp = SamplingParams(temperature=1.0, seed=4343, max_tokens=20, ignore_eos=True)
 

@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from nanovllm.engine import step_inputs
 from nanovllm.server import routes as server_routes
 from nanovllm.server.guard import MAX_JSON_DEPTH
 from tests.server.conftest import NAME
+from tests.support.failures import fail_steps_of_seed
 
 ENGINE_PROCESS = False  # the step-failure test reaches into the engine with monkeypatch
 CMPL = {"model": NAME, "prompt": "Hello", "max_tokens": 2}
@@ -194,14 +194,7 @@ def test_failed_step_fails_only_its_request(http, live_server, monkeypatch):
     """Defence in depth, through the server: a step that raises ends its request with a
     500 (its client sees the error); a request decoding meanwhile finishes,
     /health stays 200 and every KV block is free afterwards."""
-    original = step_inputs.sampling_rows
-
-    def sampling_rows(params, *args, **kwargs):
-        if any(p.seed == 4242 for p in params):
-            raise OverflowError("injected step failure")
-        return original(params, *args, **kwargs)
-
-    monkeypatch.setattr(step_inputs, "sampling_rows", sampling_rows)
+    fail_steps_of_seed(monkeypatch, 4242, 0, "injected step failure")
     long = {**CMPL, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
     poison = {**CMPL, "seed": 4242, "temperature": 1.0}
     with ThreadPoolExecutor(1) as pool:
@@ -222,14 +215,7 @@ def test_failed_step_fails_only_its_request(http, live_server, monkeypatch):
 
 def test_step_failure_mid_stream_is_an_error_event(http, live_server, monkeypatch):
     """A stream under way when its step raises ends with an error event and [DONE]."""
-    original = step_inputs.sampling_rows
-
-    def sampling_rows(params, steps, *args, **kwargs):
-        if any(p.seed == 4343 and step >= 3 for p, step in zip(params, steps)):
-            raise OverflowError("injected mid-stream failure")
-        return original(params, steps, *args, **kwargs)
-
-    monkeypatch.setattr(step_inputs, "sampling_rows", sampling_rows)
+    fail_steps_of_seed(monkeypatch, 4343, 3, "injected mid-stream failure")
     body = {**CMPL, "seed": 4343, "temperature": 1.0, "max_tokens": 20, "ignore_eos": True,
             "stream": True, "prompt": [1, 2, 3]}
     with http.stream("POST", "/v1/completions", json=body) as resp:

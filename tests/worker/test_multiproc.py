@@ -1,7 +1,6 @@
 """Tensor parallelism: spawned worker ranks, the shared-memory call channel, failures, clean-up."""
 import multiprocessing
 import os
-import random
 import signal
 import subprocess
 import sys
