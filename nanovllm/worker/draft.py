@@ -13,7 +13,6 @@ import torch
 from nanovllm.config import Config
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import (
-    DECODE_META_ROWS,
     decode_inputs,
     prefill_inputs,
     verify_inputs,
@@ -76,7 +75,7 @@ class DraftProposer:
         rows_t = torch.tensor(rows, device=drafts.device)
         values = drafts.view(-1)[torch.tensor(src, device=drafts.device)]
         dev["spec_drafts"][rows_t] = values
-        dev["decode_meta"][0][rows_t + 1] = values
+        dev["decode_meta"][0][rows_t + 1] = values  # row 0 of the decode meta: input ids
 
     def _catch_up(self, seqs: list[Sequence]) -> torch.Tensor:
         """Pass 0: the tokens the draft's cache lacks, then the argmax after each sequence's
@@ -157,5 +156,3 @@ def _padded(runner, rows: int) -> int:
         return runner.graphs.max_bs
     return -(-rows // 4) * 4
 
-
-assert DECODE_META_ROWS == 6  # ids are row 0 of the decode meta (written in place above)
