@@ -19,26 +19,26 @@ import sys
 import time
 
 PASSAGES = [
-    "The river town of Alder Point grew up around a ferry crossing in 1852. For forty years "
+    ("The river town of Alder Point grew up around a ferry crossing in 1852. For forty years "
     "the ferry was the only way across, until the iron bridge opened in 1893. The bridge "
     "brought the railway, and with it a brick works, two hotels and a weekly newspaper. "
     "When the brick works closed in 1931 the town shrank by half, and today about 2,400 "
-    "people live there, most of them working in the hospital or at the regional college.",
-    "To replace a bicycle inner tube, first shift to the smallest rear cog and open the "
+    "people live there, most of them working in the hospital or at the regional college."),
+    ("To replace a bicycle inner tube, first shift to the smallest rear cog and open the "
     "brake. Remove the wheel, then push one tyre lever under the bead opposite the valve "
     "and hook it to a spoke. Slide a second lever around the rim until one side of the tyre "
     "is free. Pull out the old tube, check the inside of the tyre for glass or thorns, put "
-    "a little air in the new tube, fit it, and work the bead back on with your thumbs.",
-    "Our quarterly meeting is on Tuesday 14 March at 10:30 in room 4B. Maria Chen will "
+    "a little air in the new tube, fit it, and work the bead back on with your thumbs."),
+    ("Our quarterly meeting is on Tuesday 14 March at 10:30 in room 4B. Maria Chen will "
     "present the budget for the new warehouse, which is now estimated at 1.2 million "
     "dollars. Tom Okafor will report on the delivery delays from January and February. "
     "Please send your questions to Priya Natarajan by Friday 10 March, and bring the "
-    "printed sales figures for the first quarter.",
-    "Sourdough starter is a mix of flour and water in which wild yeast and lactic acid "
+    "printed sales figures for the first quarter."),
+    ("Sourdough starter is a mix of flour and water in which wild yeast and lactic acid "
     "bacteria live together. Feed it once a day with equal weights of flour and water, "
     "keep it at room temperature, and discard half before each feeding. After five to "
     "seven days it should double in size within six hours of a feeding, smell pleasantly "
-    "sour, and be full of bubbles. Then it is ready to raise a loaf of bread.",
+    "sour, and be full of bubbles. Then it is ready to raise a loaf of bread."),
 ]
 TASKS = ["Rewrite the following text in simpler words, keeping every fact:\n\n{}",
          "Summarize the following text in three sentences:\n\n{}",
@@ -128,6 +128,14 @@ def generate(llm, convs, batch: int, sp) -> tuple[int, float, list]:
     return tokens, time.perf_counter() - t, outs
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two outputs share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def e2e(args) -> None:
     from nanovllm import LLM, SamplingParams
 
@@ -147,8 +155,9 @@ def e2e(args) -> None:
                   gpu_memory_utilization=0.5)
         for name, convs in sets.items():
             for batch in (1, 8):
-                llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8),
-                         use_tqdm=False)  # warm, outside the acceptance counts
+                # Warm on the whole set (graphs, allocator, compiled shapes), outside the counts:
+                # the first configuration measured must not pay for what the later ones reuse.
+                generate(llm, convs, batch, sp)
                 before = llm.clients[0].core.stats()
                 tokens, secs, outs = generate(llm, convs, batch, sp)
                 after = llm.clients[0].core.stats()
@@ -163,7 +172,12 @@ def e2e(args) -> None:
                                mean_accepted_length=round(1 + acc / max(steps_, 1), 3))
                     plain = results[("plain", name, batch)]
                     row["speedup"] = round(row["tok_s"] / plain["tok_s"], 3)
-                    row["same_tokens"] = [o.outputs[0].token_ids for o in outs] == plain["ids"]
+                    got = [o.outputs[0].token_ids for o in outs]
+                    # bf16 verify rows run at another GEMM batch size than plain decode's, so a
+                    # near-tie can flip; report how far the outputs agree, not only whether.
+                    row["same_tokens"] = got == plain["ids"]
+                    row["same_prefix"] = round(sum(common_prefix(a, b) / max(len(b), 1)
+                                                   for a, b in zip(got, plain["ids"])) / len(got), 3)
                 results[(label, name, batch)] = {**row, "ids": [o.outputs[0].token_ids
                                                                 for o in outs]}
                 print(json.dumps(row), flush=True)

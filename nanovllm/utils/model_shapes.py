@@ -22,6 +22,11 @@ SHAPES = {
             high_freq_factor=4.0, original_max_position_embeddings=8192),
         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=128000,
         eos_token_id=128001)),
+    "smollm2-135m": ("LlamaForCausalLM", dict(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+        rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_id=2)),
     "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", dict(
         hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
         num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
