@@ -182,3 +182,10 @@ class _EngineCollector:
         yield family(CounterMetricFamily, "num_preemptions",
                      "Sequences preempted (blocks freed, recomputed later).",
                      stats["num_preemptions"])
+        if "spec_proposed" in stats:  # speculative decoding is on
+            yield family(CounterMetricFamily, "spec_decode_num_drafts",
+                         "Verify steps that carried drafts.", stats["spec_verify_steps"])
+            yield family(CounterMetricFamily, "spec_decode_num_draft_tokens",
+                         "Draft tokens proposed.", stats["spec_proposed"])
+            yield family(CounterMetricFamily, "spec_decode_num_accepted_tokens",
+                         "Draft tokens accepted.", stats["spec_accepted"])
