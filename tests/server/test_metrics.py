@@ -113,3 +113,17 @@ def test_track_counts_tokens_intervals_and_reasons():
     assert got["nanovllm:request_success_total[stop]"] == 2
     assert got["nanovllm:time_to_first_token_seconds_count"] == 3
     assert got["nanovllm:e2e_request_latency_seconds_count"] == 1
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive():
+    m = ServerMetrics(FakeEngine(STATS), "m")
+    for value, times in ((0.005, 2), (0.0051, 1), (99.0, 1)):  # 99 s: above every bound
+        m.itl.observe(value, times)
+    text = m.render().decode()
+    buckets = {s.labels["le"]: s.value for f in text_string_to_metric_families(text)
+               if f.name == "nanovllm:inter_token_latency_seconds"
+               for s in f.samples if s.name.endswith("_bucket")}
+    assert (buckets["0.0025"], buckets["0.005"], buckets["0.0075"]) == (0, 2, 3)
+    assert (buckets["10.0"], buckets["+Inf"]) == (3, 4)
+    sums = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert sums["nanovllm:inter_token_latency_seconds_sum"] == pytest.approx(0.0151 + 99)
