@@ -25,6 +25,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
+    # 0: only the prompt is computed (its prompt_logprobs: scoring), nothing is generated;
+    # the request ends with finish_reason "length".
     max_tokens: int = 64
     ignore_eos: bool = False
     seed: int | None = None
@@ -97,8 +99,9 @@ class SamplingParams:
             bad("top_k", self.top_k, f"-1 (off) or an integer in [1, {INT64_MAX}]")
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
             bad("min_p", self.min_p, "in [0, 1]")
-        if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= INT64_MAX:
-            bad("max_tokens", self.max_tokens, f"an integer in [1, {INT64_MAX}]")
+        if not _is_int(self.max_tokens) or not 0 <= self.max_tokens <= INT64_MAX:
+            bad("max_tokens", self.max_tokens, f"an integer in [0, {INT64_MAX}] (0: compute "
+                                               f"the prompt only, e.g. for prompt_logprobs)")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             bad("min_tokens", self.min_tokens, f"an integer in [0, max_tokens={self.max_tokens}]")
         if (not _is_real(self.repetition_penalty)

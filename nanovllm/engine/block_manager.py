@@ -46,7 +46,9 @@ class BlockManager:
         # Insertion-ordered free set: allocate from the front (least recently freed), so
         # freed blocks keep their cached content as long as possible; O(1) removal on a hit.
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.num_hit_tokens = 0  # prompt tokens served from the prefix cache (a statistic)
+        # Statistics: tokens looked up in the prefix cache when a sequence got its blocks
+        # (prefix caching on), and those served from it.
+        self.num_query_tokens = self.num_hit_tokens = 0
 
     @property
     def num_blocks(self) -> int:
@@ -133,6 +135,8 @@ class BlockManager:
         # A draft model recomputes hit blocks: their draft K/V may never have been written.
         seq.num_draft_cached = 0
         self.num_hit_tokens += seq.num_cached_tokens
+        if self.enable_prefix_caching:
+            self.num_query_tokens += seq.num_tokens
 
     @staticmethod
     def _num_fork_shared(child: Sequence) -> int:

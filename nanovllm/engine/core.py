@@ -85,11 +85,16 @@ class EngineCore:
         return len(self._live)
 
     def stats(self) -> dict:
-        """KV blocks, queues and counters: what a health check or a test looks at."""
-        bm = self.scheduler.block_manager
+        """KV blocks, queues and counters: what a health check, /metrics or a test looks
+        at (the queues count sequences: a request with n > 1 is n of them once forked)."""
+        sched = self.scheduler
+        bm = sched.block_manager
         stats = dict(num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
                      num_live_requests=self.num_live, idle=self.is_finished(),
-                     num_aborted=self.num_aborted)
+                     num_aborted=self.num_aborted, num_running=len(sched.running),
+                     num_waiting=len(sched.waiting), num_preemptions=sched.num_preemptions,
+                     prefix_cache_queries=bm.num_query_tokens,
+                     prefix_cache_hits=bm.num_hit_tokens)
         if self.scheduler.spec is not None:
             stats.update(self.scheduler.spec_stats.as_dict())
         return stats

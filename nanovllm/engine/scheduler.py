@@ -215,6 +215,12 @@ class Scheduler:
             if launched.speculative:
                 reason, stop_reason = take_verified(seq, out, self.eos_ids,
                                                     self.max_model_len, self.spec_stats)
+            elif seq.sampling_params.max_tokens == 0:
+                # Prompt only (scoring): the step sampled a token for the batch's sake; drop
+                # it (and its logprob entry) so the sequence ends with none.
+                seq.drop_pending()
+                seq.truncate(seq.num_prompt_tokens)
+                reason, stop_reason = "length", None
             else:
                 seq.fill_pending(out)
                 reason, stop_reason = finish_reason(seq, out, self.eos_ids,

@@ -3,7 +3,7 @@
 Fields follow OpenAI's API (plus vLLM's sampling extras: top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, stop_token_ids). Unknown fields are refused with a 400 rather than
 ignored, so a client never believes a setting took effect when it did not; the few OpenAI
-fields that exist but are not implemented (echo, suffix, best_of > n, logit_bias, tools,
+fields that exist but are not implemented (suffix, best_of > n, logit_bias, tools,
 response_format other than text) are refused by name.
 """
 import re
@@ -71,7 +71,8 @@ class _Sampling(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
-                        defaults: dict | None = None) -> SamplingParams:
+                        defaults: dict | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """The engine's SamplingParams; where a field is null or absent, the model's
         generation_config.json value from `defaults` (as vLLM's server does), else OpenAI's."""
         model = defaults or {}
@@ -89,7 +90,8 @@ class _Sampling(BaseModel):
                 repetition_penalty=pick(self.repetition_penalty, 1.0, "repetition_penalty"),
                 presence_penalty=pick(self.presence_penalty, 0.0),
                 frequency_penalty=pick(self.frequency_penalty, 0.0),
-                min_tokens=pick(self.min_tokens, 0), logprobs=logprobs)
+                min_tokens=pick(self.min_tokens, 0), logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs)
         except ValueError as e:
             # SamplingParams names the field as "SamplingParams.<field>..."
             text = str(e)
@@ -102,17 +104,21 @@ class CompletionRequest(_Sampling):
 
     prompt: str | Annotated[list[str], Field(max_length=MAX_CHOICES)] | list[TokenId] | \
         Annotated[list[TokenIds], Field(max_length=MAX_CHOICES)]
-    max_tokens: Count | None = 16
+    # 0 only with echo: the prompt is scored (its logprobs), nothing generated.
+    max_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = 16
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
 
     def refuse_unsupported(self) -> None:
-        """400 for echo, suffix and best_of != n, besides the shared ones."""
+        """400 for suffix, best_of != n and max_tokens=0 without echo, besides the shared
+        ones."""
         super().refuse_unsupported()
-        if self.echo:
-            raise bad_request("echo=true is not supported by this server", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request("max_tokens=0 generates nothing: it is only allowed with "
+                              "echo=true (to score the prompt, with logprobs); ask for at "
+                              "least 1 token", "max_tokens")
         if self.suffix:
             raise bad_request("suffix is not supported by this server", "suffix")
         if self.best_of is not None and self.best_of != (self.n or 1):
@@ -134,6 +140,10 @@ class CompletionRequest(_Sampling):
             raise bad_request(f"{len(p)} prompts x n={self.n or 1} asks for more than "
                               f"{MAX_CHOICES} completions in one request: split it", "n")
         return list(p)
+
+    def prompt_logprobs(self) -> int | None:
+        """SamplingParams.prompt_logprobs: echo with logprobs scores the prompt too."""
+        return self.logprobs if self.echo else None
 
 
 class TextPart(BaseModel):

@@ -49,6 +49,26 @@ class Choice:
         # text_offset counts the tokens' own texts (as vLLM does): the visible text can be
         # shorter (a cut stop string) or lag (a split UTF-8 character held back).
         self.token_chars = 0
+        # echo (completions): the prompt's text, sent before the first delta's, and its
+        # logprob rows (known once the engine reports the prompt logprobs, at the end).
+        self.prefix, self.prefix_sent = "", True
+        self.prompt_rows: list = []
+
+    def echo(self, prompt_text: str) -> None:
+        """Start this completion with its prompt's text (OpenAI's echo)."""
+        self.prefix, self.prefix_sent = prompt_text, False
+
+    def echo_logprobs(self, entries: list[PositionLogprobs | None], prompt_ids: list[int],
+                      first_token: str) -> None:
+        """The prompt's logprob rows for echo: the first token's logprob and top tokens are
+        null (it has no context), as OpenAI sends them; first_token: its text."""
+        rows, chars = [(first_token, None, None, 0)], len(first_token)
+        for entry, tid in zip(entries[1:], prompt_ids[1:]):
+            text, logprob = _token(entry, tid)
+            rows.append((text, logprob, {_text(t, lp): lp.logprob for t, lp in entry.items()},
+                         chars))
+            chars += len(text)
+        self.prompt_rows = rows
 
     def add(self, out: CompletionOutput) -> dict:
         """Take one delta; returns the chunk choice for it (streaming)."""
@@ -61,12 +81,20 @@ class Choice:
         if out.logprobs is not None:
             items = self._logprob_items(out.logprobs, out.token_ids)
             self.logprobs += items
-        return self._render(out.text, items, self.finish_reason if out.finish_reason else None)
+        text = out.text
+        if not self.prefix_sent:
+            text, self.prefix_sent = self.prefix + text, True
+        return self._render(text, items, self.finish_reason if out.finish_reason else None)
 
     def final(self) -> dict:
-        """The choice of a whole (unstreamed) response."""
-        items = self.logprobs if self.k is not None else None
-        return self._render(self.text, items, self.finish_reason, whole=True)
+        """The choice of a whole (unstreamed) response, the prompt first with echo."""
+        items = None
+        if self.k is not None:
+            items = self.logprobs
+            if self.prompt_rows:  # the generated tokens' offsets come after the prompt's
+                shift = self.prompt_rows[-1][3] + len(self.prompt_rows[-1][0])
+                items = self.prompt_rows + [(*r[:3], r[3] + shift) for r in items]
+        return self._render(self.prefix + self.text, items, self.finish_reason, whole=True)
 
     def _logprob_items(self, entries: list[PositionLogprobs], ids: list[int]) -> list:
         items = []

@@ -9,12 +9,14 @@ from fastapi.responses import JSONResponse, Response
 from nanovllm.async_llm import AsyncLLM
 from nanovllm.engine.tokenizer import chat_prompt
 from nanovllm.server.errors import APIError, bad_request
+from nanovllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from nanovllm.server.protocol import ChatCompletionRequest, CompletionRequest, check_length
 from nanovllm.server.serving import respond
 
 
 class OpenAIRoutes:
-    """The handlers of /health, /v1/models, /v1/completions and /v1/chat/completions."""
+    """The handlers of /health, /metrics, /v1/models, /v1/completions and
+    /v1/chat/completions."""
 
     def __init__(self, engine: AsyncLLM, served_model_name: str,
                  chat_template: str | None = None):
@@ -29,10 +31,12 @@ class OpenAIRoutes:
         # Tokenizing a long prompt takes seconds: on the event loop it would stall every
         # stream and /health. One thread: a Rust tokenizer must not be called from two at once.
         self.tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="nanovllm-tokenize")
+        self.metrics = ServerMetrics(engine, served_model_name)
 
     def install(self, app) -> None:
         """Register the routes on a FastAPI app."""
         app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/metrics", self.prometheus, methods=["GET"])
         app.add_api_route("/v1/models", self.models, methods=["GET"])
         app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
@@ -70,6 +74,15 @@ class OpenAIRoutes:
             raise bad_request("the prompt is empty: give at least one token", "prompt")
         return {"prompt": prompt, "prompt_token_ids": ids}
 
+    async def echo_text(self, prompt: dict) -> str:
+        """A prompt's text for echo: as sent, or its token ids decoded."""
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        if self.engine.tokenizer is None:
+            raise bad_request("echo needs the tokenizer to turn token ids into text, and this "
+                              "server has none: leave echo out", "echo")
+        return await self.off_loop(self.engine.tokenizer.decode, prompt["prompt_token_ids"])
+
     async def health(self) -> Response:
         """200 while the engine runs, 503 once it has stopped."""
         if self.engine.is_running:
@@ -77,6 +90,12 @@ class OpenAIRoutes:
         error = self.engine.error
         reason = f": {error!r}" if error is not None else ""
         return APIError(503, f"the engine is not running{reason}", code="engine_dead").response()
+
+    async def prometheus(self) -> Response:
+        """The Prometheus metrics, in its text format."""
+        # Off the loop: reading the engine's stats waits for a round trip to the core.
+        body = await asyncio.to_thread(self.metrics.render)
+        return Response(body, media_type=CONTENT_TYPE)
 
     async def models(self) -> JSONResponse:
         """The one model this server serves."""
@@ -90,10 +109,13 @@ class OpenAIRoutes:
         prompts = [await self.completion_prompt(p) for p in req.prompts()]
         room = min(check_length(len(p["prompt_token_ids"]), req.max_tokens, self.max_len,
                                 "prompt") for p in prompts)
-        sp = req.sampling_params(room, req.logprobs, self.sampling_defaults)
+        sp = req.sampling_params(room, req.logprobs, self.sampling_defaults,
+                                 req.prompt_logprobs())
+        echo = [await self.echo_text(p) for p in prompts] if req.echo else None
         return await respond(request, self.engine, self.served_model_name, prompts, sp,
                              chat=False, top_logprobs=req.logprobs, stream=bool(req.stream),
-                             include_usage=req.include_usage)
+                             include_usage=req.include_usage, metrics=self.metrics,
+                             echo=echo)
 
     async def chat_completions(self, req: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI's chat completions: one conversation through the chat template."""
@@ -110,4 +132,4 @@ class OpenAIRoutes:
         sp = req.sampling_params(room, logprobs, self.sampling_defaults)
         return await respond(request, self.engine, self.served_model_name, [prompt], sp,
                              chat=True, top_logprobs=logprobs, stream=bool(req.stream),
-                             include_usage=req.include_usage)
+                             include_usage=req.include_usage, metrics=self.metrics)

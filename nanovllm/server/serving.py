@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from nanovllm.async_llm import AsyncLLM
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.server.errors import APIError, bad_request, engine_error
+from nanovllm.server.metrics import ServerMetrics
 from nanovllm.server.responses import Choice, envelope, new_id, usage
 from nanovllm.server.streaming import EventStream, merge, sse
 
@@ -19,19 +20,33 @@ DISCONNECT_POLL_S = 0.25
 
 async def respond(request: Request, engine: AsyncLLM, model: str, prompts: list[dict],
                   sp: SamplingParams, *, chat: bool, top_logprobs: int | None,
-                  stream: bool, include_usage: bool) -> Response:
+                  stream: bool, include_usage: bool, metrics: ServerMetrics | None = None,
+                  echo: list[str] | None = None) -> Response:
     """Run one engine request per prompt (choices indexed prompt * n + sample) and answer
-    with a JSON response or a server-sent event stream."""
+    with a JSON response or a server-sent event stream. echo: each prompt's text, to start
+    its completions with (and, with logprobs, their rows: sp.prompt_logprobs must be set)."""
     rid = new_id("chatcmpl" if chat else "cmpl")
     kind = "chat.completion" if chat else "text_completion"
     created = int(time.time())
     choices = [Choice(i, chat, top_logprobs) for i in range(len(prompts) * sp.n)]
+    if echo is not None:
+        for c in choices:
+            c.echo(echo[c.index // sp.n])
     prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
-    outputs = merge([engine.generate(p, sp, request_id=f"{rid}-{i}")
-                     for i, p in enumerate(prompts)])
+    streams = [engine.generate(p, sp, request_id=f"{rid}-{i}") for i, p in enumerate(prompts)]
+    if metrics is not None:
+        streams = [metrics.track(s, len(p["prompt_token_ids"]), sp.n)
+                   for s, p in zip(streams, prompts)]
+    outputs = merge(streams)
 
     def take(item) -> list[dict]:
         i, out = item
+        if echo is not None and top_logprobs is not None and out.prompt_logprobs is not None:
+            ids = prompts[i]["prompt_token_ids"]
+            first = engine.text.token_text(ids[0])
+            for c in choices[i * sp.n:(i + 1) * sp.n]:
+                c.echo_logprobs(out.prompt_logprobs, ids,
+                                f"token_id:{ids[0]}" if first is None else first)
         return [choices[i * sp.n + c.index].add(c) for c in out.outputs]
 
     if stream:
@@ -45,9 +60,12 @@ async def respond(request: Request, engine: AsyncLLM, model: str, prompts: list[
             await outputs.aclose()
             raise
         chunk_kind = kind + ".chunk"
+        # Prompt logprobs come with a request's end: an echo with logprobs sends each
+        # completion whole, in one chunk, once all have ended.
+        whole = echo is not None and top_logprobs is not None
         return EventStream(_events(outputs, first, take, choices, chat, include_usage,
                                    lambda: envelope(rid, chunk_kind, model, created),
-                                   prompt_tokens))
+                                   prompt_tokens, whole))
 
     async def collect() -> None:
         async for item in outputs:
@@ -67,8 +85,10 @@ async def respond(request: Request, engine: AsyncLLM, model: str, prompts: list[
 
 
 async def _events(outputs: AsyncIterator, first, take, choices: list[Choice], chat: bool,
-                  include_usage: bool, head, prompt_tokens: int) -> AsyncIterator[str]:
-    """The SSE body: one chunk per choice that moved, [usage], then [DONE]."""
+                  include_usage: bool, head, prompt_tokens: int,
+                  whole: bool = False) -> AsyncIterator[str]:
+    """The SSE body: one chunk per choice that moved (whole: one per choice at the end),
+    [usage], then [DONE]."""
     def chunk(parts: list[dict]) -> str:
         body = head()
         body["choices"] = parts
@@ -84,9 +104,12 @@ async def _events(outputs: AsyncIterator, first, take, choices: list[Choice], ch
         item = first
         while item is not None:
             for part in take(item):
-                if _says_something(part):
+                if _says_something(part) and not whole:
                     yield chunk([part])
             item = await anext(outputs, None)
+        if whole:
+            for c in choices:
+                yield chunk([c.final()])
         if include_usage:
             body = head()
             body["choices"] = []

@@ -24,7 +24,7 @@ def test_stop_string_becomes_list():
     (dict(top_k=-2), "top_k"),
     (dict(min_p=-0.5), "min_p"),
     (dict(min_p=2.0), "min_p"),
-    (dict(max_tokens=0), "max_tokens"),
+    (dict(max_tokens=-1), "max_tokens"),
     (dict(max_tokens=1.5), "max_tokens"),
     (dict(seed="x"), "seed"),
     (dict(stop_token_ids=[-1]), "stop_token_ids"),

@@ -57,7 +57,7 @@ BAD = [  # (route, body, param the error names)
     ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 300}, "max_tokens"),
     ("/v1/completions", {**CMPL, "n": 0}, "n"),
     ("/v1/completions", {**CMPL, "logprobs": 99}, "logprobs"),
-    ("/v1/completions", {**CMPL, "echo": True}, "echo"),
+    ("/v1/completions", {**CMPL, "max_tokens": 0}, "max_tokens"),
     ("/v1/completions", {**CMPL, "suffix": "x"}, "suffix"),
     ("/v1/completions", {**CMPL, "best_of": 3}, "best_of"),
     ("/v1/completions", {**CMPL, "logit_bias": {"5": 1.0}}, "logit_bias"),
