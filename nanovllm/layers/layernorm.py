@@ -2,10 +2,7 @@
 import torch
 from torch import nn
 
-from nanovllm.utils.compile import compile_on_cuda
 
-
-@compile_on_cuda
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     x = x.float()
@@ -13,13 +10,11 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return x.to(dtype) * weight
 
 
-@compile_on_cuda
 def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-    dtype = x.dtype
-    x = x.float() + residual.float()
-    residual = x.to(dtype)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return x.to(dtype) * weight, residual
+    # The sum is rounded to the model dtype before the norm reads it, as HF's decoder layers
+    # add in the model dtype.
+    residual = (x.float() + residual.float()).to(x.dtype)
+    return _rms_norm(residual, weight, eps), residual
 
 
 class RMSNorm(nn.Module):
@@ -31,6 +26,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.is_cuda:  # one Triton launch instead of ~10 small ops (host time: see the kernel);
+            # imported here because CPU-only installs may have no triton
+            from nanovllm.kernels.triton_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return _rms_norm(x, self.weight, self.eps)
         return _add_rms_norm(x, residual, self.weight, self.eps)

@@ -1,0 +1,81 @@
+"""RMSNorm (with the residual add before it) and SwiGLU as one Triton launch each.
+
+Why: an eager prefill step launches ~25 small torch ops per layer (dtype casts, pow, mean,
+rsqrt, muls), and torch.compile's call overhead is larger still outside a CUDA graph; on a
+30-layer model that was ~40 ms of host time for a prefill the GPU finishes in ~2 ms. Both
+kernels round to the model dtype where the torch path (layers/) does, so the two agree to the
+last bit but for fp32 summation order.
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, n, eps,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        # The new residual is the sum rounded to the model dtype; the norm reads that rounded
+        # value, as the torch path does.
+        h = x.to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * n + offs, h, mask=mask)
+        x = h.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+    # Normalised value rounded to the model dtype, then times the weight in fp32 and rounded
+    # again: torch's `(x * rsqrt).to(dtype) * weight`.
+    y = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """norm(x) * weight over the last dim; with a residual: (norm(x + residual) * weight,
+    x + residual), both in x's dtype."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(out) if residual is not None else out
+    r2 = residual.reshape(-1, n) if residual is not None else x2
+    if r2.stride(1) != 1:
+        r2 = r2.contiguous()
+    rows = x2.shape[0]
+    if rows:
+        block = triton.next_power_of_2(n)
+        _rms_norm_kernel[(rows,)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), n,
+                                  eps, HAS_RES=residual is not None, BLOCK=block,
+                                  num_warps=min(max(block // 256, 1), 16))
+    return out if residual is None else (out, res_out)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < d
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)
+    # silu rounded to the model dtype before the product, as torch's F.silu(gate) * up.
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * d + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :d]) * x[..., d:] for a packed [..., 2d] gate_up output."""
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * d)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        block = min(triton.next_power_of_2(d), 1024)
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, out, x2.stride(0), d,
+                                                                   BLOCK=block, num_warps=4)
+    return out
