@@ -3,8 +3,9 @@
 Fields follow OpenAI's API (plus vLLM's sampling extras: top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, stop_token_ids). Unknown fields are refused with a 400 rather than
 ignored, so a client never believes a setting took effect when it did not; the few OpenAI
-fields that exist but are not implemented (echo, suffix, best_of > n, logit_bias, tools,
-response_format other than text) are refused by name.
+fields that exist but are not implemented (echo, suffix, best_of > n, logit_bias, tools)
+are refused by name. Structured output: OpenAI's response_format (json_object, json_schema)
+or vLLM's structured_outputs extra (see structured_outputs_params).
 """
 import re
 from typing import Annotated, Any, Literal
@@ -12,7 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nanovllm.sampling_params import (INT64_MAX, INT64_MIN, MAX_LOGPROBS, MAX_N,
-                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams)
+                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams,
+                                      StructuredOutputsParams)
 from nanovllm.server.errors import APIError, bad_request
 
 # Choices one request may ask for (prompts x n): a guard against one request filling the
@@ -56,6 +58,10 @@ class _Sampling(BaseModel):
     min_tokens: int | None = Field(0, ge=0, le=INT64_MAX)
     ignore_eos: bool | None = False
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    # Structured output: OpenAI's field, or vLLM's extra ({"json": schema}, {"regex": ...},
+    # {"choice": [...]}, {"grammar": ...}, {"json_object": true}).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def refuse_unsupported(self) -> None:
         """400 for OpenAI fields that are recognised but not implemented."""
@@ -89,12 +95,49 @@ class _Sampling(BaseModel):
                 repetition_penalty=pick(self.repetition_penalty, 1.0, "repetition_penalty"),
                 presence_penalty=pick(self.presence_penalty, 0.0),
                 frequency_penalty=pick(self.frequency_penalty, 0.0),
-                min_tokens=pick(self.min_tokens, 0), logprobs=logprobs)
+                min_tokens=pick(self.min_tokens, 0), logprobs=logprobs,
+                structured_outputs=self.structured_outputs_params())
         except ValueError as e:
             # SamplingParams names the field as "SamplingParams.<field>..."
             text = str(e)
             field = re.match(r"SamplingParams\.(\w+)", text)
             raise bad_request(text, field.group(1) if field else None) from e
+
+    @property
+    def structured_field(self) -> str:
+        """The field that asked for structured output (the param of its errors)."""
+        return "structured_outputs" if self.structured_outputs else "response_format"
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """response_format / structured_outputs as StructuredOutputsParams; None for text.
+        A 400 naming the field when it is malformed (the schema itself is checked later,
+        by the grammar library)."""
+        rf, so = self.response_format, self.structured_outputs
+        if rf and so:
+            raise bad_request("give response_format or structured_outputs, not both",
+                              "structured_outputs")
+        try:
+            if so:
+                return StructuredOutputsParams(**so)
+            kind = None if rf is None else rf.get("type")
+            if kind in (None, "text"):
+                return None
+            if kind == "json_object":
+                return StructuredOutputsParams(json_object=True)
+            if kind == "json_schema":
+                spec = rf.get("json_schema")
+                schema = spec.get("schema") if isinstance(spec, dict) else None
+                if not isinstance(schema, dict):
+                    raise ValueError("response_format.json_schema.schema must be a JSON schema "
+                                     "object: {'type': 'json_schema', 'json_schema': {'name': "
+                                     "..., 'schema': {...}}}")
+                return StructuredOutputsParams(json=schema)
+        except TypeError as e:  # an unknown key of structured_outputs
+            raise bad_request(f"structured_outputs: {e}", "structured_outputs") from e
+        except ValueError as e:
+            raise bad_request(str(e), self.structured_field) from e
+        raise bad_request(f"response_format type {kind!r} is not supported: use 'text', "
+                          f"'json_object' or 'json_schema'", "response_format")
 
 
 class CompletionRequest(_Sampling):
@@ -171,18 +214,14 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Count | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
 
     def refuse_unsupported(self) -> None:
-        """400 for tools and non-text response formats, besides the shared ones."""
+        """400 for tools, besides the shared ones."""
         super().refuse_unsupported()
         if self.tools or self.tool_choice not in (None, "none"):
             raise bad_request("tools / tool_choice are not supported by this server", "tools")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise bad_request("response_format other than {'type': 'text'} is not supported",
-                              "response_format")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
 
