@@ -36,7 +36,8 @@ class Grammars:
         in the background: the sequence runs once `ready`."""
         key = params.key
         future = self._cache.get(key)
-        if future is None:
+        # A failed compilation is not kept: the next request with this spec tries again.
+        if future is None or (future.done() and future.exception() is not None):
             if self._pool is None:
                 self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="nanovllm-grammar")
             future = self._cache[key] = self._pool.submit(self._compile, key)

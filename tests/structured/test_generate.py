@@ -109,13 +109,16 @@ def test_a_compiling_grammar_stalls_no_one(small_llm, monkeypatch):
 
     monkeypatch.setattr(grammars, "_compile", slow_compile)
     waiting = small_llm.add_request(PROMPT, so(regex="slow+w?"))
+    aborted = small_llm.add_request(PROMPT, so(regex="slow+w?", n=2))
     plain = small_llm.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=5))
+    small_llm.abort_request(aborted)  # still compiling: it ends at once
     done = {}
     for _ in range(50):
         done.update((o.request_id, o) for o in small_llm.step()[0])
         if plain in done:
             break
     assert plain in done and waiting not in done
+    assert [c.finish_reason for c in done[aborted].outputs] == ["abort", "abort"]
     release.set()
     while waiting not in done:
         done.update((o.request_id, o) for o in small_llm.step()[0])
@@ -138,7 +141,9 @@ def test_a_grammar_that_fails_to_compile_ends_its_request_with_an_error(small_ll
     c = done[bad].outputs[0]
     assert c.finish_reason == "error" and "compiler exploded" in c.stop_reason
     assert done[good].outputs[0].finish_reason == "length"
-    grammars._cache.clear()  # the failed compilation must not stay cached for other tests
+    monkeypatch.undo()  # the compiler works again: so does the same spec
+    again = small_llm.generate([PROMPT], so(regex="never+compiled"), use_tqdm=False)[0]
+    assert re.fullmatch("never+compiled", again.outputs[0].text)
     assert_idle(small_llm)
 
 
@@ -183,6 +188,26 @@ def test_preemption_chunked_prefill_async_scheduling_and_speculation(toy_models,
                 jsonschema.validate(json.loads(c.text), sp.structured_outputs.json)
         sched = llm.clients[0].core.scheduler
         assert sched.num_preemptions > 0 and (sched.spec_stats.accepted > 0) == speculate
+        assert_idle(llm)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_with_graphs_and_async_scheduling(toy_models):
+    """The GPU's defaults (bfloat16, CUDA graphs, async scheduling, xgrammar's CUDA mask
+    kernel): grammar outputs valid beside plain requests."""
+    schemas = random_schemas(50, seed=1)
+    llm = LLM(toy_models[MODEL], kvcache_block_size=16, max_model_len=256)
+    try:
+        assert llm.clients[0].core.async_scheduling
+        sps = [so(json=s, disable_any_whitespace=True, seed=i) for i, s in enumerate(schemas)]
+        plain = SamplingParams(temperature=0.8, max_tokens=64, ignore_eos=True)
+        outs = llm.generate([PROMPT] * 60, sps + [plain] * 10, use_tqdm=False)
+        for out, schema in zip(outs, schemas):
+            assert out.outputs[0].finish_reason == "stop"
+            jsonschema.validate(json.loads(out.outputs[0].text), schema)
+        assert all(len(o.outputs[0].token_ids) == 64 for o in outs[50:])
         assert_idle(llm)
     finally:
         llm.shutdown()
