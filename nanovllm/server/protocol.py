@@ -3,9 +3,9 @@
 Fields follow OpenAI's API (plus vLLM's sampling extras: top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, stop_token_ids). Unknown fields are refused with a 400 rather than
 ignored, so a client never believes a setting took effect when it did not; the few OpenAI
-fields that exist but are not implemented (echo, suffix, best_of > n, logit_bias, tools)
-are refused by name. Structured output: OpenAI's response_format (json_object, json_schema)
-or vLLM's structured_outputs extra (see structured_outputs_params).
+fields that exist but are not implemented (echo, suffix, best_of > n, logit_bias) are
+refused by name. Structured output: OpenAI's response_format (json_object, json_schema) or
+vLLM's structured_outputs extra (see structured_outputs_params); tools: see tools.py.
 """
 import re
 from typing import Annotated, Any, Literal
@@ -16,6 +16,7 @@ from nanovllm.sampling_params import (INT64_MAX, INT64_MIN, MAX_LOGPROBS, MAX_N,
                                       MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams,
                                       StructuredOutputsParams)
 from nanovllm.server.errors import APIError, bad_request
+from nanovllm.server.tools import ToolPlan, plan_tools, template_message
 
 # Choices one request may ask for (prompts x n): a guard against one request filling the
 # engine with sequences.
@@ -187,23 +188,47 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    """A function call an assistant message made: its name and arguments (JSON text)."""
+
+    model_config = STRICT
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message."""
+
+    model_config = STRICT
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     """One message of a conversation."""
 
     model_config = STRICT
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def as_dict(self) -> dict:
-        """{"role", "content"} with the text parts joined, as chat templates expect."""
+        """{"role", "content"} with the text parts joined, as chat templates expect (and
+        tool calls with their arguments as objects)."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         message = {"role": self.role, "content": content or ""}
         if self.name is not None:  # templates that know the field may use it
             message["name"] = self.name
-        return message
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        return template_message(message)
 
 
 class ChatCompletionRequest(_Sampling):
@@ -218,12 +243,33 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Any = None
 
     def refuse_unsupported(self) -> None:
-        """400 for tools, besides the shared ones."""
+        """400 for malformed tools / tool_choice, besides the shared checks."""
         super().refuse_unsupported()
-        if self.tools or self.tool_choice not in (None, "none"):
-            raise bad_request("tools / tool_choice are not supported by this server", "tools")
+        plan = self.tool_plan()
+        if plan is not None and plan.mode != "auto" and (self.response_format
+                                                        or self.structured_outputs):
+            raise bad_request("tool_choice 'required' or a named function fixes the reply's "
+                              "format: drop response_format / structured_outputs",
+                              "tool_choice")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+
+    def tool_plan(self) -> ToolPlan | None:
+        """The tools and how the reply uses them (None: no tools, or tool_choice "none")."""
+        return plan_tools(self.tools, self.tool_choice)
+
+    @property
+    def structured_field(self) -> str:
+        """The field that asked for structured output (the param of its errors)."""
+        plan = self.tool_plan()
+        return "tools" if plan is not None and plan.mode != "auto" else super().structured_field
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """tool_choice "required" / named: the calls' grammar; else response_format's."""
+        plan = self.tool_plan()
+        if plan is not None and plan.mode != "auto":
+            return plan.structured_outputs()
+        return super().structured_outputs_params()
 
     def engine_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None when off, else how many top tokens per position."""

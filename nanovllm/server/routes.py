@@ -114,9 +114,11 @@ class OpenAIRoutes:
         """OpenAI's chat completions: one conversation through the chat template."""
         self.admit(req)
         conversation = [m.as_dict() for m in req.messages]
+        tools = req.tool_plan()
         try:
             prompt = await self.off_loop(chat_prompt, self.engine.tokenizer, conversation,
-                                         self.chat_template)
+                                         self.chat_template, True,
+                                         None if tools is None else tools.tools)
         except ValueError as e:
             raise bad_request(str(e), "messages") from e
         room = check_length(len(prompt["prompt_token_ids"]), req.requested_max_tokens(),
@@ -126,4 +128,4 @@ class OpenAIRoutes:
         await self.check_structured(req, sp)
         return await respond(request, self.engine, self.served_model_name, [prompt], sp,
                              chat=True, top_logprobs=logprobs, stream=bool(req.stream),
-                             include_usage=req.include_usage)
+                             include_usage=req.include_usage, tools=tools)

@@ -19,13 +19,14 @@ DISCONNECT_POLL_S = 0.25
 
 async def respond(request: Request, engine: AsyncLLM, model: str, prompts: list[dict],
                   sp: SamplingParams, *, chat: bool, top_logprobs: int | None,
-                  stream: bool, include_usage: bool) -> Response:
+                  stream: bool, include_usage: bool, tools=None) -> Response:
     """Run one engine request per prompt (choices indexed prompt * n + sample) and answer
-    with a JSON response or a server-sent event stream."""
+    with a JSON response or a server-sent event stream; tools: the chat's ToolPlan (its
+    replies' tool calls are parsed), or None."""
     rid = new_id("chatcmpl" if chat else "cmpl")
     kind = "chat.completion" if chat else "text_completion"
     created = int(time.time())
-    choices = [Choice(i, chat, top_logprobs) for i in range(len(prompts) * sp.n)]
+    choices = [Choice(i, chat, top_logprobs, tools) for i in range(len(prompts) * sp.n)]
     prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
     outputs = merge([engine.generate(p, sp, request_id=f"{rid}-{i}")
                      for i, p in enumerate(prompts)])
