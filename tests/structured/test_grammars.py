@@ -9,8 +9,8 @@ import torch
 from nanovllm import StructuredOutputsParams
 from nanovllm.engine.sampling_rows import grammar_bitmask
 from nanovllm.structured.grammars import Grammars
-from nanovllm.worker.sampler import SamplingTensors, constrain
 from nanovllm.utils.tokenizer import load_tokenizer
+from nanovllm.worker.sampler import SamplingTensors, constrain
 
 VOCAB = 640  # the toy model's logits width; its tokenizer has 400 tokens
 

@@ -30,7 +30,8 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
         # A pattern bounds the length; minLength/maxLength are not used: xgrammar (0.2.8)
         # lets such strings hold raw control characters, which strict JSON rejects (a
         # random-weight model finds them at once).
-        return {"type": "string", "pattern": f"^[a-z0-9 ]{{{rng.randint(0, 2)},{rng.randint(2, 5)}}}$"}
+        low, high = rng.randint(0, 2), rng.randint(2, 5)
+        return {"type": "string", "pattern": f"^[a-z0-9 ]{{{low},{high}}}$"}
     if kind == "boolean":
         return {"type": "boolean"}
     if kind == "enum":
