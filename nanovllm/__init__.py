@@ -1,8 +1,9 @@
 """nanovllm: a compact, fast, tested LLM inference engine (nano-vLLM design)."""
 from nanovllm.outputs import CompletionOutput, Logprob, RequestOutput
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
+           "StructuredOutputsParams"]
 
 
 def __getattr__(name):

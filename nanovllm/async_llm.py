@@ -29,6 +29,7 @@ from nanovllm.engine.request_stream import RequestStream, wake_soon
 from nanovllm.engine.tokenizer import TextDecoder, resolve_eos_ids
 from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.structured import validate as validate_structured
 from nanovllm.utils.tokenizer import load_tokenizer
 
 __all__ = ["AsyncLLM", "EngineDeadError", "RequestFailedError"]
@@ -63,7 +64,8 @@ class AsyncLLM:
             "the engine core", self._on_message, "AsyncLLM", in_process=not engine_process)
         self.core = self.client.core  # the EngineCore on this process's thread, or None
         self.client.wait_ready()
-        self.inputs = InputProcessor(config, self.tokenizer, self.client.num_kvcache_blocks)
+        self.inputs = InputProcessor(config, self.tokenizer, self.client.num_kvcache_blocks,
+                                     validate_structured)
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
         atexit.register(self.shutdown)

@@ -89,6 +89,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
+    ap.add_argument("--structured-output", action="store_true",
+                    help="constrain every output to a JSON schema (one long string field)")
     ap.add_argument("--json", help="write the results to this file")
 
 
@@ -158,9 +160,16 @@ _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
                              "speculative_config")
 
 
+# --structured-output's schema: one long string field. Every token goes through the grammar;
+# with random weights the closing quote is rarely drawn, so most outputs run to max_tokens
+# (throughput counts the tokens actually generated).
+BENCH_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}},
+                "required": ["text"]}
+
+
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:
     """The benchmark's prompts (token ids) and SamplingParams, the same on every call."""
-    from nanovllm import SamplingParams
+    from nanovllm import SamplingParams, StructuredOutputsParams
 
     # Token ids are drawn from [0, 10000] as in nano-vLLM; a smaller vocabulary (the tiny test
     # models) takes them modulo its size, which leaves a real model's workload unchanged.
@@ -179,6 +188,10 @@ def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], lis
         params = [SamplingParams(temperature=0.6, ignore_eos=True,
                                  max_tokens=randint(args.min_output_len, args.max_output_len))
                   for _ in range(args.num_seqs)]
+    if getattr(args, "structured_output", False):
+        so = StructuredOutputsParams(json=BENCH_SCHEMA, disable_any_whitespace=True)
+        for p in params:
+            p.structured_outputs = so
     return prompts, params
 
 
@@ -205,14 +218,16 @@ def run_bench(args: argparse.Namespace) -> dict:
     # (a few tokens: max_tokens past max_model_len is a ValueError, and tests use tiny ones)
     llm.generate(["Benchmark: "] * args.dp, SamplingParams(max_tokens=8), use_tqdm=False)
     t = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t
-    total = sum(p.max_tokens for p in params)
+    # What was generated: max_tokens each (ignore_eos), unless a grammar ended an output.
+    total = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"model": args.model or args.model_shape, "startup_s": round(startup, 2),
               "import_s": round(imports, 2),
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": total,
               "seconds": round(elapsed, 3), "throughput_tok_s": round(total / elapsed, 1),
               "kv_cache_dtype": args.kv_cache_dtype,
+              "structured_output": bool(getattr(args, "structured_output", False)),
               "tensor_parallel_size": args.tp, "data_parallel_size": args.dp,
               "num_kvcache_blocks": _kv_blocks(llm)}
     print(f"Total: {total}tok, Time: {elapsed:.2f}s, Throughput: {total / elapsed:.2f}tok/s")

@@ -8,13 +8,18 @@ from nanovllm.config import Config
 from nanovllm.engine.core import EngineCore
 from nanovllm.engine.core_loop import picklable, serve_core
 from nanovllm.engine.messages import Dead
+from nanovllm.structured.grammars import Grammars
 from nanovllm.utils.process import start_group
 from nanovllm.worker import create_executor
 
 
 def build_core(config: Config, eos_ids: set[int], tokenizer, stream: bool) -> EngineCore:
-    """An EngineCore on this process's device(s)."""
-    return EngineCore(config, create_executor(config), eos_ids, tokenizer, stream)
+    """An EngineCore on this process's device(s), with a grammar service for structured
+    output when there is a tokenizer (it compiles nothing until a request asks)."""
+    executor = create_executor(config)
+    grammars = (None if tokenizer is None
+                else Grammars(tokenizer, config.hf_config.vocab_size, eos_ids))
+    return EngineCore(config, executor, eos_ids, tokenizer, stream, grammars)
 
 
 def core_process_main(config: Config, eos_ids: set[int], tokenizer, stream: bool, conns: tuple,

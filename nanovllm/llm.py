@@ -25,6 +25,7 @@ from nanovllm.engine.prompts import generate_args
 from nanovllm.engine.tokenizer import TextDecoder, resolve_eos_ids
 from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.structured import validate as validate_structured
 from nanovllm.utils.tokenizer import load_tokenizer
 
 
@@ -58,7 +59,8 @@ class LLM:
                                      engine_process)
         self._inproc = isinstance(self.clients[0], InprocClient)
         self.inputs = InputProcessor(config, self.tokenizer,
-                                     min(c.num_kvcache_blocks for c in self.clients))
+                                     min(c.num_kvcache_blocks for c in self.clients),
+                                     validate_structured)
         self._ids = itertools.count()
         self._live: dict[int, tuple[RequestState, object]] = {}  # id -> (state, its client)
         self._samples: dict[int, list] = {}  # id -> sample deltas not yet made an output

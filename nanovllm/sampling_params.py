@@ -1,4 +1,5 @@
 """Per-request sampling settings, with vLLM's names and meanings."""
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -14,6 +15,73 @@ MAX_STOP_TOKEN_IDS = 1024
 # Integers end up in torch int64 tensors (top_k, token ids) or in 64-bit seeds: a larger
 # value would raise inside the engine's step instead of here.
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrain the output to a grammar (vLLM's names): exactly one of a JSON schema
+    (`json`: dict or JSON text), any JSON object (`json_object=True`), a regular expression
+    (`regex`), one of several strings (`choice`) or an EBNF grammar (`grammar`)."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # JSON: no whitespace between elements (vLLM's option); by default a little is allowed.
+    disable_any_whitespace: bool = False
+
+    KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+    def __post_init__(self):
+        given = [k for k in self.KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"StructuredOutputsParams needs exactly one of {', '.join(self.KINDS)}"
+                             f"; got {len(given)} ({', '.join(given) or 'none'})")
+        kind = given[0]
+        value = getattr(self, kind)
+        if kind == "json" and not isinstance(value, (dict, str)):
+            raise ValueError(f"StructuredOutputsParams.json={_short(value)} is invalid: must be "
+                             f"a JSON schema, as a dict or as JSON text")
+        if kind in ("regex", "grammar") and (not isinstance(value, str) or not value):
+            raise ValueError(f"StructuredOutputsParams.{kind}={_short(value)} is invalid: must "
+                             f"be a non-empty string")
+        if kind == "choice":
+            if (isinstance(value, (str, bytes)) or not isinstance(value, Iterable)):
+                value = None
+            else:
+                value = list(value)
+            if not value or any(not isinstance(c, str) or not c for c in value):
+                raise ValueError(f"StructuredOutputsParams.choice={_short(self.choice)} is "
+                                 f"invalid: must be a non-empty list of non-empty strings")
+            self.choice = value
+        if kind == "json_object" and self.json_object is not True:
+            raise ValueError(f"StructuredOutputsParams.json_object={self.json_object!r} is "
+                             f"invalid: must be True (or left out)")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise ValueError(f"StructuredOutputsParams.disable_any_whitespace="
+                             f"{_short(self.disable_any_whitespace)} is invalid: must be True "
+                             f"or False")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
+        return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def key(self) -> tuple:
+        """(kind, spec, whitespace option): equal keys compile to the same grammar (a schema
+        dict as JSON text, its key order kept: properties are generated in that order)."""
+        kind = self.kind
+        value = getattr(self, kind)
+        if kind == "json" and isinstance(value, dict):
+            try:
+                value = json.dumps(value)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"StructuredOutputsParams.json is not valid JSON: {e}") from None
+        elif kind == "choice":
+            value = tuple(value)
+        return kind, value, self.disable_any_whitespace
 
 
 @dataclass
@@ -49,6 +117,9 @@ class SamplingParams:
     # prompt_logprobs=k: the same for every prompt token after the first.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Constrain the output to a JSON schema, regex, choice or grammar (see
+    # StructuredOutputsParams; needs `pip install 'nanovllm[structured]'`).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         self.stop = self._as_list("stop", self.stop, str)
@@ -131,6 +202,14 @@ class SamplingParams:
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 bad(field, value, f"None or an integer in [0, {MAX_LOGPROBS}] (how many of the "
                                   f"most likely tokens to return besides the chosen one)")
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            bad("structured_outputs", so, "None or a StructuredOutputsParams")
+        if so is not None and self.min_tokens:
+            # The grammar decides where the output may end; banning the end tokens on top
+            # could leave no token to sample.
+            bad("min_tokens", self.min_tokens, "0 with structured_outputs (the grammar decides "
+                                               "where the output ends)")
 
     def for_sample(self, index: int) -> "SamplingParams":
         """The params of parallel sample `index` (n=1): with a seed s, its seed is s + index,

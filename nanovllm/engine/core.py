@@ -4,6 +4,10 @@ Every front end drives this one class: LLM steps it on its own thread (InprocCli
 through a pipe to a child process or a thread (core_loop.py), or in a Ray actor. It sees the
 device only through an Executor (executor.py), handed in by whoever built it, and imports no
 torch. With async scheduling one step is in flight while the host records the previous one.
+
+Structured output: a request with a grammar waits here, outside the scheduler, until its
+grammar has compiled (on the grammar service's thread), and every step whose batch holds one
+runs synchronously: its bitmask needs each sequence's previous token accepted by its matcher.
 """
 import logging
 
@@ -12,7 +16,7 @@ from nanovllm.engine import logprobs
 from nanovllm.engine.executor import Executor
 from nanovllm.engine.messages import Outputs, Request, RequestEnd, SampleDelta
 from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.sequence import Sequence, SequenceStatus
 from nanovllm.engine.stop_rules import stop_string_end
 from nanovllm.engine.tokenizer import TextDecoder
 
@@ -21,6 +25,8 @@ logger = logging.getLogger(__name__)
 # A step that raises fails only its own requests; this many in a row mean the engine itself
 # is broken (e.g. the device is gone), and the error propagates.
 MAX_STEP_FAILURES = 3
+# With nothing to run but requests whose grammar compiles, a step waits this long for one.
+COMPILE_POLL_S = 0.01
 
 
 class EngineCore:
@@ -30,9 +36,14 @@ class EngineCore:
     stream=False reports a request once, whole, when it ends (batch generation)."""
 
     def __init__(self, config: Config, executor: Executor, eos_ids: set[int], tokenizer=None,
-                 stream: bool = False):
-        """tokenizer: for stop strings only (the front end detokenizes outputs)."""
+                 stream: bool = False, grammars=None):
+        """tokenizer: for stop strings only (the front end detokenizes outputs); grammars:
+        the structured-output service (structured/grammars.py's Grammars: request(params)
+        gives a sequence its grammar state), None without a tokenizer."""
         self.config, self.executor, self.stream = config, executor, stream
+        self.grammars = grammars
+        self._compiling: list[Sequence] = []  # requests waiting for their grammar
+        self._structured: set[int] = set()  # ids of the live requests with a grammar
         self.stops = TextDecoder(tokenizer)
         self.scheduler = Scheduler(config, executor.num_kvcache_blocks, eos_ids)
         executor.set_eos_ids(eos_ids)
@@ -55,13 +66,28 @@ class EngineCore:
         seq = Sequence(request.prompt_token_ids, request.sampling_params,
                        self.config.kvcache_block_size, priority=request.priority,
                        request_id=request.request_id)
-        self.scheduler.add(seq)
+        structured = request.sampling_params.structured_outputs
+        if structured is None:
+            self.scheduler.add(seq)
+        else:
+            if self.grammars is None:
+                raise ValueError("structured_outputs needs the tokenizer, which "
+                                 "skip_tokenizer_init=True turned off")
+            self.scheduler.check(seq)
+            seq.grammar = self.grammars.request(structured)
+            self._compiling.append(seq)  # the next step admits it once its grammar is ready
+            self._structured.add(request.request_id)
         self._live.add(request.request_id)
 
     def abort(self, request_ids: list[int]) -> None:
         """End these requests now with finish_reason "abort"; the next step() reports them.
         Ids unknown or already ended are ignored."""
-        aborted = self.scheduler.abort(set(request_ids) & self._live)
+        ids = set(request_ids) & self._live
+        aborted = self.scheduler.abort(ids)
+        for seq in [s for s in self._compiling if s.request_id in ids]:
+            self._compiling.remove(seq)
+            _end_unscheduled(seq, "abort")
+            aborted.append(seq)
         self.num_aborted += len({s.request_id for s in aborted})
         self._aborted += aborted
 
@@ -69,15 +95,16 @@ class EngineCore:
         """Drop every request, reporting none of them (the front end gave them up)."""
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "abort")
-        self._aborted = []
-        self._live, self._sent = set(), {}
+        self._aborted, self._compiling = [], []
+        self._live, self._sent, self._structured = set(), {}, set()
         if self._in_flight is not None:  # its results would only land on finished requests
             self._in_flight = None
             self.scheduler.num_in_flight -= 1
 
     def is_finished(self) -> bool:
         """True when no request is waiting, running or in flight, and step() owes nothing."""
-        return self.scheduler.is_finished() and self._in_flight is None and not self._aborted
+        return (self.scheduler.is_finished() and self._in_flight is None and not self._aborted
+                and not self._compiling)
 
     @property
     def num_live(self) -> int:
@@ -102,11 +129,15 @@ class EngineCore:
     def shutdown(self) -> None:
         """Release the executor (workers, shared memory); idempotent."""
         self.executor.shutdown()
+        if self.grammars is not None:
+            self.grammars.shutdown()
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> Outputs:
         """Run one step; returns what it (and aborts since the last step) produced."""
         self._updated, self._touched = [], []
+        if self._compiling:
+            self._admit_compiled()
         finished, num_tokens = [], 0
         if not self.scheduler.is_finished() or self._in_flight is not None:
             finished, num_tokens = self._guarded_step()
@@ -119,6 +150,22 @@ class EngineCore:
         for req in _finished_requests(finished):
             self._report_end(out, req)
         return out
+
+    def _admit_compiled(self) -> None:
+        """Queue the requests whose grammar is ready; end those whose grammar failed to
+        compile (finish_reason "error"). With nothing else to do, wait a little for one."""
+        waiting = []
+        for seq in self._compiling:
+            if not seq.grammar.ready:
+                waiting.append(seq)
+            elif (error := seq.grammar.error()) is None:
+                self.scheduler.add(seq)
+            else:
+                _end_unscheduled(seq, "error", f"compiling the grammar failed: {error}")
+                self._aborted.append(seq)
+        self._compiling = waiting
+        if waiting and self.scheduler.is_finished() and self._in_flight is None:
+            waiting[0].grammar.wait(COMPILE_POLL_S)  # rather than spinning through step()
 
     def _guarded_step(self) -> tuple[list[Sequence], int]:
         try:
@@ -156,9 +203,11 @@ class EngineCore:
         self._touched += seqs
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
         # Decode steps while speculating run one at a time: a verify step's accepted drafts
-        # must be known before the next step's drafts are proposed.
-        if not self.async_scheduling or (not is_prefill and seqs
-                                         and self.scheduler.wants_speculation()):
+        # must be known before the next step's drafts are proposed. So do steps holding a
+        # grammar: the next step's bitmask needs this step's tokens accepted by the matchers.
+        if (not self.async_scheduling
+                or (not is_prefill and seqs and self.scheduler.wants_speculation())
+                or (self._structured and any(s.grammar is not None for s in seqs))):
             handle = self.executor.launch(seqs, is_prefill)
             launched = self.scheduler.on_launch(seqs)
             finished, accepted = [], self.scheduler.spec_stats.accepted
@@ -231,6 +280,7 @@ class EngineCore:
         if req.request_id not in self._live:
             return  # dropped by abort_all
         self._live.discard(req.request_id)
+        self._structured.discard(req.request_id)
         for seq in req.samples:
             self._report(out, seq)
             self._sent.pop((req.request_id, seq.index), None)
@@ -240,6 +290,12 @@ class EngineCore:
                                                   s.num_spec_steps) for s in req.samples)))
         out.ended.append(RequestEnd(req.request_id, req.finish_reason, req.prompt_logprobs,
                                     counts))
+
+
+def _end_unscheduled(seq: Sequence, reason: str, stop_reason: str | None = None) -> None:
+    """End a request that never reached the scheduler (it holds no blocks)."""
+    seq.status = SequenceStatus.FINISHED
+    seq.finish_reason, seq.stop_reason = reason, stop_reason
 
 
 def _finished_requests(seqs: list[Sequence]) -> list[Sequence]:

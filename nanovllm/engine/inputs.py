@@ -19,9 +19,13 @@ class InputProcessor:
     """Turns prompts into Requests for cores of num_kvcache_blocks blocks (the smallest
     cache among the front end's cores)."""
 
-    def __init__(self, config: Config, tokenizer, num_kvcache_blocks: int):
+    def __init__(self, config: Config, tokenizer, num_kvcache_blocks: int,
+                 check_structured=None):
+        """check_structured: raises ValueError for an invalid StructuredOutputsParams (the
+        front end hands in nanovllm.structured.validate; None: the cores find out)."""
         self.config, self.tokenizer = config, tokenizer
         self.num_kvcache_blocks = num_kvcache_blocks
+        self.check_structured = check_structured
 
     def default_params(self) -> SamplingParams:
         """What a request without sampling_params gets: SamplingParams' defaults overridden
@@ -49,6 +53,12 @@ class InputProcessor:
         if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need the tokenizer, which skip_tokenizer_init=True "
                              "turned off: use stop_token_ids")
+        if sp.structured_outputs is not None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs the tokenizer, which "
+                                 "skip_tokenizer_init=True turned off")
+            if self.check_structured is not None:
+                self.check_structured(sp.structured_outputs)
         config = self.config
         check_fits(len(token_ids), sp.max_tokens, config.max_model_len,
                    config.kvcache_block_size, self.num_kvcache_blocks)

@@ -1,11 +1,7 @@
-"""The rank-0 rows of a step's host inputs: sampling settings, penalty histories and the
-logprob plan, one row per sequence, as numpy arrays. No torch: the device side only uploads
-them (with the rest of the step, in one copy) and views them as tensors.
-
-Room left for the next two features: today logits row i is sequence i; a step verifying
-several tokens per sequence (speculative decoding) gives a sequence several rows, and these
-builders are where that row -> sequence map enters. Per-request logits masks (structured
-output) would be one more optional part here, applied inside the sampler beside the penalties.
+"""The rank-0 rows of a step's host inputs: sampling settings, penalty histories, the
+grammar bitmask (structured output) and the logprob plan, one row per sequence (a verify
+step: per token it computes), as numpy arrays. No torch: the device side only uploads them
+(with the rest of the step, in one copy) and views them as tensors.
 """
 from dataclasses import dataclass
 
@@ -126,6 +122,20 @@ def _rows_to_process(seqs: list[Sequence]) -> tuple[list[int], list[bool]]:
             picked.append(i)
             banning.append(ban)
     return picked, banning
+
+
+def grammar_bitmask(seqs: list[Sequence], rows: list[int], num_rows: int,
+                    vocab_size: int) -> np.ndarray | None:
+    """[num_rows, ceil(vocab_size / 32)] int32: bit i of word w in row r set when token
+    32 w + i may come next; rows[j] is sequence j's row. Rows of sequences without a grammar
+    allow everything. None (nothing built) when no sequence has one."""
+    constrained = [(r, s.grammar) for r, s in zip(rows, seqs) if s.grammar is not None]
+    if not constrained:
+        return None
+    mask = np.full((num_rows, -(-vocab_size // 32)), -1, dtype=np.int32)
+    for row, grammar in constrained:
+        grammar.fill(mask, row)  # the matcher has accepted every known token of its sequence
+    return mask
 
 
 @dataclass

@@ -57,6 +57,9 @@ class Sequence:
         # What ended a "stop": the stop token id or stop string (None for an end token).
         self.stop_reason: int | str | None = None
         self.sampling_params = sampling_params or SamplingParams()
+        # Structured output: this sequence's grammar state (a structured/grammars.py
+        # SequenceGrammar, handed in by the engine core), None when unconstrained.
+        self.grammar = None
         # Parallel sampling (n > 1): a request is its first sample (this sequence, index 0);
         # the others are forked from it once its prompt is computed (see spawn_sample).
         self.request: Sequence = self
@@ -111,6 +114,8 @@ class Sequence:
         child = Sequence(self.prompt_token_ids, self.sampling_params.for_sample(index),
                          self.block_size, priority=self.priority)
         child.request, child.index, child.samples = self, index, []
+        if self.grammar is not None:  # each sample walks the grammar on its own
+            child.grammar = self.grammar.new_sample()
         self.samples.append(child)
         return child
 
@@ -226,6 +231,7 @@ class Sequence:
         self.status = SequenceStatus.RUNNING
         self.finish_reason = None
         self.sampling_params = None
+        self.grammar = None  # rank 0, which samples, keeps the grammars
 
     def scheduled_token_ids(self) -> list[int]:
         """Token ids this step computes (a prefill chunk, or the last token in decode and

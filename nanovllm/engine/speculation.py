@@ -38,6 +38,10 @@ class Speculator:
         """Give seq up to k drafts to verify this step (never past max_tokens or
         max_model_len, nor into blocks others need: `keep` stay free); returns how many."""
         spec = self.spec
+        # A grammar sequence is not speculated: drafts would need the grammar's mask for
+        # each of their positions (a matcher walked ahead and rolled back).
+        if seq.grammar is not None:
+            return 0
         room = min(spec.num_speculative_tokens, spare,
                    seq.sampling_params.max_tokens - seq.num_completion_tokens - 1,
                    self.max_model_len - seq.num_tokens - 1)

@@ -13,6 +13,7 @@ from nanovllm.engine.sampling_rows import (
     LogprobPlan,
     PenaltyRows,
     SamplingRows,
+    grammar_bitmask,
     logprob_plan,
     penalty_rows,
     sampling_rows,
@@ -60,6 +61,9 @@ class StepInputs:
     sampling: SamplingRows | None = None
     penalties: PenaltyRows | None = None
     logprobs: LogprobPlan | None = None
+    # [rows, ceil(vocab / 32)] int32: the tokens each row's grammar allows (structured
+    # output); None when no sequence has a grammar.
+    grammar_bitmask: np.ndarray | None = None
 
     @property
     def decode_meta(self) -> np.ndarray:
@@ -92,6 +96,8 @@ class StepInputs:
         if lp is not None:
             optional = dict(logprob_rows=lp.sample_rows, logprob_targets=lp.targets)
             parts.update((k, v) for k, v in optional.items() if v is not None)
+        if self.grammar_bitmask is not None:
+            parts["grammar_bitmask"] = self.grammar_bitmask
         return parts
 
 
@@ -118,10 +124,17 @@ class StepBuilder:
         else:
             inputs = decode_inputs(seqs, self.block_size, self.width, rows, self.prev_rows,
                                    self.tables)
-        if self.vocab_size is not None and inputs.spec_starts is not None:
+        if self.vocab_size is None:
+            return inputs
+        # A grammar sequence has one row: it is never given drafts (speculation.py).
+        seq_rows = (range(len(seqs)) if inputs.spec_starts is None
+                    else inputs.spec_starts[:-1].tolist())
+        inputs.grammar_bitmask = grammar_bitmask(seqs, seq_rows, inputs.num_rows or len(seqs),
+                                                 self.vocab_size)
+        if inputs.spec_starts is not None:
             inputs.sampling, inputs.penalties, inputs.logprobs = verify_rows(
                 seqs, np.diff(inputs.spec_starts).tolist(), self.eos_ids, self.vocab_size)
-        elif self.vocab_size is not None:
+        else:
             inputs.sampling = sampling_rows([s.sampling_params for s in seqs],
                                             [s.num_completion_tokens for s in seqs],
                                             self.vocab_size)

@@ -13,8 +13,13 @@ def finish_reason(seq: Sequence, token_id: int, eos_ids: set[int],
                   max_model_len: int) -> tuple[str | None, int | None]:
     """(finish reason or None, stop reason) after seq sampled token_id: as in vLLM, an end
     token stops with stop reason None and a stop token id with that id, once seq has
-    min_tokens."""
+    min_tokens. A sequence with a grammar advances it by the token, and stops once the
+    grammar is complete (its end token accepted, also with ignore_eos)."""
     sp = seq.sampling_params
+    grammar = seq.grammar
+    # The sampler masked every token the grammar forbids: a rejection is an internal error.
+    if grammar is not None and not grammar.accept(token_id):
+        return "error", f"the structured output's grammar rejected token {token_id}"
     # Count only known tokens: a later step may already have a pending one in flight.
     known = seq.num_tokens - seq.num_pending
     generated = known - seq.num_prompt_tokens
@@ -25,6 +30,8 @@ def finish_reason(seq: Sequence, token_id: int, eos_ids: set[int],
             return "stop", None
         if token_id in sp.stop_token_ids:
             return "stop", token_id
+    if grammar is not None and grammar.terminated:
+        return "stop", None
     if generated >= sp.max_tokens or known >= max_model_len:
         return "length", None
     return None, None

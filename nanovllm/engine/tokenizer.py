@@ -73,8 +73,9 @@ class TextDecoder:
 
 
 def render_chat(tokenizer, conversation: list[dict], chat_template: str | None,
-                add_generation_prompt: bool) -> str:
-    """One conversation as prompt text, through the tokenizer's (or the given) chat template."""
+                add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+    """One conversation as prompt text, through the tokenizer's (or the given) chat template
+    (tools: OpenAI's tool definitions, for templates that render them)."""
     if tokenizer is None:
         raise ValueError("chat() needs the tokenizer, which skip_tokenizer_init=True turned "
                          "off: apply a chat template yourself and pass token ids to generate()")
@@ -86,7 +87,7 @@ def render_chat(tokenizer, conversation: list[dict], chat_template: str | None,
 
     try:
         return tokenizer.apply_chat_template(conversation, chat_template=chat_template,
-                                             tokenize=False,
+                                             tokenize=False, tools=tools,
                                              add_generation_prompt=add_generation_prompt)
     except TemplateError as e:
         raise ValueError(f"the chat template failed on this conversation ({e}); check the "
@@ -94,8 +95,8 @@ def render_chat(tokenizer, conversation: list[dict], chat_template: str | None,
 
 
 def chat_prompt(tokenizer, conversation, chat_template: str | None = None,
-                add_generation_prompt: bool = True) -> dict:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> dict:
     """One conversation as a prompt dict: its token ids (the template writes every special
     token, so tokenizing adds none) and its text."""
-    text = render_chat(tokenizer, conversation, chat_template, add_generation_prompt)
+    text = render_chat(tokenizer, conversation, chat_template, add_generation_prompt, tools)
     return {"prompt_token_ids": tokenizer.encode(text, add_special_tokens=False), "prompt": text}

@@ -3,8 +3,9 @@
 Fields follow OpenAI's API (plus vLLM's sampling extras: top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, stop_token_ids). Unknown fields are refused with a 400 rather than
 ignored, so a client never believes a setting took effect when it did not; the few OpenAI
-fields that exist but are not implemented (suffix, best_of > n, logit_bias, tools,
-response_format other than text) are refused by name.
+fields that exist but are not implemented (suffix, best_of > n, logit_bias) are refused by
+name. Structured output: OpenAI's response_format (json_object, json_schema) or vLLM's
+structured_outputs extra (see structured_outputs_params); tools: see tools.py.
 """
 import re
 from typing import Annotated, Any, Literal
@@ -12,8 +13,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nanovllm.sampling_params import (INT64_MAX, INT64_MIN, MAX_LOGPROBS, MAX_N,
-                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams)
+                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams,
+                                      StructuredOutputsParams)
 from nanovllm.server.errors import APIError, bad_request
+from nanovllm.server.tools import ToolPlan, plan_tools, template_message
 
 # Choices one request may ask for (prompts x n): a guard against one request filling the
 # engine with sequences.
@@ -56,6 +59,10 @@ class _Sampling(BaseModel):
     min_tokens: int | None = Field(0, ge=0, le=INT64_MAX)
     ignore_eos: bool | None = False
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    # Structured output: OpenAI's field, or vLLM's extra ({"json": schema}, {"regex": ...},
+    # {"choice": [...]}, {"grammar": ...}, {"json_object": true}).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def refuse_unsupported(self) -> None:
         """400 for OpenAI fields that are recognised but not implemented."""
@@ -91,12 +98,49 @@ class _Sampling(BaseModel):
                 presence_penalty=pick(self.presence_penalty, 0.0),
                 frequency_penalty=pick(self.frequency_penalty, 0.0),
                 min_tokens=pick(self.min_tokens, 0), logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs)
+                prompt_logprobs=prompt_logprobs,
+                structured_outputs=self.structured_outputs_params())
         except ValueError as e:
             # SamplingParams names the field as "SamplingParams.<field>..."
             text = str(e)
             field = re.match(r"SamplingParams\.(\w+)", text)
             raise bad_request(text, field.group(1) if field else None) from e
+
+    @property
+    def structured_field(self) -> str:
+        """The field that asked for structured output (the param of its errors)."""
+        return "structured_outputs" if self.structured_outputs else "response_format"
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """response_format / structured_outputs as StructuredOutputsParams; None for text.
+        A 400 naming the field when it is malformed (the schema itself is checked later,
+        by the grammar library)."""
+        rf, so = self.response_format, self.structured_outputs
+        if rf and so:
+            raise bad_request("give response_format or structured_outputs, not both",
+                              "structured_outputs")
+        try:
+            if so:
+                return StructuredOutputsParams(**so)
+            kind = None if rf is None else rf.get("type")
+            if kind in (None, "text"):
+                return None
+            if kind == "json_object":
+                return StructuredOutputsParams(json_object=True)
+            if kind == "json_schema":
+                spec = rf.get("json_schema")
+                schema = spec.get("schema") if isinstance(spec, dict) else None
+                if not isinstance(schema, dict):
+                    raise ValueError("response_format.json_schema.schema must be a JSON schema "
+                                     "object: {'type': 'json_schema', 'json_schema': {'name': "
+                                     "..., 'schema': {...}}}")
+                return StructuredOutputsParams(json=schema)
+        except TypeError as e:  # an unknown key of structured_outputs
+            raise bad_request(f"structured_outputs: {e}", "structured_outputs") from e
+        except ValueError as e:
+            raise bad_request(str(e), self.structured_field) from e
+        raise bad_request(f"response_format type {kind!r} is not supported: use 'text', "
+                          f"'json_object' or 'json_schema'", "response_format")
 
 
 class CompletionRequest(_Sampling):
@@ -154,23 +198,47 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    """A function call an assistant message made: its name and arguments (JSON text)."""
+
+    model_config = STRICT
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message."""
+
+    model_config = STRICT
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     """One message of a conversation."""
 
     model_config = STRICT
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def as_dict(self) -> dict:
-        """{"role", "content"} with the text parts joined, as chat templates expect."""
+        """{"role", "content"} with the text parts joined, as chat templates expect (and
+        tool calls with their arguments as objects)."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         message = {"role": self.role, "content": content or ""}
         if self.name is not None:  # templates that know the field may use it
             message["name"] = self.name
-        return message
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        return template_message(message)
 
 
 class ChatCompletionRequest(_Sampling):
@@ -181,20 +249,37 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Count | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
 
     def refuse_unsupported(self) -> None:
-        """400 for tools and non-text response formats, besides the shared ones."""
+        """400 for malformed tools / tool_choice, besides the shared checks."""
         super().refuse_unsupported()
-        if self.tools or self.tool_choice not in (None, "none"):
-            raise bad_request("tools / tool_choice are not supported by this server", "tools")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise bad_request("response_format other than {'type': 'text'} is not supported",
-                              "response_format")
+        plan = self.tool_plan()
+        if plan is not None and plan.mode != "auto" and (self.response_format
+                                                        or self.structured_outputs):
+            raise bad_request("tool_choice 'required' or a named function fixes the reply's "
+                              "format: drop response_format / structured_outputs",
+                              "tool_choice")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+
+    def tool_plan(self) -> ToolPlan | None:
+        """The tools and how the reply uses them (None: no tools, or tool_choice "none")."""
+        return plan_tools(self.tools, self.tool_choice)
+
+    @property
+    def structured_field(self) -> str:
+        """The field that asked for structured output (the param of its errors)."""
+        plan = self.tool_plan()
+        return "tools" if plan is not None and plan.mode != "auto" else super().structured_field
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """tool_choice "required" / named: the calls' grammar; else response_format's."""
+        plan = self.tool_plan()
+        if plan is not None and plan.mode != "auto":
+            return plan.structured_outputs()
+        return super().structured_outputs_params()
 
     def engine_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None when off, else how many top tokens per position."""

@@ -40,9 +40,12 @@ def _text(token_id: int, lp) -> str:
 class Choice:
     """One completion's text, token count, logprobs and end, as deltas arrive."""
 
-    def __init__(self, index: int, chat: bool, top_logprobs: int | None):
-        """top_logprobs: None when logprobs are off, else how many top tokens to list."""
+    def __init__(self, index: int, chat: bool, top_logprobs: int | None, tools=None):
+        """top_logprobs: None when logprobs are off, else how many top tokens to list;
+        tools: a chat's ToolPlan (server/tools.py), whose calls are parsed from the reply."""
         self.index, self.chat, self.k = index, chat, top_logprobs
+        self.tools, self.calls = tools, []
+        self._content: str | None = None  # with tools: the reply's text outside its calls
         self.text, self.num_tokens, self.finish_reason = "", 0, None
         self.stop_reason: int | str | None = None  # vLLM's extra: the stop string or id hit
         self.logprobs: list = []  # OpenAI-shaped per-token items (chat) or rows (completions)
@@ -82,7 +85,10 @@ class Choice:
             items = self._logprob_items(out.logprobs, out.token_ids)
             self.logprobs += items
         text = out.text
-        if not self.prefix_sent:
+        if self.tools is not None:
+            # Calls are parsed from the whole reply: a stream holds the text back to its end.
+            text = self._parse_tools() if out.finish_reason is not None else ""
+        elif not self.prefix_sent:
             text, self.prefix_sent = self.prefix + text, True
         return self._render(text, items, self.finish_reason if out.finish_reason else None)
 
@@ -94,7 +100,16 @@ class Choice:
             if self.prompt_rows:  # the generated tokens' offsets come after the prompt's
                 shift = self.prompt_rows[-1][3] + len(self.prompt_rows[-1][0])
                 items = self.prompt_rows + [(*r[:3], r[3] + shift) for r in items]
-        return self._render(self.prefix + self.text, items, self.finish_reason, whole=True)
+        text = self.prefix + self.text if self.tools is None else self._content
+        return self._render(text, items, self.finish_reason, whole=True)
+
+    def _parse_tools(self) -> str | None:
+        """The reply's content once its tool calls are taken out (finish_reason becomes
+        "tool_calls" when there are some)."""
+        self._content, self.calls = self.tools.parse(self.text)
+        if self.calls and self.finish_reason == "stop":
+            self.finish_reason = "tool_calls"
+        return self._content
 
     def _logprob_items(self, entries: list[PositionLogprobs], ids: list[int]) -> list:
         items = []
@@ -115,7 +130,11 @@ class Choice:
     def _render(self, text: str, items, finish_reason, whole: bool = False) -> dict:
         if self.chat:
             key = "message" if whole else "delta"
-            body = {key: {"role": "assistant", "content": text} if whole else {"content": text}}
+            message = {"role": "assistant", "content": text} if whole else {"content": text}
+            if self.calls and (whole or finish_reason):
+                message["tool_calls"] = (self.calls if whole else
+                                         [{"index": i, **c} for i, c in enumerate(self.calls)])
+            body = {key: message}
             logprobs = None if items is None else {"content": items}
         else:
             body = {"text": text}

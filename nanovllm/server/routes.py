@@ -12,6 +12,7 @@ from nanovllm.server.errors import APIError, bad_request
 from nanovllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from nanovllm.server.protocol import ChatCompletionRequest, CompletionRequest, check_length
 from nanovllm.server.serving import respond
+from nanovllm.structured import validate as validate_structured
 
 
 class OpenAIRoutes:
@@ -57,6 +58,19 @@ class OpenAIRoutes:
         req.refuse_unsupported()
         if not self.engine.is_running:
             raise APIError(503, "the engine is not running", code="engine_dead")
+
+    async def check_structured(self, req, sp) -> None:
+        """400 naming the field when the request's schema, regex or grammar is invalid;
+        parsed here, off the event loop (the first one imports the grammar library)."""
+        if sp.structured_outputs is None:
+            return
+        if self.engine.tokenizer is None:
+            raise bad_request("structured output needs a tokenizer, which this server does "
+                              "not have", req.structured_field)
+        try:
+            await self.off_loop(validate_structured, sp.structured_outputs)
+        except ValueError as e:
+            raise bad_request(str(e), req.structured_field) from e
 
     async def completion_prompt(self, prompt: str | list[int]) -> dict:
         """A prompt dict with its token ids (counted here for max_tokens and usage)."""
@@ -111,6 +125,7 @@ class OpenAIRoutes:
                                 "prompt") for p in prompts)
         sp = req.sampling_params(room, req.logprobs, self.sampling_defaults,
                                  req.prompt_logprobs())
+        await self.check_structured(req, sp)
         echo = [await self.echo_text(p) for p in prompts] if req.echo else None
         return await respond(request, self.engine, self.served_model_name, prompts, sp,
                              chat=False, top_logprobs=req.logprobs, stream=bool(req.stream),
@@ -121,15 +136,19 @@ class OpenAIRoutes:
         """OpenAI's chat completions: one conversation through the chat template."""
         self.admit(req)
         conversation = [m.as_dict() for m in req.messages]
+        tools = req.tool_plan()
         try:
             prompt = await self.off_loop(chat_prompt, self.engine.tokenizer, conversation,
-                                         self.chat_template)
+                                         self.chat_template, True,
+                                         None if tools is None else tools.tools)
         except ValueError as e:
             raise bad_request(str(e), "messages") from e
         room = check_length(len(prompt["prompt_token_ids"]), req.requested_max_tokens(),
                             self.max_len, "messages")
         logprobs = req.engine_logprobs()
         sp = req.sampling_params(room, logprobs, self.sampling_defaults)
+        await self.check_structured(req, sp)
         return await respond(request, self.engine, self.served_model_name, [prompt], sp,
                              chat=True, top_logprobs=logprobs, stream=bool(req.stream),
-                             include_usage=req.include_usage, metrics=self.metrics)
+                             include_usage=req.include_usage, metrics=self.metrics,
+                             tools=tools)

@@ -21,14 +21,15 @@ DISCONNECT_POLL_S = 0.25
 async def respond(request: Request, engine: AsyncLLM, model: str, prompts: list[dict],
                   sp: SamplingParams, *, chat: bool, top_logprobs: int | None,
                   stream: bool, include_usage: bool, metrics: ServerMetrics | None = None,
-                  echo: list[str] | None = None) -> Response:
+                  echo: list[str] | None = None, tools=None) -> Response:
     """Run one engine request per prompt (choices indexed prompt * n + sample) and answer
     with a JSON response or a server-sent event stream. echo: each prompt's text, to start
-    its completions with (and, with logprobs, their rows: sp.prompt_logprobs must be set)."""
+    its completions with (and, with logprobs, their rows: sp.prompt_logprobs must be set);
+    tools: the chat's ToolPlan (its replies' tool calls are parsed), or None."""
     rid = new_id("chatcmpl" if chat else "cmpl")
     kind = "chat.completion" if chat else "text_completion"
     created = int(time.time())
-    choices = [Choice(i, chat, top_logprobs) for i in range(len(prompts) * sp.n)]
+    choices = [Choice(i, chat, top_logprobs, tools) for i in range(len(prompts) * sp.n)]
     if echo is not None:
         for c in choices:
             c.echo(echo[c.index // sp.n])

@@ -1,6 +1,5 @@
-"""Batched token sampling: penalties and min_tokens on the logits, then greedy, temperature,
-top-k, top-p, min-p, per-request seeds. Per-request logits masks (structured output) would be
-applied here too, beside the penalties, so every path that samples gets them."""
+"""Batched token sampling: penalties, min_tokens and grammar masks (structured output) on the
+logits, then greedy, temperature, top-k, top-p, min-p, per-request seeds."""
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +22,9 @@ class SamplingTensors:
     # Penalties and min_tokens: applied to the logits before sampling (see penalties.py);
     # None, the usual case, when no row uses them.
     penalties: PenaltyTensors | None = None
+    # [B, ceil(V / 32)] int32: the tokens each row's grammar allows (bit set = allowed);
+    # None when no row has a grammar.
+    bitmask: torch.Tensor | None = None
 
     @classmethod
     def from_rows(cls, rows: SamplingRows, dev: dict[str, torch.Tensor],
@@ -30,7 +32,8 @@ class SamplingTensors:
         """The host builder's SamplingRows, their arrays already uploaded (`dev`, by name:
         see StepInputs.device_parts)."""
         return cls(dev["temperatures"], dev.get("top_ks"), dev.get("top_ps"),
-                   dev.get("min_ps"), rows.seeds, rows.all_greedy, penalties)
+                   dev.get("min_ps"), rows.seeds, rows.all_greedy, penalties,
+                   dev.get("grammar_bitmask"))
 
 
 class Sampler(nn.Module):
@@ -42,8 +45,7 @@ class Sampler(nn.Module):
 
     def forward(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         """[B, V] logits -> [B] token ids (the input logits are left as they were)."""
-        if st.penalties is not None:
-            logits = apply_penalties(logits, st.penalties)
+        logits = constrain(logits, st)
         if st.all_greedy:
             return logits.argmax(-1)
         plain = st.top_ks is None and st.top_ps is None and st.min_ps is None and not st.seeds
@@ -87,6 +89,22 @@ class Sampler(nn.Module):
             drop |= before >= top_ps.unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def constrain(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """The logits with penalties and min_tokens applied and the tokens each row's grammar
+    forbids at -inf; a new tensor when either applies (the input stays as it was)."""
+    if st.penalties is not None:
+        logits = apply_penalties(logits, st.penalties)  # a new tensor
+    elif st.bitmask is not None:
+        logits = logits.clone()
+    if st.bitmask is not None:
+        # Only a batch holding a grammar gets here, so xgrammar is installed; its kernel
+        # unpacks the bits and masks every row in one call (CUDA, or its CPU path).
+        from xgrammar import apply_token_bitmask_inplace
+
+        apply_token_bitmask_inplace(logits, st.bitmask, vocab_size=logits.size(-1))
+    return logits
 
 
 def seeded_generator(seed: int, step: int, device, salt: int = 0) -> torch.Generator:

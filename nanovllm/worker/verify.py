@@ -12,8 +12,7 @@ argmax: exactly the tokens of plain greedy decoding.
 """
 import torch
 
-from nanovllm.worker.penalties import apply_penalties
-from nanovllm.worker.sampler import Sampler, SamplingTensors, race, seeded_generator
+from nanovllm.worker.sampler import Sampler, SamplingTensors, constrain, race, seeded_generator
 
 
 def verify_drafts(sampler: Sampler, logits: torch.Tensor, st: SamplingTensors,
@@ -22,8 +21,9 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, st: SamplingTensors,
     then each row's accept flag. The host, which knows where each sequence's rows start,
     keeps a sequence's rows up to its first rejection (step_output._split): a handful of
     device ops a step instead of a segmented scan."""
-    if st.penalties is not None:  # each row's own history: its drafts before it count
-        logits = apply_penalties(logits, st.penalties)
+    # Penalties: each row's own history (its drafts before it count); a grammar row is a
+    # sequence's only row (grammar sequences get no drafts).
+    logits = constrain(logits, st)
     has = drafts >= 0
     d = drafts.clamp(min=0).long()
     greedy = logits.argmax(-1)

@@ -75,8 +75,8 @@ BAD = [  # (route, body, param the error names)
     ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 99}, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}},
-     "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, "response_format"),
+    ("/v1/completions", {**CMPL, "structured_outputs": {"regex": "(a"}}, "structured_outputs"),
 ]
 
 

@@ -1,0 +1,24 @@
+"""`nanovllm bench --structured-output`: the workload with a JSON schema on every request
+(the H100 comparison with the unconstrained run); on the CPU, a tiny one."""
+import json
+import random
+
+from nanovllm.cli import main
+
+
+def test_bench_with_a_schema_on_every_request(toy_models, tmp_path, capsys):
+    workload = ["--num-seqs", "3", "--min-input-len", "4", "--max-input-len", "8",
+                "--min-output-len", "6", "--max-output-len", "9", "--max-model-len", "64",
+                "--block-size", "16", "--enforce-eager", "--device", "cpu", "--dtype", "float32"]
+    result = tmp_path / "bench.json"
+    state = random.getstate()  # the workload seeds the global `random`
+    try:
+        code = main(["bench", toy_models["tied_gqa4_d16_l4"], *workload, "--structured-output",
+                     "--json", str(result)])
+    finally:
+        random.setstate(state)
+    assert code == 0, capsys.readouterr().err
+    figures = json.loads(result.read_text())
+    assert figures["structured_output"] is True
+    # Every output starts {"text": " (at least 4 tokens) and runs to at most max_tokens.
+    assert 3 * 4 <= figures["output_tokens"] <= 3 * 9
