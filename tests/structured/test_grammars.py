@@ -100,3 +100,16 @@ def test_constrain_masks_only_forbidden_tokens():
     assert torch.isfinite(out).sum(1).tolist() == [1, VOCAB, 1]
     assert out[0, 5] == raw[0, 5] and out[2, 639] == raw[2, 639]
     assert torch.equal(out[1], raw[1])
+
+
+def test_padding_ids_are_never_allowed_even_where_anything_goes(grammars, tokenizer):
+    """Inside a JSON string almost every token may come next; the ids past the tokenizer's
+    vocabulary (400..639: part of the last word xgrammar fills, and the words after it)
+    stay forbidden although the builder's rows start all-allowed."""
+    g = ready(grammars.request(StructuredOutputsParams(json={"type": "string"})))
+    assert g.accept(tokenizer.convert_tokens_to_ids('"'))
+    mask = np.full((2, VOCAB // 32), -1, np.int32)
+    g.fill(mask, 1)
+    inside = allowed(mask, 1)
+    assert len(inside) > len(tokenizer) // 2 and max(inside) < len(tokenizer)
+    assert allowed(mask, 0) == list(range(VOCAB))  # another row is left as it was
