@@ -107,3 +107,36 @@ def test_bad_structured_requests_are_400(client, live_server, body, param, says)
                                         response_format=JSON_SCHEMA, temperature=1.0, seed=3)
     check(ok.choices[0].message.content)
     live_server.wait_idle()
+
+
+def test_fifty_random_schemas_through_the_server(live_server):
+    """The offline test's 50 random schemas (tests/support/schemas.py), sent at once through
+    the openai client, every other one streamed: each output ends with "stop" and validates."""
+    import asyncio
+
+    from tests.support.schemas import random_schemas
+
+    schemas = random_schemas(50, seed=0)
+
+    async def one(client, i, schema):
+        kw = dict(model=NAME, prompt="Give me JSON:", max_tokens=200, temperature=1.0, seed=i,
+                  extra_body={"structured_outputs": {"json": schema,
+                                                     "disable_any_whitespace": True}})
+        if i % 2:
+            chunks = [c async for c in await client.completions.create(stream=True, **kw)]
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            choice = (await client.completions.create(**kw)).choices[0]
+            text, reason = choice.text, choice.finish_reason
+        return text, reason
+
+    async def run_all():
+        async with openai.AsyncOpenAI(base_url=f"{live_server.url}/v1", api_key="unused",
+                                      max_retries=0) as client:
+            return await asyncio.gather(*(one(client, i, s) for i, s in enumerate(schemas)))
+
+    for (text, reason), schema in zip(asyncio.run(run_all()), schemas):
+        assert reason == "stop", (text, schema)
+        jsonschema.validate(json.loads(text), schema)
+    live_server.wait_idle()
