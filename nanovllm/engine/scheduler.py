@@ -18,7 +18,8 @@ from collections import deque
 
 from nanovllm.engine.block_manager import BlockManager
 from nanovllm.engine.prompts import check_fits
-from nanovllm.engine.sequence import Sequence, SequenceStatus, insert_in_order
+from nanovllm.engine.queues import insert_in_order
+from nanovllm.engine.sequence import Sequence, SequenceStatus
 from nanovllm.engine.speculation import SpecStats, Speculator, take_verified
 from nanovllm.engine.stop_rules import finish_reason, length_done
 
