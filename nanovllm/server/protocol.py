@@ -14,12 +14,12 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from nanovllm.sampling_params import (INT64_MAX, INT64_MIN, MAX_LOGPROBS, MAX_N,
-                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams,
-                                      StructuredOutputsParams)
+                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams)
 from nanovllm.server.errors import APIError, bad_request
 from nanovllm.server.messages import STRICT, ChatMessage
 from nanovllm.server.structured import structured_outputs_params
 from nanovllm.server.tools import ToolPlan, plan_tools
+from nanovllm.structured.params import StructuredOutputsParams
 
 # Choices one request may ask for (prompts x n): a guard against one request filling the
 # engine with sequences.

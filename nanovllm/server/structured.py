@@ -2,8 +2,8 @@
 engine's StructuredOutputsParams (tool_choice's grammar: see tools.py)."""
 from typing import Any
 
-from nanovllm.sampling_params import StructuredOutputsParams
 from nanovllm.server.errors import bad_request
+from nanovllm.structured.params import StructuredOutputsParams
 
 
 def structured_outputs_params(response_format: dict[str, Any] | None,
