@@ -11,9 +11,7 @@ The workload lives in nanovllm/bench.py, which `nanovllm bench` runs too.
 import argparse
 import logging
 
-from nanovllm.bench import add_bench_args, check_bench_args, dummy_model_dir, run_bench
-
-__all__ = ["dummy_model_dir", "main"]  # tools/profile_bench.py imports dummy_model_dir
+from nanovllm.bench import add_bench_args, check_bench_args, run_bench
 
 
 def main():

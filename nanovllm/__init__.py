@@ -1,6 +1,7 @@
 """nanovllm: a compact, fast, tested LLM inference engine (nano-vLLM design)."""
 from nanovllm.outputs import CompletionOutput, Logprob, RequestOutput
-from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams
+from nanovllm.sampling_params import SamplingParams
+from nanovllm.structured.params import StructuredOutputsParams
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
            "StructuredOutputsParams"]

@@ -5,14 +5,12 @@ ignore_eos, so every run asks for the same tokens; the options only shrink or re
 """
 import argparse
 import json
-import os
-import tempfile
 import time
 from random import randint, seed
 
 from nanovllm.config import DTYPES, KV_CACHE_DTYPES
 from nanovllm.utils.json_arg import json_object
-from nanovllm.utils.model_shapes import SHAPES
+from nanovllm.utils.model_shapes import SHAPES, dummy_model_dir
 
 # The workload's default sizes: nano-vLLM's on a GPU; on a CPU, one a 2-core machine
 # finishes in under a minute.
@@ -22,26 +20,6 @@ WORKLOADS = {
     "cpu": dict(num_seqs=8, min_input_len=16, max_input_len=64, min_output_len=16,
                 max_output_len=64),
 }
-
-
-def dummy_model_dir(shape: str = "qwen3-0.6b") -> str:
-    """config.json of a known model's shape (bf16) + a small tokenizer; weights come from
-    load_format='dummy'."""
-    from nanovllm.utils.model_shapes import shape_config
-    from nanovllm.utils.toy import save_tokenizer
-
-    config = shape_config(shape)
-    path = os.path.join(tempfile.gettempdir(), f"nanovllm-{shape}-dummy")
-    cfg_path = os.path.join(path, "config.json")
-    if os.path.isfile(cfg_path):
-        with open(cfg_path) as f:
-            if json.load(f) == config:
-                return path
-    os.makedirs(path, exist_ok=True)
-    save_tokenizer(path)
-    with open(cfg_path, "w") as f:  # last: a directory with a config.json is complete
-        json.dump(config, f, indent=1)
-    return path
 
 
 def add_bench_args(ap: argparse.ArgumentParser) -> None:

@@ -1,9 +1,10 @@
 """Per-request sampling settings, with vLLM's names and meanings."""
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from numbers import Integral, Real
+
+from nanovllm.param_checks import check_text, is_int, is_real, short
+from nanovllm.structured.params import StructuredOutputsParams
 
 # The most top tokens logprobs / prompt_logprobs may ask for (vLLM's default max_logprobs).
 MAX_LOGPROBS = 20
@@ -15,73 +16,6 @@ MAX_STOP_TOKEN_IDS = 1024
 # Integers end up in torch int64 tensors (top_k, token ids) or in 64-bit seeds: a larger
 # value would raise inside the engine's step instead of here.
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
-
-
-@dataclass
-class StructuredOutputsParams:
-    """Constrain the output to a grammar (vLLM's names): exactly one of a JSON schema
-    (`json`: dict or JSON text), any JSON object (`json_object=True`), a regular expression
-    (`regex`), one of several strings (`choice`) or an EBNF grammar (`grammar`)."""
-
-    json: dict | str | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    # JSON: no whitespace between elements (vLLM's option); by default a little is allowed.
-    disable_any_whitespace: bool = False
-
-    KINDS = ("json", "regex", "choice", "grammar", "json_object")
-
-    def __post_init__(self):
-        given = [k for k in self.KINDS if getattr(self, k) not in (None, False)]
-        if len(given) != 1:
-            raise ValueError(f"StructuredOutputsParams needs exactly one of {', '.join(self.KINDS)}"
-                             f"; got {len(given)} ({', '.join(given) or 'none'})")
-        kind = given[0]
-        value = getattr(self, kind)
-        if kind == "json" and not isinstance(value, (dict, str)):
-            raise ValueError(f"StructuredOutputsParams.json={_short(value)} is invalid: must be "
-                             f"a JSON schema, as a dict or as JSON text")
-        if kind in ("regex", "grammar") and (not isinstance(value, str) or not value):
-            raise ValueError(f"StructuredOutputsParams.{kind}={_short(value)} is invalid: must "
-                             f"be a non-empty string")
-        if kind == "choice":
-            if (isinstance(value, (str, bytes)) or not isinstance(value, Iterable)):
-                value = None
-            else:
-                value = list(value)
-            if not value or any(not isinstance(c, str) or not c for c in value):
-                raise ValueError(f"StructuredOutputsParams.choice={_short(self.choice)} is "
-                                 f"invalid: must be a non-empty list of non-empty strings")
-            self.choice = value
-        if kind == "json_object" and self.json_object is not True:
-            raise ValueError(f"StructuredOutputsParams.json_object={self.json_object!r} is "
-                             f"invalid: must be True (or left out)")
-        if not isinstance(self.disable_any_whitespace, bool):
-            raise ValueError(f"StructuredOutputsParams.disable_any_whitespace="
-                             f"{_short(self.disable_any_whitespace)} is invalid: must be True "
-                             f"or False")
-
-    @property
-    def kind(self) -> str:
-        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
-        return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
-
-    @property
-    def key(self) -> tuple:
-        """(kind, spec, whitespace option): equal keys compile to the same grammar (a schema
-        dict as JSON text, its key order kept: properties are generated in that order)."""
-        kind = self.kind
-        value = getattr(self, kind)
-        if kind == "json" and isinstance(value, dict):
-            try:
-                value = json.dumps(value)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"StructuredOutputsParams.json is not valid JSON: {e}") from None
-        elif kind == "choice":
-            value = tuple(value)
-        return kind, value, self.disable_any_whitespace
 
 
 @dataclass
@@ -142,7 +76,7 @@ class SamplingParams:
         """None, one item or an iterable of items -> a list (numpy integers become ints)."""
         if value is None:
             return []
-        if isinstance(value, kind) or (kind is int and _is_int(value)):
+        if isinstance(value, kind) or (kind is int and is_int(value)):
             value = [value]
         elif isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
             noun = "string" if kind is str else "token id"
@@ -150,46 +84,46 @@ class SamplingParams:
                              f"a list of them.")
         items = list(value)
         if kind is int:
-            return [int(t) if _is_int(t) else t for t in items]
+            return [int(t) if is_int(t) else t for t in items]
         return items
 
     def _check(self):
         def bad(field, value, allowed):
-            raise ValueError(f"SamplingParams.{field}={_short(value)} is invalid: must be "
+            raise ValueError(f"SamplingParams.{field}={short(value)} is invalid: must be "
                              f"{allowed}.")
 
-        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+        if not is_int(self.n) or not 1 <= self.n <= MAX_N:
             bad("n", self.n, f"an integer in [1, {MAX_N}] (the number of completions per "
                              f"prompt)")
-        if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
+        if not is_real(self.temperature) or not 0 <= self.temperature < math.inf:
             bad("temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
-        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+        if not is_real(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", self.top_p, "in (0, 1]")
-        if (not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1)
+        if (not is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1)
                 or self.top_k > INT64_MAX):
             bad("top_k", self.top_k, f"-1 (off) or an integer in [1, {INT64_MAX}]")
-        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+        if not is_real(self.min_p) or not 0 <= self.min_p <= 1:
             bad("min_p", self.min_p, "in [0, 1]")
-        if not _is_int(self.max_tokens) or not 0 <= self.max_tokens <= INT64_MAX:
+        if not is_int(self.max_tokens) or not 0 <= self.max_tokens <= INT64_MAX:
             bad("max_tokens", self.max_tokens, f"an integer in [0, {INT64_MAX}] (0: compute "
                                                f"the prompt only, e.g. for prompt_logprobs)")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             bad("min_tokens", self.min_tokens, f"an integer in [0, max_tokens={self.max_tokens}]")
-        if (not _is_real(self.repetition_penalty)
+        if (not is_real(self.repetition_penalty)
                 or not 0 < self.repetition_penalty < math.inf):
             bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 = off)")
         for field in ("presence_penalty", "frequency_penalty"):
-            if not _is_real(getattr(self, field)) or not -2 <= getattr(self, field) <= 2:
+            if not is_real(getattr(self, field)) or not -2 <= getattr(self, field) <= 2:
                 bad(field, getattr(self, field), "in [-2, 2] (0 = off)")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", self.ignore_eos, "True or False")
-        if self.seed is not None and (not _is_int(self.seed)
+        if self.seed is not None and (not is_int(self.seed)
                                       or not INT64_MIN <= self.seed <= INT64_MAX):
             bad("seed", self.seed, f"None or an integer in [{INT64_MIN}, {INT64_MAX}]")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             bad("stop_token_ids", self.stop_token_ids,
                 f"at most {MAX_STOP_TOKEN_IDS} token ids (got {len(self.stop_token_ids)})")
-        if any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
+        if any(not is_int(t) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
         if len(self.stop) > MAX_STOP_STRINGS:
             bad("stop", self.stop, f"at most {MAX_STOP_STRINGS} strings (got {len(self.stop)})")
@@ -199,7 +133,7 @@ class SamplingParams:
             check_text(f"SamplingParams.stop[{i}]", s)
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
-            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+            if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 bad(field, value, f"None or an integer in [0, {MAX_LOGPROBS}] (how many of the "
                                   f"most likely tokens to return besides the chosen one)")
         so = self.structured_outputs
@@ -229,29 +163,3 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when sampling reduces to argmax."""
         return self.temperature == 0
-
-
-def _is_int(x) -> bool:
-    """An integer (numpy's too), but not a bool."""
-    return isinstance(x, Integral) and not isinstance(x, bool)
-
-
-def _is_real(x) -> bool:
-    """A real number (numpy's too) that is not NaN, and not a bool."""
-    return isinstance(x, Real) and not isinstance(x, bool) and not math.isnan(x)
-
-
-def check_text(field: str, text: str) -> None:
-    """ValueError naming `field` unless `text` is valid Unicode that UTF-8 can encode (a lone
-    surrogate such as "\\ud800", which JSON escapes can carry, cannot be tokenized)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{field} is not valid UTF-8 text: {e.reason} at character {e.start} "
-                         f"({text[e.start:e.end]!r}); send well-formed Unicode") from None
-
-
-def _short(value, limit: int = 120) -> str:
-    """repr(value), cut to `limit` characters (a 1,000-item list makes an unreadable error)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -102,7 +102,7 @@ def time_steps(llm, batch: int, k: int, context: int = 512, reps: int = 30) -> d
 
 def steps(args) -> None:
     from nanovllm import LLM
-    from nanovllm.bench import dummy_model_dir
+    from nanovllm.utils.model_shapes import dummy_model_dir
 
     model = args.model or dummy_model_dir(args.shape)
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "disable_by_batch_size": 64}

@@ -17,9 +17,9 @@ import time
 
 sys.path.insert(0, ".")
 from nanovllm import LLM, SamplingParams
-from nanovllm.bench import (add_bench_args, check_bench_args, dummy_model_dir, engine_kwargs,
-                            workload)
+from nanovllm.bench import add_bench_args, check_bench_args, engine_kwargs, workload
 from nanovllm.engine.load_balance import balance, request_cost
+from nanovllm.utils.model_shapes import dummy_model_dir
 
 
 def timed(llm, prompts, params) -> float:

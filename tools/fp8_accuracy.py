@@ -198,7 +198,7 @@ def main() -> None:
                                       **shape), "auto")
                    for i, (name, shape) in enumerate(TOY_SHAPES.items())]
     if args.dummy_qwen3:
-        from nanovllm.bench import dummy_model_dir
+        from nanovllm.utils.model_shapes import dummy_model_dir
 
         models.append((dummy_model_dir(), "dummy"))
     if not models:

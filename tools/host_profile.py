@@ -8,8 +8,8 @@ import io
 import pstats
 import time
 
-from bench import dummy_model_dir
 from nanovllm import LLM, SamplingParams
+from nanovllm.utils.model_shapes import dummy_model_dir
 
 
 def main():

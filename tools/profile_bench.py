@@ -9,8 +9,8 @@ from random import randint, seed
 
 import torch
 
-from bench import dummy_model_dir
 from nanovllm import LLM, SamplingParams
+from nanovllm.utils.model_shapes import dummy_model_dir
 
 
 BUCKETS = (1, 4, 8, 16, 32, 64, 128, 192, 256, 512)

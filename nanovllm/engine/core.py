@@ -5,18 +5,20 @@ through a pipe to a child process or a thread (core_loop.py), or in a Ray actor.
 device only through an Executor (executor.py), handed in by whoever built it, and imports no
 torch. With async scheduling one step is in flight while the host records the previous one.
 
-Structured output: a request with a grammar waits here, outside the scheduler, until its
-grammar has compiled (on the grammar service's thread), and every step whose batch holds one
-runs synchronously: its bitmask needs each sequence's previous token accepted by its matcher.
+Structured output: a request with a grammar waits outside the scheduler until its grammar
+has compiled (compiling.py), and every step whose batch holds one runs synchronously: its
+bitmask needs each sequence's previous token accepted by its matcher.
 """
 import logging
 
 from nanovllm.config import Config
 from nanovllm.engine import logprobs
+from nanovllm.engine.compiling import CompilingRequests
 from nanovllm.engine.executor import Executor
-from nanovllm.engine.messages import Outputs, Request, RequestEnd, SampleDelta
+from nanovllm.engine.messages import Outputs, Request
+from nanovllm.engine.reports import Reports
 from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.stop_rules import stop_string_end
 from nanovllm.engine.tokenizer import TextDecoder
 
@@ -25,8 +27,6 @@ logger = logging.getLogger(__name__)
 # A step that raises fails only its own requests; this many in a row mean the engine itself
 # is broken (e.g. the device is gone), and the error propagates.
 MAX_STEP_FAILURES = 3
-# With nothing to run but requests whose grammar compiles, a step waits this long for one.
-COMPILE_POLL_S = 0.01
 
 
 class EngineCore:
@@ -42,7 +42,7 @@ class EngineCore:
         gives a sequence its grammar state), None without a tokenizer."""
         self.config, self.executor, self.stream = config, executor, stream
         self.grammars = grammars
-        self._compiling: list[Sequence] = []  # requests waiting for their grammar
+        self._compiling = CompilingRequests()  # requests waiting for their grammar
         self._structured: set[int] = set()  # ids of the live requests with a grammar
         self.stops = TextDecoder(tokenizer)
         self.scheduler = Scheduler(config, executor.num_kvcache_blocks, eos_ids)
@@ -56,8 +56,7 @@ class EngineCore:
         self._updated: list[Sequence] = []  # samples whose tokens the last step learned
         self._touched: list[Sequence] = []  # sequences of the step under way (see _fail_step)
         self._step_failures = 0  # consecutive steps that raised
-        self._live: set[int] = set()  # ids of the requests added and not reported ended
-        self._sent: dict[tuple[int, int], int] = {}  # (request id, sample) -> tokens reported
+        self._reports = Reports(stream, self.scheduler.spec is not None)
         self.num_aborted = 0  # aborts that stopped a live request (stats)
 
     # -- requests ---------------------------------------------------------------------------
@@ -75,19 +74,15 @@ class EngineCore:
                                  "skip_tokenizer_init=True turned off")
             self.scheduler.check(seq)
             seq.grammar = self.grammars.request(structured)
-            self._compiling.append(seq)  # the next step admits it once its grammar is ready
+            self._compiling.add(seq)  # the next step admits it once its grammar is ready
             self._structured.add(request.request_id)
-        self._live.add(request.request_id)
+        self._reports.live.add(request.request_id)
 
     def abort(self, request_ids: list[int]) -> None:
         """End these requests now with finish_reason "abort"; the next step() reports them.
         Ids unknown or already ended are ignored."""
-        ids = set(request_ids) & self._live
-        aborted = self.scheduler.abort(ids)
-        for seq in [s for s in self._compiling if s.request_id in ids]:
-            self._compiling.remove(seq)
-            _end_unscheduled(seq, "abort")
-            aborted.append(seq)
+        ids = set(request_ids) & self._reports.live
+        aborted = self.scheduler.abort(ids) + self._compiling.abort(ids)
         self.num_aborted += len({s.request_id for s in aborted})
         self._aborted += aborted
 
@@ -95,8 +90,9 @@ class EngineCore:
         """Drop every request, reporting none of them (the front end gave them up)."""
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "abort")
-        self._aborted, self._compiling = [], []
-        self._live, self._sent, self._structured = set(), {}, set()
+        self._aborted, self._structured = [], set()
+        self._compiling.clear()
+        self._reports.clear()
         if self._in_flight is not None:  # its results would only land on finished requests
             self._in_flight = None
             self.scheduler.num_in_flight -= 1
@@ -109,7 +105,7 @@ class EngineCore:
     @property
     def num_live(self) -> int:
         """Requests added and not reported ended."""
-        return len(self._live)
+        return len(self._reports.live)
 
     def stats(self) -> dict:
         """KV blocks, queues and counters: what a health check, /metrics or a test looks
@@ -136,36 +132,16 @@ class EngineCore:
     def step(self) -> Outputs:
         """Run one step; returns what it (and aborts since the last step) produced."""
         self._updated, self._touched = [], []
-        if self._compiling:
-            self._admit_compiled()
+        if self._compiling:  # failed grammars end their requests with "error"
+            self._aborted += self._compiling.admit(self.scheduler, self._in_flight is not None)
         finished, num_tokens = [], 0
         if not self.scheduler.is_finished() or self._in_flight is not None:
             finished, num_tokens = self._guarded_step()
         finished, self._aborted = self._aborted + finished, []
-        out = Outputs(num_tokens=num_tokens)
-        if self.stream:
-            for seq in self._updated:
-                if seq.request_id in self._live:
-                    self._report(out, seq)
-        for req in _finished_requests(finished):
-            self._report_end(out, req)
+        out = self._reports.outputs(num_tokens, self._updated, finished)
+        for end in out.ended:
+            self._structured.discard(end.request_id)
         return out
-
-    def _admit_compiled(self) -> None:
-        """Queue the requests whose grammar is ready; end those whose grammar failed to
-        compile (finish_reason "error"). With nothing else to do, wait a little for one."""
-        waiting = []
-        for seq in self._compiling:
-            if not seq.grammar.ready:
-                waiting.append(seq)
-            elif (error := seq.grammar.error()) is None:
-                self.scheduler.add(seq)
-            else:
-                _end_unscheduled(seq, "error", f"compiling the grammar failed: {error}")
-                self._aborted.append(seq)
-        self._compiling = waiting
-        if waiting and self.scheduler.is_finished() and self._in_flight is None:
-            waiting[0].grammar.wait(COMPILE_POLL_S)  # rather than spinning through step()
 
     def _guarded_step(self) -> tuple[list[Sequence], int]:
         try:
@@ -253,53 +229,3 @@ class EngineCore:
                     self.scheduler.finish(seq, "stop", stop)
                     finished.append(seq)
         return finished
-
-    # -- outputs ----------------------------------------------------------------------------
-    def _report(self, out: Outputs, seq: Sequence) -> None:
-        """Add a sample's tokens not reported yet (and its end, if it ended) to out."""
-        at = (seq.request_id, seq.index)
-        start = self._sent.get(at, 0)
-        if start < 0:
-            return  # its end was reported
-        # Only the new ids: slicing completion_token_ids first would copy the whole output.
-        base = seq.num_prompt_tokens
-        ids = seq.token_ids[base + start: seq.num_tokens - seq.num_pending]
-        if not ids and not seq.is_finished:
-            return  # a chunk of a prompt, or a token still in flight: nothing to send
-        entries = None if seq.logprobs is None else seq.logprobs[start:start + len(ids)]
-        if seq.is_finished:
-            self._sent[at] = -1
-            out.samples.append(SampleDelta(at[0], seq.index, ids, entries, seq.finish_reason,
-                                           seq.stop_reason))
-        else:
-            self._sent[at] = start + len(ids)
-            out.samples.append(SampleDelta(at[0], seq.index, ids, entries))
-
-    def _report_end(self, out: Outputs, req: Sequence) -> None:
-        """Add a request's end, after its samples' last tokens, to out; forget it."""
-        if req.request_id not in self._live:
-            return  # dropped by abort_all
-        self._live.discard(req.request_id)
-        self._structured.discard(req.request_id)
-        for seq in req.samples:
-            self._report(out, seq)
-            self._sent.pop((req.request_id, seq.index), None)
-        counts = None
-        if self.scheduler.spec is not None:
-            counts = tuple(sum(c) for c in zip(*((s.num_spec_proposed, s.num_spec_accepted,
-                                                  s.num_spec_steps) for s in req.samples)))
-        out.ended.append(RequestEnd(req.request_id, req.finish_reason, req.prompt_logprobs,
-                                    counts))
-
-
-def _end_unscheduled(seq: Sequence, reason: str, stop_reason: str | None = None) -> None:
-    """End a request that never reached the scheduler (it holds no blocks)."""
-    seq.status = SequenceStatus.FINISHED
-    seq.finish_reason, seq.stop_reason = reason, stop_reason
-
-
-def _finished_requests(seqs: list[Sequence]) -> list[Sequence]:
-    """The requests (first samples), in order of first mention, that seqs, the samples that
-    just ended, completed: each request once, when its last sample ends."""
-    reqs = {s.request_id: s.request for s in seqs if s.request_finished}
-    return list(reqs.values())

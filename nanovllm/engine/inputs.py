@@ -12,7 +12,8 @@ from nanovllm.engine.prompts import (
     parse_prompt,
 )
 from nanovllm.engine.tokenizer import chat_prompt
-from nanovllm.sampling_params import SamplingParams, check_text
+from nanovllm.param_checks import check_text
+from nanovllm.sampling_params import SamplingParams
 
 
 class InputProcessor:

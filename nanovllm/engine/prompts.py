@@ -8,7 +8,8 @@ came from, reported back in the output). No torch here.
 from collections.abc import Iterable, Mapping
 from numbers import Integral
 
-from nanovllm.sampling_params import INT64_MAX, INT64_MIN, check_text
+from nanovllm.param_checks import check_text
+from nanovllm.sampling_params import INT64_MAX, INT64_MIN
 
 ACCEPTED = ('a string, a list of token ids, {"prompt": str} or {"prompt_token_ids": '
             '[int, ...]} (optionally with "prompt": the text those ids came from)')

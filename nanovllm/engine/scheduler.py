@@ -6,21 +6,18 @@ Prefill goes first: partly computed prompts continue, then waiting requests are 
 blocks, `max_num_seqs` and the token budget allow (a longer prompt is cut into chunks). Else
 every running sequence decodes one token (and, when speculating, verifies its drafts: see
 speculation.py); without a free block the last running sequence in that order is preempted
-(blocks freed, recomputed later in its place in the waiting queue).
-
-Parallel sampling (n > 1): a request is admitted and prefilled as one sequence, its first
-sample. The step that computes the end of its prompt forks the other n - 1 (see _fork): each
-shares, by reference count, the prompt's blocks before the last token's and computes only the
-rest of the prompt to sample its own first token; from then on every sample is an ordinary
-sequence, and the request ends when all its samples have.
+(blocks freed, recomputed later in its place in the waiting queue). Parallel sampling (n > 1):
+a request's other samples are forked when its prompt is computed (forks.py).
 """
 from collections import deque
 
 from nanovllm.engine.block_manager import BlockManager
+from nanovllm.engine.forks import fork_samples, num_forks
 from nanovllm.engine.prompts import check_fits
-from nanovllm.engine.sequence import Sequence, SequenceStatus, insert_in_order
+from nanovllm.engine.queues import insert_in_order
+from nanovllm.engine.sequence import Sequence, SequenceStatus
 from nanovllm.engine.speculation import SpecStats, Speculator, take_verified
-from nanovllm.engine.stop_rules import finish_reason, length_done
+from nanovllm.engine.stop_rules import length_done, take_sampled
 
 
 class Scheduler:
@@ -80,7 +77,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled = []
         # Samples that requests with n > 1 fork when this step completes their prompt: each
-        # takes a running slot and one block (see _fork), which later admissions leave free.
+        # takes a running slot and one block (see forks.py), which later admissions leave free.
         promised = 0
         # Finish prompts that earlier steps only chunked.
         for seq in self.running:
@@ -90,15 +87,15 @@ class Scheduler:
                 budget -= seq.num_scheduled_tokens
                 scheduled.append(seq)
                 if seq.num_scheduled_tokens == remaining:
-                    promised += self._num_forks(seq)
+                    promised += num_forks(seq, self.max_num_seqs)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             # A sequence preempted with a token in flight is recomputed once it is known.
             if seq.num_pending:
                 break
             # A request with n > 1 waits for room for its samples too, unless nothing runs:
-            # then it must start alone (samples that do not fit wait, see _fork).
-            forks = self._num_forks(seq)
+            # then it must start alone (samples that do not fit wait, see forks.py).
+            forks = num_forks(seq, self.max_num_seqs)
             want = promised + (forks if self.running else 0)
             if (len(self.running) + want >= self.max_num_seqs
                     or self.block_manager.blocks_needed(seq) + want
@@ -115,12 +112,6 @@ class Scheduler:
             insert_in_order(self.running, seq)
             scheduled.append(seq)
         return scheduled
-
-    def _num_forks(self, seq: Sequence) -> int:
-        """Samples seq forks when its prompt completes that can run beside it at once."""
-        if not seq.needs_fork:
-            return 0
-        return min(seq.sampling_params.n - len(seq.samples), self.max_num_seqs - 1)
 
     def wants_speculation(self) -> bool:
         """Whether the next decode step would verify drafts: speculation is on, few enough
@@ -181,25 +172,11 @@ class Scheduler:
             if real:
                 seq.append_pending()
                 if seq.needs_fork:
-                    self._fork(seq)
+                    fork_samples(seq, self.running, self.waiting, self.block_manager,
+                                 self.max_num_seqs)
             produced.append(real)
         self.num_in_flight += 1
         return Launched(seqs, produced, speculative)
-
-    def _fork(self, parent: Sequence) -> None:
-        """Make the other samples of parent's request, whose prompt this step computes. A
-        sample that finds a running slot and a block starts now, sharing the prompt's blocks
-        (launched before any step of its own, so on the device they are written first); one
-        that does not waits in line, to be computed like a preempted sequence (with prefix
-        caching on, still mostly from the shared blocks)."""
-        while parent.needs_fork:
-            child = parent.spawn_sample()
-            if len(self.running) < self.max_num_seqs and self.block_manager.can_fork(child):
-                self.block_manager.fork(parent, child)
-                child.status = SequenceStatus.RUNNING
-                insert_in_order(self.running, child)
-            else:
-                insert_in_order(self.waiting, child)
 
     def on_result(self, launched: "Launched", token_ids: list) -> list[Sequence]:
         """A launched step's sampled tokens arrived (a verify step: a list per sequence, its
@@ -215,16 +192,8 @@ class Scheduler:
             if launched.speculative:
                 reason, stop_reason = take_verified(seq, out, self.eos_ids,
                                                     self.max_model_len, self.spec_stats)
-            elif seq.sampling_params.max_tokens == 0:
-                # Prompt only (scoring): the step sampled a token for the batch's sake; drop
-                # it (and its logprob entry) so the sequence ends with none.
-                seq.drop_pending()
-                seq.truncate(seq.num_prompt_tokens)
-                reason, stop_reason = "length", None
             else:
-                seq.fill_pending(out)
-                reason, stop_reason = finish_reason(seq, out, self.eos_ids,
-                                                    self.max_model_len)
+                reason, stop_reason = take_sampled(seq, out, self.eos_ids, self.max_model_len)
             self.block_manager.commit(seq)  # after the fill: every hashed token is known
             if reason is not None:
                 if seq.status is SequenceStatus.WAITING:  # preempted while in flight

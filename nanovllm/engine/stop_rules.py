@@ -37,6 +37,20 @@ def finish_reason(seq: Sequence, token_id: int, eos_ids: set[int],
     return None, None
 
 
+def take_sampled(seq: Sequence, token_id: int, eos_ids: set[int],
+                 max_model_len: int) -> tuple[str | None, int | str | None]:
+    """Fill seq's oldest pending token with a step's sampled token_id; returns (finish reason
+    or None, stop reason) as finish_reason does (a verify step's tokens: see speculation.py)."""
+    if seq.sampling_params.max_tokens == 0:
+        # Prompt only (scoring): the step sampled a token for the batch's sake; drop it (and
+        # its logprob entry) so the sequence ends with none.
+        seq.drop_pending()
+        seq.truncate(seq.num_prompt_tokens)
+        return "length", None
+    seq.fill_pending(token_id)
+    return finish_reason(seq, token_id, eos_ids, max_model_len)
+
+
 def stop_string_end(seq: Sequence, old_len: int, decoder) -> str | None:
     """The stop string seq's newest tokens (those past old_len) complete, or None; a verify
     step's tokens are checked one by one, and those after the one that completes a stop

@@ -1,5 +1,5 @@
-"""Loads safetensors or GGUF weights (or random ones) into a model through per-parameter
-loaders.
+"""Builds a model and loads safetensors or GGUF weights (or random ones) into it through
+per-parameter loaders.
 
 Every checkpoint problem is a ValueError naming the file and what is wrong: a file cut short,
 a tensor whose shape disagrees with config.json (each `weight_loader` checks the full,
@@ -15,7 +15,7 @@ import re
 import torch
 from torch import nn
 
-from nanovllm.config import ModelConfig
+from nanovllm.config import Config, ModelConfig
 from nanovllm.layers.weights import WeightShapeError, default_weight_loader
 from nanovllm.models import model_class
 from nanovllm.models.safetensors_io import KV_SCALE_NAME, safetensors_entries
@@ -27,6 +27,24 @@ logger = logging.getLogger(__name__)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # Names listed in one error message; the rest are counted.
 MAX_LISTED = 20
+
+
+def build_model(config: Config, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """config's model on `device`, in `dtype`, with its weights (random ones for
+    load_format="dummy"), in eval mode."""
+    hf = config.hf_config
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_class(hf.architecture)(hf)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    if config.load_format == "dummy":
+        init_dummy_weights(model, config.seed)
+    else:
+        load_model(model, config.model)
+    return model.eval()
 
 
 def load_model(model: nn.Module, path: str) -> None:

@@ -5,25 +5,25 @@ min_tokens, ignore_eos, stop_token_ids). Unknown fields are refused with a 400 r
 ignored, so a client never believes a setting took effect when it did not; the few OpenAI
 fields that exist but are not implemented (suffix, best_of > n, logit_bias) are refused by
 name. Structured output: OpenAI's response_format (json_object, json_schema) or vLLM's
-structured_outputs extra (see structured_outputs_params); tools: see tools.py.
+structured_outputs extra (see structured.py); tools: see tools.py; chat messages: see
+messages.py.
 """
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from nanovllm.sampling_params import (INT64_MAX, INT64_MIN, MAX_LOGPROBS, MAX_N,
-                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams,
-                                      StructuredOutputsParams)
+                                      MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams)
 from nanovllm.server.errors import APIError, bad_request
-from nanovllm.server.tools import ToolPlan, plan_tools, template_message
+from nanovllm.server.messages import STRICT, ChatMessage
+from nanovllm.server.structured import structured_outputs_params
+from nanovllm.server.tools import ToolPlan, plan_tools
+from nanovllm.structured.params import StructuredOutputsParams
 
 # Choices one request may ask for (prompts x n): a guard against one request filling the
 # engine with sequences.
 MAX_CHOICES = 1024
-# strict: no lax coercion ("logprobs": 0 is not a bool, [[false]] is not a token-id prompt);
-# extra="forbid": a field we do not know is refused, not silently ignored.
-STRICT = ConfigDict(extra="forbid", strict=True)
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 TokenIds = list[TokenId]
 Count = Annotated[int, Field(ge=1, le=INT64_MAX)]
@@ -112,35 +112,9 @@ class _Sampling(BaseModel):
         return "structured_outputs" if self.structured_outputs else "response_format"
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
-        """response_format / structured_outputs as StructuredOutputsParams; None for text.
-        A 400 naming the field when it is malformed (the schema itself is checked later,
-        by the grammar library)."""
-        rf, so = self.response_format, self.structured_outputs
-        if rf and so:
-            raise bad_request("give response_format or structured_outputs, not both",
-                              "structured_outputs")
-        try:
-            if so:
-                return StructuredOutputsParams(**so)
-            kind = None if rf is None else rf.get("type")
-            if kind in (None, "text"):
-                return None
-            if kind == "json_object":
-                return StructuredOutputsParams(json_object=True)
-            if kind == "json_schema":
-                spec = rf.get("json_schema")
-                schema = spec.get("schema") if isinstance(spec, dict) else None
-                if not isinstance(schema, dict):
-                    raise ValueError("response_format.json_schema.schema must be a JSON schema "
-                                     "object: {'type': 'json_schema', 'json_schema': {'name': "
-                                     "..., 'schema': {...}}}")
-                return StructuredOutputsParams(json=schema)
-        except TypeError as e:  # an unknown key of structured_outputs
-            raise bad_request(f"structured_outputs: {e}", "structured_outputs") from e
-        except ValueError as e:
-            raise bad_request(str(e), self.structured_field) from e
-        raise bad_request(f"response_format type {kind!r} is not supported: use 'text', "
-                          f"'json_object' or 'json_schema'", "response_format")
+        """response_format / structured_outputs as StructuredOutputsParams; None for text."""
+        return structured_outputs_params(self.response_format, self.structured_outputs,
+                                         self.structured_field)
 
 
 class CompletionRequest(_Sampling):
@@ -188,57 +162,6 @@ class CompletionRequest(_Sampling):
     def prompt_logprobs(self) -> int | None:
         """SamplingParams.prompt_logprobs: echo with logprobs scores the prompt too."""
         return self.logprobs if self.echo else None
-
-
-class TextPart(BaseModel):
-    """A text content part of a chat message (the only kind supported)."""
-
-    model_config = STRICT
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(BaseModel):
-    """A function call an assistant message made: its name and arguments (JSON text)."""
-
-    model_config = STRICT
-    name: str
-    arguments: str
-
-
-class ToolCall(BaseModel):
-    """One tool call of an assistant message."""
-
-    model_config = STRICT
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(BaseModel):
-    """One message of a conversation."""
-
-    model_config = STRICT
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
-    tool_call_id: str | None = None  # a tool message: the call it answers
-
-    def as_dict(self) -> dict:
-        """{"role", "content"} with the text parts joined, as chat templates expect (and
-        tool calls with their arguments as objects)."""
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        message = {"role": self.role, "content": content or ""}
-        if self.name is not None:  # templates that know the field may use it
-            message["name"] = self.name
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        if self.tool_calls:
-            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
-        return template_message(message)
 
 
 class ChatCompletionRequest(_Sampling):

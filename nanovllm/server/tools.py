@@ -8,8 +8,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from nanovllm.sampling_params import StructuredOutputsParams
 from nanovllm.server.errors import bad_request
+from nanovllm.structured.params import StructuredOutputsParams
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 

@@ -9,7 +9,7 @@ from concurrent import futures
 
 import numpy as np
 
-from nanovllm.sampling_params import StructuredOutputsParams
+from nanovllm.structured.params import StructuredOutputsParams
 from nanovllm.structured.spec import to_grammar, xgrammar
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ front end's validation and the engine's compilation agree on what is valid."""
 import functools
 import json
 
-from nanovllm.sampling_params import StructuredOutputsParams
+from nanovllm.structured.params import StructuredOutputsParams
 
 INSTALL_HINT = "pip install 'nanovllm[structured]'"
 # Whitespace allowed between JSON elements: enough for indented output, bounded so that a

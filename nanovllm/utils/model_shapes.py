@@ -1,7 +1,11 @@
 """The config.json of well-known checkpoints, shapes only, for benchmarks with random weights
 (load_format="dummy"): `bench.py --model-shape NAME`; Qwen3-8B's with a Qwen3-0.6B draft for
-`tools/bench_spec.py`."""
-from nanovllm.utils.toy import QWEN3_0_6B
+`tools/bench_spec.py`; dummy_model_dir writes one to a directory."""
+import json
+import os
+import tempfile
+
+from nanovllm.utils.toy import QWEN3_0_6B, save_tokenizer
 
 # name -> (architecture, config.json fields over the tiny defaults of nanovllm.utils.toy)
 SHAPES = {
@@ -45,3 +49,20 @@ def shape_config(name: str) -> dict:
         raise ValueError(f"unknown model shape {name!r}; known: {', '.join(SHAPES)}")
     arch, fields = SHAPES[name]
     return config_dict(arch, **fields, torch_dtype="bfloat16")
+
+
+def dummy_model_dir(shape: str = "qwen3-0.6b") -> str:
+    """config.json of a known model's shape (bf16) + a small tokenizer; weights come from
+    load_format='dummy'."""
+    config = shape_config(shape)
+    path = os.path.join(tempfile.gettempdir(), f"nanovllm-{shape}-dummy")
+    cfg_path = os.path.join(path, "config.json")
+    if os.path.isfile(cfg_path):
+        with open(cfg_path) as f:
+            if json.load(f) == config:
+                return path
+    os.makedirs(path, exist_ok=True)
+    save_tokenizer(path)
+    with open(cfg_path, "w") as f:  # last: a directory with a config.json is complete
+        json.dump(config, f, indent=1)
+    return path

@@ -11,8 +11,7 @@ from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import DECODE_META_ROWS, StepBuilder, StepInputs
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend, mix_kv_wanted
-from nanovllm.models import model_class
-from nanovllm.models.loader import init_dummy_weights, load_model
+from nanovllm.models.loader import build_model
 from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.cuda_graph import DecodeGraphs
@@ -51,7 +50,7 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         torch.manual_seed(config.seed)
         clock = Clock()
-        self.model = self._load_model()
+        self.model = build_model(config, self.dtype, self.device)
         clock.lap("weights")
         self.sampler = Sampler()
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
@@ -112,22 +111,6 @@ class ModelRunner:
             logger.info("attention: %s; start-up %s", self.backend_name, self._clock)
 
     # -- set-up -----------------------------------------------------------------------------
-    def _load_model(self) -> torch.nn.Module:
-        """The model on this rank's device, in its dtype, with its weights (or random ones)."""
-        hf = self.config.hf_config
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            with torch.device(self.device):
-                model = model_class(hf.architecture)(hf)
-        finally:
-            torch.set_default_dtype(default_dtype)
-        if self.config.load_format == "dummy":
-            init_dummy_weights(model, self.config.seed)
-        else:
-            load_model(model, self.config.model)
-        return model.eval()
-
     def _allocate_kv(self, backend, extra_bytes_per_block: int = 0) -> bool:
         """The KV cache (and an fp8 cache's scales); True when the first real prefill must
         calibrate the scales."""

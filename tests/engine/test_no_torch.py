@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2] / "nanovllm"
 # What engine/ may import from the rest of nanovllm: plain, torch-free modules.
 SHARED = {"nanovllm.config", "nanovllm.model_config", "nanovllm.generation_config",
           "nanovllm.sampling_params", "nanovllm.outputs", "nanovllm.utils.process",
-          "nanovllm.spec_config"}
+          "nanovllm.spec_config", "nanovllm.param_checks"}
 DEVICE_LIBS = {"torch", "triton"}
 
 
