@@ -4,10 +4,11 @@ The model's config.json (or a GGUF file's metadata) is parsed by
 `nanovllm.model_config.ModelConfig`, re-exported here.
 """
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from nanovllm.generation_config import GenerationDefaults, load_generation_defaults
 from nanovllm.model_config import ModelConfig
+from nanovllm.quant_config import resolve_quantization
 from nanovllm.spec_config import SpeculativeConfig
 
 __all__ = ["ATTENTION_BACKENDS", "DTYPES", "EXECUTOR_BACKENDS", "KV_CACHE_DTYPES", "LOAD_FORMATS",
@@ -49,6 +50,9 @@ class Config:
     load_format: str = "auto"
     attention_backend: str = "auto"
     kv_cache_dtype: str = "auto"
+    # fp8 linear weights: None uses the checkpoint's own quantization_config (if any); "fp8"
+    # also quantizes a float checkpoint at load (per-output-channel scales).
+    quantization: str | None = None
     seed: int = 0
     skip_tokenizer_init: bool = False
     async_scheduling: bool | None = None
@@ -111,6 +115,9 @@ class Config:
             raise ValueError("async_scheduling=True is not supported with "
                              "tensor_parallel_size > 1 yet; leave it unset or False")
         self._check_tensor_parallel()
+        object.__setattr__(self, "hf_config", replace(self.hf_config, quantization=(
+            resolve_quantization(self.quantization, self.hf_config.quantization,
+                                 self.hf_config.architecture))))
         if self.speculative_config is not None:
             spec = SpeculativeConfig.from_dict(self.speculative_config)
             if spec.method == "draft_model" and self.tensor_parallel_size > 1:

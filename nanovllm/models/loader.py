@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from nanovllm.config import ModelConfig
-from nanovllm.layers.weights import WeightShapeError, default_weight_loader
+from nanovllm.layers.weights import CheckpointTensorError, default_weight_loader
 from nanovllm.models import model_class
 from nanovllm.models.safetensors_io import KV_SCALE_NAME, safetensors_entries
 from nanovllm.utils.dist import tp_rank
@@ -70,7 +70,7 @@ def _load(model: nn.Module, path: str, read_data: bool) -> None:
                 loader(param, tensor)
             else:
                 loader(param, tensor, shard)
-        except WeightShapeError as e:
+        except CheckpointTensorError as e:
             raise ValueError(f"tensor {name!r} in {file} {e}") from None
         found.add(name)
     if unused and tp_rank() == 0:  # every rank reads the same files: say it once
@@ -121,7 +121,8 @@ def _expected_names(model: nn.Module, params: dict, packed: dict,
     names = set()
     for pname, param in params.items():
         # Tied embeddings: the head shares the embedding's tensor, so one of the two suffices.
-        if _tied(model, pname):
+        # Scales computed while loading (fp8 quantized at load) are not in the checkpoint.
+        if _tied(model, pname) or getattr(param, "computed", False):
             continue
         prefix, _, last = pname.rpartition(".")
         modules = [mod for mod, (target, _) in experts.items()
@@ -152,8 +153,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights (vLLM's load_format='dummy'): small uniform values, norms at one."""
     gens = {}
     for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.data.fill_(1.0)
+        if name.endswith(("norm.weight", "weight_scale", "weight_scale_inv")):
+            param.data.fill_(1.0)  # a quantized weight's scales: the values stand as drawn
             continue
         # Drawn in fp32 on the parameter's own device: every dtype gets the same numbers, and
         # a GPU fills 0.6B parameters in milliseconds where the CPU took seconds of start-up.

@@ -36,4 +36,4 @@ class Qwen3MoeForCausalLM(CausalLM):
     def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
         mlp = (Qwen3MoeSparseMoeBlock(cfg) if cfg.is_moe_layer(layer)
                else GatedMLP(cfg.hidden_size, cfg.intermediate_size))
-        return DecoderLayer(cfg, qwen3_attention(cfg), mlp)
+        return DecoderLayer(cfg, qwen3_attention(cfg, layer), mlp)

@@ -1,0 +1,97 @@
+"""fp8 linear weights on the CPU: checkpoints in Qwen's block-wise and compressed-tensors
+formats, and LLM(quantization="fp8") quantizing a float checkpoint at load.
+
+Tolerance: an fp8 model and its dequantized float twin compute with the same fp32 weights
+(fp8 value * fp32 scale, the same product in both), so their logits agree to float rounding
+(1e-5); against the original float model they differ by fp8's rounding (3 mantissa bits,
+~3% per weight), which the looser check bounds.
+"""
+import pytest
+import torch
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.step_inputs import prefill_inputs
+from nanovllm.utils.context import reset_context
+from nanovllm.utils.toy import save_random_model
+from tests.support.fp8_checkpoints import FORMATS, write_fp8, write_row_dequantized
+
+# Hidden 192 = one whole and one half 128-block: the qkv / gate_up inputs and the o / down
+# outputs end in a partial block. Heads of 128 keep every shard of TP=2 on block boundaries.
+SHAPE = dict(hidden_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+             intermediate_size=512, num_hidden_layers=2, vocab_size=512)
+ARCHS = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
+TOKENS = [5, 17, 300, 42, 8, 99, 250, 3, 77, 180, 11, 460]
+
+
+@pytest.fixture(scope="module")
+def float_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp8_float")
+    return {a: save_random_model(str(root / a), arch, seed=40 + i, **SHAPE)
+            for i, (a, arch) in enumerate(ARCHS.items())}
+
+
+@torch.inference_mode()
+def prefill_logits(llm: LLM, tokens: list[int]) -> torch.Tensor:
+    """fp32 logits at every position of one prefill, straight through the ModelRunner."""
+    runner = llm.clients[0].core.executor.runner
+    seq = Sequence(tokens, SamplingParams(), runner.block_size)
+    seq.block_table = list(range(-(-len(tokens) // runner.block_size)))
+    seq.num_scheduled_tokens = len(tokens)
+    hidden = runner.forward(prefill_inputs([seq], runner.block_size, runner.max_blocks_per_seq))
+    out = runner.model.compute_all_logits(hidden).float()
+    reset_context()
+    return out
+
+
+def logits_of(path: str, **kw) -> tuple[torch.Tensor, torch.nn.Module]:
+    with LLM(path, **ENGINE, **kw) as llm:
+        return prefill_logits(llm, TOKENS), llm.clients[0].core.executor.runner.model
+
+
+def check_fp8_layers(model: torch.nn.Module, scale_name: str) -> None:
+    """Every decoder linear holds e4m3 weights and fp32 scales; embeddings and head do not."""
+    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+        layer = model.get_submodule(f"model.layers.0.{name}")
+        assert layer.weight.dtype == torch.float8_e4m3fn, name
+        assert getattr(layer, scale_name).dtype == torch.float32, name
+    assert model.lm_head.weight.dtype == torch.float32
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+
+
+# Every format on Qwen3; the other architectures in the block format (formats differ in the
+# loader alone, architectures in the layers they build).
+CASES = [("qwen3", f) for f in FORMATS] + [(a, "block") for a in ARCHS if a != "qwen3"]
+
+
+@pytest.mark.parametrize("arch,fmt", CASES)
+def test_fp8_checkpoint_matches_dequantized_twin(float_models, tmp_path, arch, fmt):
+    path = write_fp8(float_models[arch], str(tmp_path / fmt), fmt)
+    got, model = logits_of(path)
+    check_fp8_layers(model, FORMATS[fmt][2])
+    want, _ = logits_of(path + "_ref")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    exact, _ = logits_of(float_models[arch])
+    # These wide random toys amplify any weight change (fp8 rounding gives ~0.1 here); an
+    # unrelated model would give ~1.4.
+    assert (got - exact).norm() / exact.norm() < 0.25
+
+
+def test_quantization_fp8_at_load_matches_row_round_trip(float_models, tmp_path):
+    src = float_models["qwen3"]
+    got, model = logits_of(src, quantization="fp8")
+    check_fp8_layers(model, "weight_scale")
+    want, _ = logits_of(write_row_dequantized(src, str(tmp_path / "rows")))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_block_fp8_tp2_equals_tp1(float_models, tmp_path):
+    path = write_fp8(float_models["qwen3"], str(tmp_path / "block"), "block")
+    prompts = [TOKENS, TOKENS[::-1][:7]]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    outs = {}
+    for tp in (1, 2):
+        with LLM(path, tensor_parallel_size=tp, **ENGINE) as llm:
+            outs[tp] = [o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False)]
+    assert outs[2] == outs[1]
