@@ -114,10 +114,10 @@ class Config:
         if self.async_scheduling and self.tensor_parallel_size > 1:
             raise ValueError("async_scheduling=True is not supported with "
                              "tensor_parallel_size > 1 yet; leave it unset or False")
-        self._check_tensor_parallel()
         object.__setattr__(self, "hf_config", replace(self.hf_config, quantization=(
             resolve_quantization(self.quantization, self.hf_config.quantization,
                                  self.hf_config.architecture))))
+        self._check_tensor_parallel()
         if self.speculative_config is not None:
             spec = SpeculativeConfig.from_dict(self.speculative_config)
             if spec.method == "draft_model" and self.tensor_parallel_size > 1:
@@ -170,6 +170,20 @@ class Config:
             if getattr(hf, name) % n:
                 raise ValueError(f"{name}={getattr(hf, name)} is not divisible by "
                                  f"tensor_parallel_size={n}")
+        scheme = hf.quantization
+        if scheme is not None and scheme.block_size is not None and n > 1:
+            # Each rank's slice of a block-quantized weight must hold whole scale blocks.
+            parts = {"num_attention_heads x head_dim": hf.num_attention_heads * hf.head_dim,
+                     "num_key_value_heads x head_dim": hf.num_key_value_heads * hf.head_dim,
+                     "intermediate_size": hf.intermediate_size}
+            block = min(scheme.block_size)
+            for name, size in parts.items():
+                if (size // n) % block:
+                    raise ValueError(
+                        f"{name}={size} split over tensor_parallel_size={n} gives {size // n} "
+                        f"per rank, not a multiple of the fp8 weight_block_size "
+                        f"{list(scheme.block_size)}: use a tensor_parallel_size that keeps "
+                        "whole blocks on each rank")
 
     def _check_int(self, name: str, lo: int, hi: int | None = None):
         v = getattr(self, name)

@@ -9,8 +9,8 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanovllm.layers.quant import linear_method
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
+from nanovllm.models.quantization import linear_method
 
 
 class DecoderAttention(nn.Module):

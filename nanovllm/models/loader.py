@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 # Buffers some checkpoints still carry; the model recomputes them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# 8-bit float tensors: only a quantized layer's parameters take them.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Names listed in one error message; the rest are counted.
 MAX_LISTED = 20
 
@@ -64,6 +66,11 @@ def _load(model: nn.Module, path: str, read_data: bool) -> None:
                 unused.append(f"{name} ({os.path.basename(file)})")
             continue
         tensor = read() if read_data else torch.empty(shape, device="meta")
+        if tensor.dtype in FP8_DTYPES and param.dtype not in FP8_DTYPES:
+            # Cast without its scale, an fp8 tensor would load as wrong numbers, silently.
+            raise ValueError(f"tensor {name!r} in {file} is {tensor.dtype}, but nanovllm keeps "
+                             f"{target} unquantized (embeddings, the LM head, MoE experts "
+                             "and modules config.json's quantization_config ignores)")
         loader = getattr(param, "weight_loader", default_weight_loader)
         try:
             if shard is None:

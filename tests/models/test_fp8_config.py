@@ -91,3 +91,14 @@ def test_block_shards_off_block_boundaries_are_refused(monkeypatch, rank):
     linear.RowParallelLinear(256, 192, quant_method=Fp8LinearMethod(scheme, "o"))
     with pytest.raises(ValueError, match="along dim 1"):
         linear.RowParallelLinear(320, 192, quant_method=Fp8LinearMethod(scheme, "o"))
+
+
+def test_tp_split_off_block_boundaries_is_refused_up_front(tmp_path):
+    # k/v: 2 heads x 64 = 128 rows, 64 per rank at TP=2: half a 128 block.
+    path = write_config_dir(tmp_path / "m", quantization_config=BLOCK, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=64, hidden_size=256,
+                            intermediate_size=512)
+    with pytest.raises(ValueError, match="num_key_value_heads x head_dim=128 split over "
+                                         "tensor_parallel_size=2"):
+        Config(path, load_format="dummy", tensor_parallel_size=2)
+    assert Config(path, load_format="dummy").hf_config.quantization.block_size == (128, 128)

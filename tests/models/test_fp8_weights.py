@@ -95,3 +95,17 @@ def test_block_fp8_tp2_equals_tp1(float_models, tmp_path):
         with LLM(path, tensor_parallel_size=tp, **ENGINE) as llm:
             outs[tp] = [o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False)]
     assert outs[2] == outs[1]
+
+
+def test_fp8_tensor_in_an_unquantized_parameter_is_refused(float_models, tmp_path):
+    # A block checkpoint that also quantized the LM head: loading its e4m3 values into the
+    # float head without their scales would give wrong logits silently.
+    from safetensors.torch import load_file, save_file
+
+    path = write_fp8(float_models["llama"], str(tmp_path / "block"), "block")
+    file = f"{path}/model.safetensors"
+    state = load_file(file)
+    state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"].to(torch.float8_e4m3fn)
+    save_file(state, file)
+    with pytest.raises(ValueError, match="embed_tokens.weight.*float8_e4m3fn.*unquantized"):
+        LLM(path, **ENGINE)

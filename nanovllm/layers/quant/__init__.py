@@ -1,20 +1,2 @@
-"""Quantized linear methods, chosen per layer by the model builder (layers never decide)."""
-from nanovllm.model_config import ModelConfig
-
-
-def linear_method(cfg: ModelConfig | None, prefix: str, modules: list[str]):
-    """The quantized method of the layer at `prefix` packing checkpoint `modules` (e.g. q_proj,
-    k_proj, v_proj), or None for plain weights. Packed modules must agree."""
-    scheme = None if cfg is None else cfg.quantization
-    if scheme is None:
-        return None
-    flags = {scheme.quantizes(f"{prefix}.{m}") for m in modules}
-    if len(flags) > 1:
-        raise ValueError(f"quantization_config ignores some of {modules} under {prefix} but "
-                         "not all: nanovllm packs them into one matmul, so all or none must be "
-                         "fp8")
-    if not flags.pop():
-        return None
-    from nanovllm.layers.quant.fp8 import Fp8LinearMethod
-
-    return Fp8LinearMethod(scheme, prefix)
+"""Quantized linear methods: a layer's weight storage, loading and matmul (models/quantization.py
+chooses one per layer)."""

@@ -14,7 +14,6 @@ from torch import nn
 
 from nanovllm.layers.linear import LinearBase, Placement, copy_placed
 from nanovllm.layers.weights import CheckpointTensorError, check_weight_shape
-from nanovllm.quant_config import Fp8Scheme
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -57,7 +56,9 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
 class Fp8LinearMethod:
     """One linear layer's fp8 weight, its scales and its matmul."""
 
-    def __init__(self, scheme: Fp8Scheme, prefix: str):
+    def __init__(self, scheme, prefix: str):
+        """`scheme`: the model's nanovllm.quant_config.Fp8Scheme; `prefix`: the layer's
+        checkpoint name, for error messages."""
         self.scheme, self.prefix = scheme, prefix
         self.block = scheme.block_size if scheme.strategy == "block" else None
         # The scale parameter's name: the checkpoint's (weight_scale_inv / weight_scale).
