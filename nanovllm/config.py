@@ -3,6 +3,7 @@
 The model's config.json (or a GGUF file's metadata) is parsed by
 `nanovllm.model_config.ModelConfig`, re-exported here.
 """
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 
@@ -172,12 +173,14 @@ class Config:
                                  f"tensor_parallel_size={n}")
         scheme = hf.quantization
         if scheme is not None and scheme.block_size is not None and n > 1:
-            # Each rank's slice of a block-quantized weight must hold whole scale blocks.
-            parts = {"num_attention_heads x head_dim": hf.num_attention_heads * hf.head_dim,
-                     "num_key_value_heads x head_dim": hf.num_key_value_heads * hf.head_dim,
-                     "intermediate_size": hf.intermediate_size}
-            block = min(scheme.block_size)
-            for name, size in parts.items():
+            # Each rank's slice of a block-quantized weight must hold whole scale blocks: the
+            # output rows of q, k, v, gate, up (blocks of bn), the input columns of o, down (bk).
+            bn, bk = scheme.block_size
+            heads, kv = hf.num_attention_heads * hf.head_dim, hf.num_key_value_heads * hf.head_dim
+            parts = [("num_attention_heads x head_dim", heads, math.lcm(bn, bk)),
+                     ("num_key_value_heads x head_dim", kv, bn),
+                     ("intermediate_size", hf.intermediate_size, math.lcm(bn, bk))]
+            for name, size, block in parts:
                 if (size // n) % block:
                     raise ValueError(
                         f"{name}={size} split over tensor_parallel_size={n} gives {size // n} "

@@ -109,3 +109,19 @@ def test_fp8_tensor_in_an_unquantized_parameter_is_refused(float_models, tmp_pat
     save_file(state, file)
     with pytest.raises(ValueError, match="embed_tokens.weight.*float8_e4m3fn.*unquantized"):
         LLM(path, **ENGINE)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_weights_leave_more_kv_blocks(tmp_path):
+    # The KV cache is sized from the memory left after loading: fp8 linear weights of the
+    # Qwen3-0.6B shape (~0.44B parameters, 0.88 GB in bf16) leave ~0.44 GB more for it.
+    from nanovllm.utils.toy import QWEN3_0_6B, save_config_only
+
+    path = save_config_only(str(tmp_path / "q"), **dict(QWEN3_0_6B, torch_dtype="bfloat16"))
+    blocks = {}
+    for quantization in (None, "fp8"):
+        with LLM(path, load_format="dummy", quantization=quantization, enforce_eager=True,
+                 gpu_memory_utilization=0.3, max_num_seqs=8) as llm:
+            blocks[quantization] = llm.clients[0].core.executor.runner.num_kvcache_blocks
+    # A 256-token block of 28 layers x 8 kv heads x 128 x 2 (K, V) x 2 bytes is 28 MiB.
+    assert blocks["fp8"] - blocks[None] >= 0.4e9 // (28 * 2**20)
