@@ -14,7 +14,8 @@ from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import prefill_inputs
 from nanovllm.utils.context import reset_context
 from nanovllm.utils.toy import save_random_model
-from tests.support.fp8_checkpoints import FORMATS, write_fp8, write_row_dequantized
+from tests.support.fp8_checkpoints import (FORMATS, STATIC_ACTIVATIONS, write_fp8,
+                                          write_row_dequantized)
 
 # Hidden 192 = one whole and one half 128-block: the qkv / gate_up inputs and the o / down
 # outputs end in a partial block. Heads of 128 keep every shard of TP=2 on block boundaries.
@@ -66,10 +67,13 @@ CASES = [("qwen3", f) for f in FORMATS] + [(a, "block") for a in ARCHS if a != "
 
 
 @pytest.mark.parametrize("arch,fmt", CASES)
-def test_fp8_checkpoint_matches_dequantized_twin(float_models, tmp_path, arch, fmt):
+def test_fp8_checkpoint_matches_dequantized_twin(float_models, tmp_path, caplog, arch, fmt):
     path = write_fp8(float_models[arch], str(tmp_path / fmt), fmt)
     got, model = logits_of(path)
     check_fp8_layers(model, FORMATS[fmt][2])
+    assert "ignoring" not in caplog.text  # every scale found its parameter
+    if fmt in STATIC_ACTIVATIONS:
+        assert model.model.layers[1].self_attn.qkv_proj.input_scale.item() == pytest.approx(0.02)
     want, _ = logits_of(path + "_ref")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     exact, _ = logits_of(float_models[arch])

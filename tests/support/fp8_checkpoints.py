@@ -65,7 +65,12 @@ FORMATS = {
               "weight_scale_inv"),
     "ct_channel_w8a8": (_ct_config("channel", True), _rows, "weight_scale"),
     "ct_tensor_w8a16": (_ct_config("tensor", False), _tensor, "weight_scale"),
+    # AutoFP8: per-tensor weights, static per-tensor activation scales (`input_scale`)
+    "fp8_tensor_static": (dict(quant_method="fp8", activation_scheme="static"), _tensor,
+                          "weight_scale"),
 }
+# Formats whose checkpoints carry an activation scale beside each weight.
+STATIC_ACTIVATIONS = {"fp8_tensor_static"}
 
 
 def _copy_dir(src: str, dst: str) -> None:
@@ -86,6 +91,8 @@ def write_fp8(src: str, dst: str, fmt: str) -> str:
         if LINEAR.search(name):
             q, s, deq = quantize(t)
             fp8[name], fp8[name.removesuffix("weight") + scale_name] = q, s
+            if fmt in STATIC_ACTIVATIONS:  # any positive value: the CPU reference ignores it
+                fp8[name.removesuffix("weight") + "input_scale"] = torch.tensor([0.02])
             ref[name] = deq.to(t.dtype)
         else:
             fp8[name] = ref[name] = t
