@@ -82,6 +82,17 @@ def test_fp8_checkpoint_matches_dequantized_twin(float_models, tmp_path, caplog,
     assert (got - exact).norm() / exact.norm() < 0.25
 
 
+def test_ignored_modules_stay_float(float_models, tmp_path):
+    keep = "model.layers.1.mlp.down_proj"
+    path = write_fp8(float_models["qwen3"], str(tmp_path / "ct"), "ct_channel_w8a8", (keep,))
+    got, model = logits_of(path)
+    assert model.get_submodule(keep).weight.dtype == torch.float32
+    assert model.get_submodule(keep).quant_method is None
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    want, _ = logits_of(path + "_ref")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_quantization_fp8_at_load_matches_row_round_trip(float_models, tmp_path):
     src = float_models["qwen3"]
     got, model = logits_of(src, quantization="fp8")

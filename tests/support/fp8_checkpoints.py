@@ -50,6 +50,8 @@ def _tensor(w: torch.Tensor):
 
 def _ct_config(strategy: str, activations: bool) -> dict:
     weights = dict(num_bits=8, type="float", symmetric=True, dynamic=False, strategy=strategy)
+    if strategy == "block":
+        weights["block_structure"] = [128, 128]
     acts = (dict(num_bits=8, type="float", symmetric=True, dynamic=True, strategy="token")
             if activations else None)
     return dict(quant_method="compressed-tensors", format="float-quantized",
@@ -65,6 +67,7 @@ FORMATS = {
               "weight_scale_inv"),
     "ct_channel_w8a8": (_ct_config("channel", True), _rows, "weight_scale"),
     "ct_tensor_w8a16": (_ct_config("tensor", False), _tensor, "weight_scale"),
+    "ct_block_w8a8": (_ct_config("block", True), lambda w: _block(w, 128, 128), "weight_scale"),
     # AutoFP8: per-tensor weights, static per-tensor activation scales (`input_scale`)
     "fp8_tensor_static": (dict(quant_method="fp8", activation_scheme="static"), _tensor,
                           "weight_scale"),
@@ -80,15 +83,18 @@ def _copy_dir(src: str, dst: str) -> None:
             shutil.copy(os.path.join(src, f), dst)
 
 
-def write_fp8(src: str, dst: str, fmt: str) -> str:
+def write_fp8(src: str, dst: str, fmt: str, keep: tuple[str, ...] = ()) -> str:
     """`src` (a float checkpoint) as fp8 checkpoint `dst` in format `fmt` (FORMATS); the
-    dequantized twin goes to `dst`_ref. Returns dst."""
+    dequantized twin goes to `dst`_ref. `keep`: modules left in float, listed in the
+    compressed-tensors config's `ignore`. Returns dst."""
     qcfg, quantize, scale_name = FORMATS[fmt]
+    if keep:
+        qcfg = dict(qcfg, ignore=qcfg["ignore"] + list(keep))
     (file,) = glob.glob(os.path.join(src, "*.safetensors"))
     tensors = load_file(file)
     fp8, ref = {}, {}
     for name, t in tensors.items():
-        if LINEAR.search(name):
+        if LINEAR.search(name) and name.removesuffix(".weight") not in keep:
             q, s, deq = quantize(t)
             fp8[name], fp8[name.removesuffix("weight") + scale_name] = q, s
             if fmt in STATIC_ACTIVATIONS:  # any positive value: the CPU reference ignores it
