@@ -127,10 +127,6 @@ def _ct_activations(a, where: str) -> str:
 
 def _compressed_tensors(q: dict, source: str) -> Fp8Scheme:
     """quant_method "compressed-tensors", float-quantized fp8 with one config group."""
-    fmt = q.get("format")
-    if fmt != "float-quantized":
-        raise ValueError(f"{source}: quantization_config.format={fmt!r} is not supported "
-                         "(compressed-tensors: only 'float-quantized', fp8)")
     groups = q.get("config_groups")
     if not isinstance(groups, dict) or len(groups) != 1:
         raise ValueError(f"{source}: quantization_config.config_groups must hold exactly one "
@@ -139,6 +135,11 @@ def _compressed_tensors(q: dict, source: str) -> Fp8Scheme:
     where = f"{source}: quantization_config.config_groups.{name}"
     if not isinstance(g, dict):
         raise ValueError(f"{where} must be a JSON object")
+    # Newer compressed-tensors may give the format per group instead of at the top.
+    fmt = q.get("format") or g.get("format")
+    if fmt != "float-quantized":
+        raise ValueError(f"{source}: quantization_config.format={fmt!r} is not supported "
+                         "(compressed-tensors: only 'float-quantized', fp8)")
     targets = g.get("targets")
     if targets != ["Linear"]:
         raise ValueError(f"{where}.targets={targets!r} is not supported (only ['Linear'])")

@@ -30,6 +30,10 @@ def test_supported_configs_parse():
     s = parse_quantization_config(ct({"strategy": "tensor"}, dict(num_bits=8, type="float",
                                                                   dynamic=False)))
     assert (s.strategy, s.activations) == ("tensor", "static")
+    per_group = ct()
+    del per_group["format"]
+    per_group["config_groups"]["g"]["format"] = "float-quantized"
+    assert parse_quantization_config(per_group).strategy == "channel"
     s = parse_quantization_config(dict(quant_method="fp8", activation_scheme="static"))
     assert (s.strategy, s.scale_name) == ("tensor", "weight_scale")
 
