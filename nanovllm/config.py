@@ -116,8 +116,7 @@ class Config:
             raise ValueError("async_scheduling=True is not supported with "
                              "tensor_parallel_size > 1 yet; leave it unset or False")
         object.__setattr__(self, "hf_config", replace(self.hf_config, quantization=(
-            resolve_quantization(self.quantization, self.hf_config.quantization,
-                                 self.hf_config.architecture))))
+            resolve_quantization(self.quantization, self.hf_config.quantization))))
         self._check_tensor_parallel()
         if self.speculative_config is not None:
             spec = SpeculativeConfig.from_dict(self.speculative_config)
@@ -177,9 +176,12 @@ class Config:
             # output rows of q, k, v, gate, up (blocks of bn), the input columns of o, down (bk).
             bn, bk = scheme.block_size
             heads, kv = hf.num_attention_heads * hf.head_dim, hf.num_key_value_heads * hf.head_dim
+            dense = any(not hf.is_moe_layer(i) for i in range(hf.num_hidden_layers))
             parts = [("num_attention_heads x head_dim", heads, math.lcm(bn, bk)),
                      ("num_key_value_heads x head_dim", kv, bn),
-                     ("intermediate_size", hf.intermediate_size, math.lcm(bn, bk))]
+                     ("intermediate_size", hf.intermediate_size if dense else 0,
+                      math.lcm(bn, bk)),
+                     ("moe_intermediate_size", hf.moe_intermediate_size, math.lcm(bn, bk))]
             for name, size, block in parts:
                 if (size // n) % block:
                     raise ValueError(

@@ -161,15 +161,11 @@ def parse_quantization_config(q, source: str = "config.json") -> Fp8Scheme:
                      f"supported; nanovllm reads {', '.join(QUANT_METHODS)} (fp8 weights)")
 
 
-def resolve_quantization(requested: str | None, checkpoint: Fp8Scheme | None,
-                         architecture: str) -> Fp8Scheme | None:
+def resolve_quantization(requested: str | None,
+                         checkpoint: Fp8Scheme | None) -> Fp8Scheme | None:
     """The scheme the model is built with: the checkpoint's own, or LLM(quantization="fp8")
     quantizing a float checkpoint at load, or None."""
     if requested is not None and requested not in QUANTIZATIONS:
         raise ValueError(f"quantization={requested!r} must be None (the checkpoint's own) or "
                          f"one of {QUANTIZATIONS}")
-    scheme = checkpoint or (DYNAMIC_FP8 if requested == "fp8" else None)
-    if scheme is not None and architecture == "Qwen3MoeForCausalLM":
-        raise ValueError("fp8 weights for Qwen3MoeForCausalLM (mixture of experts) are not "
-                         "supported yet: use a bf16 checkpoint and quantization=None")
-    return scheme
+    return checkpoint or (DYNAMIC_FP8 if requested == "fp8" else None)

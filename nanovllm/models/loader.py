@@ -108,8 +108,15 @@ def _map_name(name: str, packed: dict) -> tuple[str, object]:
     return name, None
 
 
-# A per-expert checkpoint tensor: <prefix>.experts.<expert>.<module>.weight
-_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+# A per-expert checkpoint tensor: <prefix>.experts.<expert>.<module>.<kind>, the kind a weight
+# or, for fp8 experts, one of its scales.
+EXPERT_KINDS = ("weight", "weight_scale", "weight_scale_inv", "input_scale")
+_EXPERT_NAME = re.compile(rf"^(.*\.experts)\.(\d+)\.(\w+)\.({'|'.join(EXPERT_KINDS)})$")
+
+
+def _expert_param(param: str, kind: str) -> str:
+    """Our packed parameter for a kind of tensor: w13_weight -> w13_weight_scale_inv, ..."""
+    return param if kind == "weight" else param.removesuffix("weight") + kind
 
 
 def _map_expert_name(name: str, experts: dict) -> tuple[str, tuple] | None:
@@ -119,7 +126,7 @@ def _map_expert_name(name: str, experts: dict) -> tuple[str, tuple] | None:
     if m is None or m.group(3) not in experts:
         return None
     param, shard = experts[m.group(3)]
-    return f"{m.group(1)}.{param}", (int(m.group(2)), shard)
+    return f"{m.group(1)}.{_expert_param(param, m.group(4))}", (int(m.group(2)), shard)
 
 
 def _expected_names(model: nn.Module, params: dict, packed: dict,
@@ -132,11 +139,11 @@ def _expected_names(model: nn.Module, params: dict, packed: dict,
         if _tied(model, pname) or getattr(param, "computed", False):
             continue
         prefix, _, last = pname.rpartition(".")
-        modules = [mod for mod, (target, _) in experts.items()
-                   if target == last and prefix.endswith(".experts")]
+        modules = [(mod, kind) for mod, (target, _) in experts.items() for kind in EXPERT_KINDS
+                   if _expert_param(target, kind) == last and prefix.endswith(".experts")]
         if modules:  # packed experts: one tensor per expert (leading dim) and module
-            names.update(f"{prefix}.{e}.{mod}.weight" for mod in modules
-                         for e in range(param.shape[0]))
+            names.update(f"{prefix}.{e}.{mod}.{kind}" for mod, kind in modules
+                         for e in range(model.get_submodule(prefix).num_experts))
             continue
         frags = [frag for frag, (target, _) in packed.items() if f".{target}." in pname]
         for frag in frags:

@@ -19,3 +19,21 @@ def linear_method(cfg: ModelConfig | None, prefix: str, modules: list[str]):
     from nanovllm.layers.quant.fp8 import Fp8LinearMethod
 
     return Fp8LinearMethod(scheme, prefix)
+
+
+def moe_method(cfg: ModelConfig, prefix: str):
+    """The quantized method of the FusedMoE layer at `prefix` (model.layers.<i>.mlp), or None.
+    Its experts are packed into two tensors, so all must be fp8 or none."""
+    scheme = cfg.quantization
+    if scheme is None:
+        return None
+    flags = {scheme.quantizes(f"{prefix}.experts.{e}.{m}") for e in range(cfg.num_experts)
+             for m in ("gate_proj", "up_proj", "down_proj")}
+    if len(flags) > 1:
+        raise ValueError(f"quantization_config ignores some experts of {prefix} but not all: "
+                         "nanovllm packs them into two tensors, so all or none must be fp8")
+    if not flags.pop():
+        return None
+    from nanovllm.layers.quant.fp8_moe import Fp8MoEMethod
+
+    return Fp8MoEMethod(scheme, f"{prefix}.experts")

@@ -71,13 +71,16 @@ def test_llm_quantization_argument(tmp_path):
         Config(write_config_dir(tmp_path / "g", quantization_config=dict(quant_method="gptq")))
 
 
-def test_moe_fp8_is_refused(tmp_path):
+def test_moe_experts_split_off_block_boundaries_are_refused_up_front(tmp_path):
     d = qwen3_config_dict(architectures=["Qwen3MoeForCausalLM"], num_experts=4,
-                          num_experts_per_tok=2, moe_intermediate_size=32)
+                          num_experts_per_tok=2, moe_intermediate_size=128, head_dim=128,
+                          quantization_config=BLOCK)
     path = write_config_dir(tmp_path / "moe", **{k: v for k, v in d.items()
                                                   if k != "model_type"})
-    with pytest.raises(ValueError, match="Qwen3MoeForCausalLM.*not supported yet"):
-        Config(path, load_format="dummy", quantization="fp8")
+    assert Config(path, load_format="dummy").hf_config.quantization.block_size == (128, 128)
+    with pytest.raises(ValueError, match="moe_intermediate_size=128 split over "
+                                         "tensor_parallel_size=2 gives 64"):
+        Config(path, load_format="dummy", tensor_parallel_size=2)
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -21,7 +21,10 @@ from tests.support.fp8_checkpoints import (FORMATS, STATIC_ACTIVATIONS, write_fp
 # outputs end in a partial block. Heads of 128 keep every shard of TP=2 on block boundaries.
 SHAPE = dict(hidden_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
              intermediate_size=512, num_hidden_layers=2, vocab_size=512)
-ARCHS = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHS = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+         "qwen3_moe": "Qwen3MoeForCausalLM"}
+# Qwen3-MoE: 4 experts of 128 (one block), top 2; layer 1 dense (mlp_only_layers).
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, mlp_only_layers=[1])
 ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
 TOKENS = [5, 17, 300, 42, 8, 99, 250, 3, 77, 180, 11, 460]
 
@@ -29,7 +32,8 @@ TOKENS = [5, 17, 300, 42, 8, 99, 250, 3, 77, 180, 11, 460]
 @pytest.fixture(scope="module")
 def float_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8_float")
-    return {a: save_random_model(str(root / a), arch, seed=40 + i, **SHAPE)
+    return {a: save_random_model(str(root / a), arch, seed=40 + i,
+                                 **SHAPE, **(MOE if a == "qwen3_moe" else {}))
             for i, (a, arch) in enumerate(ARCHS.items())}
 
 
@@ -52,18 +56,31 @@ def logits_of(path: str, **kw) -> tuple[torch.Tensor, torch.nn.Module]:
 
 
 def check_fp8_layers(model: torch.nn.Module, scale_name: str) -> None:
-    """Every decoder linear holds e4m3 weights and fp32 scales; embeddings and head do not."""
-    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
-        layer = model.get_submodule(f"model.layers.0.{name}")
-        assert layer.weight.dtype == torch.float8_e4m3fn, name
-        assert getattr(layer, scale_name).dtype == torch.float32, name
+    """Every decoder linear (and expert) holds e4m3 weights and fp32 scales; embeddings, the
+    head and the MoE router do not."""
+    layers = model.model.layers
+    fp8 = {"self_attn.qkv_proj": "weight", "self_attn.o_proj": "weight"}
+    if hasattr(layers[0].mlp, "experts"):  # Qwen3-MoE; its layer 1 is dense
+        fp8 |= {"mlp.experts": "w13_weight", "mlp.gate": None}
+        assert layers[1].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    else:
+        fp8 |= {"mlp.gate_up_proj": "weight", "mlp.down_proj": "weight"}
+    for name, weight in fp8.items():
+        module = layers[0].get_submodule(name)
+        if weight is None:  # the router
+            assert module.weight.dtype == torch.float32
+            continue
+        assert getattr(module, weight).dtype == torch.float8_e4m3fn, name
+        scale = weight.removesuffix("weight") + scale_name
+        assert getattr(module, scale).dtype == torch.float32, name
     assert model.lm_head.weight.dtype == torch.float32
     assert model.model.embed_tokens.weight.dtype == torch.float32
 
 
 # Every format on Qwen3; the other architectures in the block format (formats differ in the
 # loader alone, architectures in the layers they build).
-CASES = [("qwen3", f) for f in FORMATS] + [(a, "block") for a in ARCHS if a != "qwen3"]
+CASES = ([("qwen3", f) for f in FORMATS] + [(a, "block") for a in ARCHS if a != "qwen3"]
+         + [("qwen3_moe", "ct_tensor_w8a16")])
 
 
 @pytest.mark.parametrize("arch,fmt", CASES)
@@ -93,16 +110,20 @@ def test_ignored_modules_stay_float(float_models, tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_quantization_fp8_at_load_matches_row_round_trip(float_models, tmp_path):
-    src = float_models["qwen3"]
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_quantization_fp8_at_load_matches_row_round_trip(float_models, tmp_path, arch):
+    src = float_models[arch]
     got, model = logits_of(src, quantization="fp8")
     check_fp8_layers(model, "weight_scale")
     want, _ = logits_of(write_row_dequantized(src, str(tmp_path / "rows")))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_block_fp8_tp2_equals_tp1(float_models, tmp_path):
-    path = write_fp8(float_models["qwen3"], str(tmp_path / "block"), "block")
+# Block scales split with Qwen3's heads; channel scales with Qwen3-MoE's experts (64 of each
+# expert's 128 rows per rank: half a block, so not the block format).
+@pytest.mark.parametrize("arch,fmt", [("qwen3", "block"), ("qwen3_moe", "ct_channel_w8a8")])
+def test_fp8_tp2_equals_tp1(float_models, tmp_path, arch, fmt):
+    path = write_fp8(float_models[arch], str(tmp_path / fmt), fmt)
     prompts = [TOKENS, TOKENS[::-1][:7]]
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     outs = {}

@@ -41,16 +41,38 @@ def quantize_blocks(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tens
 
 
 def expand_blocks(scale: torch.Tensor, block: tuple[int, int], rows: int, cols: int):
-    """Block scales broadcast to one value per weight element [rows, cols]."""
+    """Block scales [..., ceil(rows/bn), ceil(cols/bk)] broadcast to one value per weight
+    element [..., rows, cols]."""
     bn, bk = block
-    return scale.repeat_interleave(bn, 0)[:rows].repeat_interleave(bk, 1)[:, :cols]
+    return scale.repeat_interleave(bn, -2)[..., :rows, :].repeat_interleave(bk, -1)[..., :cols]
 
 
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None):
-    """fp32 weight from fp8 values and row (block None) or block scales."""
+    """fp32 weight [..., rows, cols] from fp8 values and row scales [..., rows] (block None)
+    or block scales (leading dims: experts)."""
     if block is None:
-        return weight.float() * scale[:, None]
-    return weight.float() * expand_blocks(scale, block, *weight.shape)
+        return weight.float() * scale[..., None]
+    return weight.float() * expand_blocks(scale, block, *weight.shape[-2:])
+
+
+def check_block_placement(p: Placement, block: tuple[int, int], prefix: str, shard) -> None:
+    """ValueError unless placement `p` starts on a block boundary and ends on one (or at the
+    tensor's end): otherwise one scale would belong to two shards or ranks."""
+    b = block[p.dim]
+    if p.src % b or p.dst % b or (p.size % b and p.src + p.size != p.full):
+        part = "" if shard is None else f" ({shard})"
+        raise ValueError(
+            f"{prefix}{part}: block-wise fp8 needs every tensor-parallel shard on a {b}-wide "
+            f"block boundary, but this rank's slice is [{p.src}, {p.src + p.size}) of "
+            f"{p.full} along dim {p.dim} (packed at {p.dst}): use a tensor_parallel_size "
+            "that splits it into whole blocks")
+
+
+def load_input_scale(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """A static activation scale; several (packed shards, experts) keep the largest, which
+    keeps every one's activations in range."""
+    check_weight_shape(loaded.reshape(-1), (1,))
+    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(())))
 
 
 class Fp8LinearMethod:
@@ -90,55 +112,50 @@ class Fp8LinearMethod:
         """Every shard of this rank must start on a block boundary (and end on one, unless it
         ends the tensor), or its scales would be shared with another shard or rank."""
         for sid in layer.shard_ids():
-            p = layer.placement(sid)
-            b = self.block[p.dim]
-            if p.src % b or p.dst % b or (p.size % b and p.src + p.size != p.full):
-                part = "" if sid is None else f" ({sid})"
-                raise ValueError(
-                    f"{self.prefix}{part}: block-wise fp8 needs every tensor-parallel shard on "
-                    f"a {b}-wide block boundary, but this rank's slice is [{p.src}, "
-                    f"{p.src + p.size}) of {p.full} along dim {p.dim} (packed at {p.dst}): "
-                    "use a tensor_parallel_size that splits it into whole blocks")
+            check_block_placement(layer.placement(sid), self.block, self.prefix, sid)
 
     def load(self, layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor,
              p: Placement) -> None:
         """Load the checkpoint tensor `loaded` into `param` (weight, scale or input_scale)."""
+        scale = getattr(layer, self.scale_name)
         if param is layer.weight:
-            if self.scheme.at_load:
-                return self._quantize_and_load(layer, loaded, p)
+            self.load_weight(param, scale, loaded, p)
+        elif param is getattr(layer, "input_scale", None):
+            load_input_scale(param, loaded)
+        else:
+            self.load_scale(scale, loaded, p)
+
+    def load_weight(self, weight: torch.Tensor, scale: torch.Tensor, loaded: torch.Tensor,
+                    p: Placement) -> None:
+        """A checkpoint weight into `weight` (fp8): copied, or quantized per row first when
+        the scheme quantizes at load (its scales go to `scale`)."""
+        if not self.scheme.at_load:
             if not loaded.is_meta and loaded.dtype != FP8:
                 raise CheckpointTensorError(
                     f"has dtype {loaded.dtype}, but quantization_config says fp8 weights "
                     "(float8_e4m3fn)")
-            return copy_placed(param, loaded, p)
-        if param is getattr(layer, "input_scale", None):
-            # One activation scale for the packed matmul: the largest keeps every shard in range.
-            check_weight_shape(loaded.reshape(-1), (1,))
-            param.data.copy_(torch.maximum(param.data, loaded.float().reshape(())))
-            return
+            return copy_placed(weight, loaded, p)
+        if loaded.is_meta:
+            return copy_placed(weight, loaded, p)
+        # Rows are quantized whole before the split, so every rank's shard has the scales
+        # one rank would use.
+        q, row_scale = quantize_rows(loaded)
+        copy_placed(weight, q, p)
+        copy_placed(scale, row_scale, p)
+
+    def load_scale(self, scale: torch.Tensor, loaded: torch.Tensor, p: Placement) -> None:
+        """A checkpoint scale tensor into `scale`, split like the weight it belongs to."""
         if self.block is not None:
-            return self._load_block_scale(param, loaded, p)
+            b = self.block[p.dim]
+            blocks = Placement(p.dim, math.ceil(p.full / b), p.src // b, p.dst // b,
+                               math.ceil(p.size / b))
+            return copy_placed(scale, loaded.float(), blocks)
         # Row scales: a per-tensor scale (one value) stands for each of its rows.
-        rows = p.full if p.dim == 0 else param.size(0)
+        rows = p.full if p.dim == 0 else scale.size(0)
         t = loaded.float().reshape(-1)
         if t.numel() == 1 and self.scheme.strategy == "tensor":
             t = t.expand(rows)
-        copy_placed(param, t, p)
-
-    def _load_block_scale(self, param, loaded: torch.Tensor, p: Placement) -> None:
-        b = self.block[p.dim]
-        blocks = Placement(p.dim, math.ceil(p.full / b), p.src // b, p.dst // b,
-                           math.ceil(p.size / b))
-        copy_placed(param, loaded.float(), blocks)
-
-    def _quantize_and_load(self, layer: LinearBase, loaded: torch.Tensor, p: Placement):
-        """A float checkpoint weight -> per-row fp8. Rows are quantized whole before the
-        split, so every rank's shard has the scales one rank would use."""
-        if loaded.is_meta:
-            return copy_placed(layer.weight, loaded, p)
-        q, scale = quantize_rows(loaded)
-        copy_placed(layer.weight, q, p)
-        copy_placed(getattr(layer, self.scale_name), scale, p)
+        copy_placed(scale, t, p)
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None):
         """The reference: dequantize to x's dtype, then a plain matmul."""
