@@ -1,6 +1,6 @@
-"""fp8 (e4m3) linear weights: storage, loading (sharded like the weight) and the CPU reference
-matmul, which dequantizes to the activation dtype. It is what CI runs and the oracle of the
-GPU kernels to come.
+"""fp8 (e4m3) linear weights: storage, loading (sharded like the weight) and the reference
+matmul, which dequantizes to the activation dtype (on every device until the GPU kernels
+land). It is what CI runs and the oracle of those kernels.
 
 Scales are stored in one of two forms: per output row (fp32 [out]; a per-tensor scale is
 broadcast to its rows, so packed q/k/v keep their own) or per block (fp32 [ceil(out / bn),
@@ -26,18 +26,6 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = (amax / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
     q = (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
-
-
-def quantize_blocks(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-block fp8 (partial last blocks allowed): (e4m3 values, fp32 scales [ceil(rows/bn),
-    ceil(cols/bk)]) with w ~= values * scales (each broadcast over its block)."""
-    bn, bk = block
-    rows, cols = w.shape
-    padded = F.pad(w.float(), (0, -cols % bk, 0, -rows % bn))
-    tiles = padded.view(padded.size(0) // bn, bn, padded.size(1) // bk, bk)
-    scale = (tiles.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
-    q = (w.float() / expand_blocks(scale, block, rows, cols)).clamp(-FP8_MAX, FP8_MAX)
-    return q.to(FP8), scale
 
 
 def expand_blocks(scale: torch.Tensor, block: tuple[int, int], rows: int, cols: int):
