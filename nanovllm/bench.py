@@ -9,6 +9,7 @@ import time
 from random import randint, seed
 
 from nanovllm.config import DTYPES, KV_CACHE_DTYPES
+from nanovllm.quant_config import QUANTIZATIONS
 from nanovllm.utils.json_arg import json_object
 from nanovllm.utils.model_shapes import SHAPES, dummy_model_dir
 
@@ -51,6 +52,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", choices=DTYPES, default="auto")
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                     help="KV cache storage (fp8: 8-bit K/V, ~2x the blocks)")
+    ap.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                    help="fp8 linear weights, quantized at load (default: the checkpoint's)")
     # The engine options bench.py has no name of its own for (every subcommand takes them).
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="most tokens in one step (default: the engine's)")
@@ -135,7 +138,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 # Options left unset (None) keep the engine's default.
 _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
                              "enable_prefix_caching", "tokenizer", "generation_config",
-                             "speculative_config")
+                             "speculative_config", "quantization")
 
 
 # --structured-output's schema: one long string field. Every token goes through the grammar;

@@ -3,11 +3,13 @@
 The model's config.json (or a GGUF file's metadata) is parsed by
 `nanovllm.model_config.ModelConfig`, re-exported here.
 """
+import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from nanovllm.generation_config import GenerationDefaults, load_generation_defaults
 from nanovllm.model_config import ModelConfig
+from nanovllm.quant_config import resolve_quantization
 from nanovllm.spec_config import SpeculativeConfig
 
 __all__ = ["ATTENTION_BACKENDS", "DTYPES", "EXECUTOR_BACKENDS", "KV_CACHE_DTYPES", "LOAD_FORMATS",
@@ -49,6 +51,9 @@ class Config:
     load_format: str = "auto"
     attention_backend: str = "auto"
     kv_cache_dtype: str = "auto"
+    # fp8 linear weights: None uses the checkpoint's own quantization_config (if any); "fp8"
+    # also quantizes a float checkpoint at load (per-output-channel scales).
+    quantization: str | None = None
     seed: int = 0
     skip_tokenizer_init: bool = False
     async_scheduling: bool | None = None
@@ -110,6 +115,8 @@ class Config:
         if self.async_scheduling and self.tensor_parallel_size > 1:
             raise ValueError("async_scheduling=True is not supported with "
                              "tensor_parallel_size > 1 yet; leave it unset or False")
+        object.__setattr__(self, "hf_config", replace(self.hf_config, quantization=(
+            resolve_quantization(self.quantization, self.hf_config.quantization))))
         self._check_tensor_parallel()
         if self.speculative_config is not None:
             spec = SpeculativeConfig.from_dict(self.speculative_config)
@@ -163,6 +170,25 @@ class Config:
             if getattr(hf, name) % n:
                 raise ValueError(f"{name}={getattr(hf, name)} is not divisible by "
                                  f"tensor_parallel_size={n}")
+        scheme = hf.quantization
+        if scheme is not None and scheme.block_size is not None and n > 1:
+            # Each rank's slice of a block-quantized weight must hold whole scale blocks: the
+            # output rows of q, k, v, gate, up (blocks of bn), the input columns of o, down (bk).
+            bn, bk = scheme.block_size
+            heads, kv = hf.num_attention_heads * hf.head_dim, hf.num_key_value_heads * hf.head_dim
+            dense = any(not hf.is_moe_layer(i) for i in range(hf.num_hidden_layers))
+            parts = [("num_attention_heads x head_dim", heads, math.lcm(bn, bk)),
+                     ("num_key_value_heads x head_dim", kv, bn),
+                     ("intermediate_size", hf.intermediate_size if dense else 0,
+                      math.lcm(bn, bk)),
+                     ("moe_intermediate_size", hf.moe_intermediate_size, math.lcm(bn, bk))]
+            for name, size, block in parts:
+                if (size // n) % block:
+                    raise ValueError(
+                        f"{name}={size} split over tensor_parallel_size={n} gives {size // n} "
+                        f"per rank, not a multiple of the fp8 weight_block_size "
+                        f"{list(scheme.block_size)}: use a tensor_parallel_size that keeps "
+                        "whole blocks on each rank")
 
     def _check_int(self, name: str, lo: int, hi: int | None = None):
         v = getattr(self, name)

@@ -4,6 +4,7 @@ import os
 from dataclasses import dataclass
 
 from nanovllm.models import ARCHITECTURES
+from nanovllm.quant_config import Fp8Scheme, parse_quantization_config
 
 # The registry's names: config.json is refused before any model is built.
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
@@ -158,6 +159,8 @@ class ModelConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # fp8 linear weights (quantization_config, or LLM(quantization="fp8")); None: unquantized.
+    quantization: Fp8Scheme | None = None
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` has a sparse MoE block (else a dense MLP), as HF
@@ -217,6 +220,8 @@ class ModelConfig:
             torch_dtype=dtype,
             eos_token_id=_eos_token_id(d, source),
             **(_moe_fields(d, source) if arch == "Qwen3MoeForCausalLM" else {}),
+            quantization=(None if d.get("quantization_config") is None
+                          else parse_quantization_config(d["quantization_config"], source)),
         )
 
     @classmethod

@@ -8,6 +8,7 @@ import argparse
 from dataclasses import MISSING, fields
 
 from nanovllm.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, Config
+from nanovllm.quant_config import QUANTIZATIONS
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.json_arg import json_object
 
@@ -31,6 +32,9 @@ _ENGINE_OPTIONS = [
     ("--attention-backend", "attention_backend", ATTENTION_BACKENDS, "attention kernels"),
     ("--kv-cache-dtype", "kv_cache_dtype", KV_CACHE_DTYPES,
      "KV cache storage (auto: the model's dtype; fp8: half the memory, ~2x the tokens)"),
+    ("--quantization", "quantization", QUANTIZATIONS,
+     "fp8 linear weights: quantizes a float checkpoint at load (default: the checkpoint's own "
+     "quantization_config, if any)"),
     ("--load-format", "load_format", LOAD_FORMATS, "dummy = random weights (benchmarks)"),
     ("--tokenizer", "tokenizer", str,
      "tokenizer directory or hub id (default: the model's; a GGUF file's own)"),

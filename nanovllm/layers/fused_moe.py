@@ -40,12 +40,18 @@ class FusedMoE(nn.Module):
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 renormalize: bool):
+                 renormalize: bool, quant_method=None):
         super().__init__()
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.top_k, self.renormalize = top_k, renormalize
+        self.num_experts, self.hidden_size = num_experts, hidden_size
         # Config checked that tensor_parallel_size divides moe_intermediate_size.
         self.inter = intermediate_size // self.tp_size
+        # Chosen by the model builder (None: plain weights); owns the experts' storage.
+        self.quant_method = quant_method
+        if quant_method is not None:
+            quant_method.create_weights(self)
+            return
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.inter, hidden_size),
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.inter),
@@ -54,6 +60,8 @@ class FusedMoE(nn.Module):
         self.w2_weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple) -> None:
+        if self.quant_method is not None:
+            return self.quant_method.load(self, param, loaded, shard)
         expert, half = shard
         n, mine = self.inter, self.tp_rank * self.inter
         if param is self.w2_weight:  # down_proj [H, I]: this rank's columns
@@ -65,7 +73,9 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
-        y = fused_moe(x, self.w13_weight, self.w2_weight, weights, ids)
+        w13, w2 = ((self.w13_weight, self.w2_weight) if self.quant_method is None
+                   else self.quant_method.weights(self, x.dtype))
+        y = fused_moe(x, w13, w2, weights, ids)
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

@@ -1,4 +1,10 @@
-"""Linear layers sharded for tensor parallelism (vLLM's names and sharding math)."""
+"""Linear layers sharded for tensor parallelism (vLLM's names and sharding math).
+
+Each layer says where a checkpoint tensor's slice goes (`placement`); the weight, its bias and
+a quantized layer's scales all load through that one description, so they split alike.
+"""
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -14,26 +20,80 @@ def _divide(a: int, b: int) -> int:
     return a // b
 
 
-class LinearBase(nn.Module):
-    """A weight (and optional bias) whose rows or columns are this rank's shard."""
+@dataclass(frozen=True)
+class Placement:
+    """A checkpoint weight's slice [src, src + size) along `dim` (0: output rows, 1: input
+    columns; the full tensor has `full` there) goes to [dst, dst + size) of the parameter."""
 
-    def __init__(self, out_features: int, in_features: int, bias: bool = False):
+    dim: int
+    full: int
+    src: int
+    dst: int
+    size: int
+
+
+def copy_placed(param: torch.Tensor, loaded: torch.Tensor, p: Placement) -> None:
+    """Check `loaded` is the full tensor the placement expects, then copy this rank's slice.
+
+    A 1-D tensor (a bias, per-row scales) of a layer split along its input (p.dim == 1) is
+    not split: it is copied whole."""
+    if param.dim() == 1 and p.dim == 1:
+        check_weight_shape(loaded, param.shape)
+        param.data.copy_(loaded)
+        return
+    expected = list(param.shape)
+    expected[p.dim] = p.full
+    check_weight_shape(loaded, expected)
+    param.data.narrow(p.dim, p.dst, p.size).copy_(loaded.narrow(p.dim, p.src, p.size))
+
+
+class LinearBase(nn.Module):
+    """A weight (and optional bias) whose rows or columns are this rank's shard.
+
+    `quant_method` (chosen by the model builder from the config; None: plain weights) owns the
+    weight's storage and the matmul, e.g. fp8 values and their scales."""
+
+    def __init__(self, out_features: int, in_features: int, bias: bool = False,
+                 quant_method=None):
         super().__init__()
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.out_features, self.in_features = out_features, in_features
+        self.quant_method = quant_method
+        if quant_method is None:
+            self.weight = nn.Parameter(torch.empty(out_features, in_features),
+                                       requires_grad=False)
+            self.weight.weight_loader = self.weight_loader
+        else:
+            quant_method.create_weights(self)
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args) -> None:
-        check_weight_shape(loaded, param.shape)
-        param.data.copy_(loaded)
+    def shard_ids(self) -> list:
+        """The shard ids checkpoint tensors of this layer come with (packed layers: several)."""
+        return [None]
+
+    def placement(self, shard_id=None) -> Placement:
+        """Where the checkpoint tensor of `shard_id` goes (here: the whole weight, unsplit)."""
+        return Placement(0, self.out_features, 0, 0, self.out_features)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        p = self.placement(shard_id)
+        if self.quant_method is not None and param is not self.bias:
+            self.quant_method.load(self, param, loaded, p)
+        else:
+            copy_placed(param, loaded, p)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ weight.T (+ bias), through the quantized method when there is one."""
+        if self.quant_method is None:
+            return F.linear(x, self.weight, bias)
+        return self.quant_method.apply(self, x, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -43,67 +103,68 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """Output features split across ranks; no communication in forward."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(_divide(out_features, tp_size()), in_features, bias)
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 quant_method=None):
+        super().__init__(_divide(out_features, tp_size()), in_features, bias, quant_method)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args) -> None:
-        n = param.data.size(0)
-        check_weight_shape(loaded, (n * self.tp_size, *param.shape[1:]))
-        param.data.copy_(loaded.narrow(0, self.tp_rank * n, n))
+    def placement(self, shard_id=None) -> Placement:
+        n = self.out_features
+        return Placement(0, n * self.tp_size, self.tp_rank * n, 0, n)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections packed into one matmul (gate_up_proj)."""
 
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False,
+                 quant_method=None):
         self.output_sizes = output_sizes
-        super().__init__(in_features, sum(output_sizes), bias)
+        super().__init__(in_features, sum(output_sizes), bias, quant_method)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
-        check_weight_shape(loaded, (self.output_sizes[shard_id], *param.shape[1:]))
+    def shard_ids(self) -> list:
+        return list(range(len(self.output_sizes)))
+
+    def placement(self, shard_id=None) -> Placement:
         size = self.output_sizes[shard_id] // self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        mine = loaded.narrow(0, self.tp_rank * size, size)
-        param.data.narrow(0, offset, size).copy_(mine)
+        return Placement(0, self.output_sizes[shard_id], self.tp_rank * size, offset, size)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections packed into one matmul; heads split across ranks."""
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
-                 bias: bool = False):
+                 bias: bool = False, quant_method=None):
         n = tp_size()
         self.head_dim = head_dim
         self.num_heads = _divide(num_heads, n)
         self.num_kv_heads = _divide(num_kv_heads, n)
-        super().__init__(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias)
+        super().__init__(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias,
+                         quant_method)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    def shard_ids(self) -> list:
+        return ["q", "k", "v"]
+
+    def placement(self, shard_id=None) -> Placement:
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
-        check_weight_shape(loaded, (size * self.tp_size, *param.shape[1:]))
-        mine = loaded.narrow(0, self.tp_rank * size, size)
-        param.data.narrow(0, offset, size).copy_(mine)
+        return Placement(0, size * self.tp_size, self.tp_rank * size, offset, size)
 
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial products summed with an all-reduce."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(out_features, _divide(in_features, tp_size()), bias)
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 quant_method=None):
+        super().__init__(out_features, _divide(in_features, tp_size()), bias, quant_method)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args) -> None:
-        if param.data.dim() == 1:  # the bias is not split; rank 0 alone adds it
-            check_weight_shape(loaded, param.shape)
-            param.data.copy_(loaded)
-            return
-        n = param.data.size(1)
-        check_weight_shape(loaded, (param.data.size(0), n * self.tp_size))
-        param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))
+    def placement(self, shard_id=None) -> Placement:
+        n = self.in_features
+        return Placement(1, n * self.tp_size, self.tp_rank * n, 0, n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        # The bias is not split; rank 0 alone adds it.
+        y = self.matmul(x, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

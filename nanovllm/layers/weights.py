@@ -4,7 +4,11 @@ import torch
 from torch import nn
 
 
-class WeightShapeError(ValueError):
+class CheckpointTensorError(ValueError):
+    """A checkpoint tensor unfit for its parameter; the loader adds its name and file."""
+
+
+class WeightShapeError(CheckpointTensorError):
     """A checkpoint tensor's full shape differs from the one config.json implies."""
 
     def __init__(self, shape: tuple, expected: tuple):

@@ -10,21 +10,25 @@ from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
+from nanovllm.models.quantization import linear_method
 
 
 class DecoderAttention(nn.Module):
-    """GQA self-attention with RoPE; optional q/k/v bias, o bias and per-head q/k RMSNorm."""
+    """GQA self-attention with RoPE; optional q/k/v bias, o bias and per-head q/k RMSNorm.
+    `prefix` is the checkpoint's module name (model.layers.<i>.self_attn)."""
 
     def __init__(self, cfg: ModelConfig, qkv_bias: bool = False, o_bias: bool = False,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, prefix: str = ""):
         super().__init__()
         d = cfg.head_dim
-        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, d, cfg.num_attention_heads,
-                                          cfg.num_key_value_heads, bias=qkv_bias)
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, d, cfg.num_attention_heads, cfg.num_key_value_heads,
+            bias=qkv_bias, quant_method=linear_method(cfg, prefix, ["q_proj", "k_proj", "v_proj"]))
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.head_dim = d
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size, bias=o_bias)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size, bias=o_bias,
+                                        quant_method=linear_method(cfg, prefix, ["o_proj"]))
         self.rotary_emb = RotaryEmbedding(d, cfg.max_position_embeddings, cfg.rope_theta,
                                           cfg.rope_scaling)
         self.attn = Attention(self.num_heads, d, d ** -0.5, self.num_kv_heads)
@@ -44,13 +48,17 @@ class DecoderAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU feed-forward with packed gate/up projection."""
+    """SwiGLU feed-forward with packed gate/up projection; `cfg` and `prefix` (the
+    checkpoint's model.layers.<i>.mlp) choose quantized weights, if config.json has them."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False,
+                 cfg: ModelConfig | None = None, prefix: str = ""):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2,
-                                                       bias=bias)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias=bias,
+            quant_method=linear_method(cfg, prefix, ["gate_proj", "up_proj"]))
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias,
+                                           quant_method=linear_method(cfg, prefix, ["down_proj"]))
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ class LlamaForCausalLM(CausalLM):
     """Hugging Face LlamaForCausalLM."""
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
-        bias = cfg.attention_bias
-        return DecoderLayer(cfg, DecoderAttention(cfg, qkv_bias=bias, o_bias=bias),
-                            GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias))
+        bias, prefix = cfg.attention_bias, f"model.layers.{layer}"
+        return DecoderLayer(cfg, DecoderAttention(cfg, qkv_bias=bias, o_bias=bias,
+                                                  prefix=f"{prefix}.self_attn"),
+                            GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias,
+                                     cfg=cfg, prefix=f"{prefix}.mlp"))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from nanovllm.config import Config, ModelConfig
-from nanovllm.layers.weights import WeightShapeError, default_weight_loader
+from nanovllm.layers.weights import CheckpointTensorError, default_weight_loader
 from nanovllm.models import model_class
 from nanovllm.models.safetensors_io import KV_SCALE_NAME, safetensors_entries
 from nanovllm.utils.dist import tp_rank
@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 # Buffers some checkpoints still carry; the model recomputes them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# 8-bit float tensors: only a quantized layer's parameters take them.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Names listed in one error message; the rest are counted.
 MAX_LISTED = 20
 
@@ -82,13 +84,18 @@ def _load(model: nn.Module, path: str, read_data: bool) -> None:
                 unused.append(f"{name} ({os.path.basename(file)})")
             continue
         tensor = read() if read_data else torch.empty(shape, device="meta")
+        if tensor.dtype in FP8_DTYPES and param.dtype not in FP8_DTYPES:
+            # Cast without its scale, an fp8 tensor would load as wrong numbers, silently.
+            raise ValueError(f"tensor {name!r} in {file} is {tensor.dtype}, but nanovllm keeps "
+                             f"{target} unquantized (embeddings, the LM head, MoE experts "
+                             "and modules config.json's quantization_config ignores)")
         loader = getattr(param, "weight_loader", default_weight_loader)
         try:
             if shard is None:
                 loader(param, tensor)
             else:
                 loader(param, tensor, shard)
-        except WeightShapeError as e:
+        except CheckpointTensorError as e:
             raise ValueError(f"tensor {name!r} in {file} {e}") from None
         found.add(name)
     if unused and tp_rank() == 0:  # every rank reads the same files: say it once
@@ -119,8 +126,15 @@ def _map_name(name: str, packed: dict) -> tuple[str, object]:
     return name, None
 
 
-# A per-expert checkpoint tensor: <prefix>.experts.<expert>.<module>.weight
-_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+# A per-expert checkpoint tensor: <prefix>.experts.<expert>.<module>.<kind>, the kind a weight
+# or, for fp8 experts, one of its scales.
+EXPERT_KINDS = ("weight", "weight_scale", "weight_scale_inv", "input_scale")
+_EXPERT_NAME = re.compile(rf"^(.*\.experts)\.(\d+)\.(\w+)\.({'|'.join(EXPERT_KINDS)})$")
+
+
+def _expert_param(param: str, kind: str) -> str:
+    """Our packed parameter for a kind of tensor: w13_weight -> w13_weight_scale_inv, ..."""
+    return param if kind == "weight" else param.removesuffix("weight") + kind
 
 
 def _map_expert_name(name: str, experts: dict) -> tuple[str, tuple] | None:
@@ -130,7 +144,7 @@ def _map_expert_name(name: str, experts: dict) -> tuple[str, tuple] | None:
     if m is None or m.group(3) not in experts:
         return None
     param, shard = experts[m.group(3)]
-    return f"{m.group(1)}.{param}", (int(m.group(2)), shard)
+    return f"{m.group(1)}.{_expert_param(param, m.group(4))}", (int(m.group(2)), shard)
 
 
 def _expected_names(model: nn.Module, params: dict, packed: dict,
@@ -139,14 +153,15 @@ def _expected_names(model: nn.Module, params: dict, packed: dict,
     names = set()
     for pname, param in params.items():
         # Tied embeddings: the head shares the embedding's tensor, so one of the two suffices.
-        if _tied(model, pname):
+        # Scales computed while loading (fp8 quantized at load) are not in the checkpoint.
+        if _tied(model, pname) or getattr(param, "computed", False):
             continue
         prefix, _, last = pname.rpartition(".")
-        modules = [mod for mod, (target, _) in experts.items()
-                   if target == last and prefix.endswith(".experts")]
+        modules = [(mod, kind) for mod, (target, _) in experts.items() for kind in EXPERT_KINDS
+                   if _expert_param(target, kind) == last and prefix.endswith(".experts")]
         if modules:  # packed experts: one tensor per expert (leading dim) and module
-            names.update(f"{prefix}.{e}.{mod}.weight" for mod in modules
-                         for e in range(param.shape[0]))
+            names.update(f"{prefix}.{e}.{mod}.{kind}" for mod, kind in modules
+                         for e in range(model.get_submodule(prefix).num_experts))
             continue
         frags = [frag for frag, (target, _) in packed.items() if f".{target}." in pname]
         for frag in frags:
@@ -170,8 +185,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights (vLLM's load_format='dummy'): small uniform values, norms at one."""
     gens = {}
     for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.data.fill_(1.0)
+        if name.endswith(("norm.weight", "weight_scale", "weight_scale_inv")):
+            param.data.fill_(1.0)  # a quantized weight's scales: the values stand as drawn
             continue
         # Drawn in fp32 on the parameter's own device: every dtype gets the same numbers, and
         # a GPU fills 0.6B parameters in milliseconds where the CPU took seconds of start-up.

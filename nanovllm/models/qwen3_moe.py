@@ -8,16 +8,19 @@ from nanovllm.layers.fused_moe import FusedMoE
 from nanovllm.layers.linear import ReplicatedLinear
 from nanovllm.models.decoder import CausalLM, DecoderLayer, GatedMLP
 from nanovllm.models.qwen3 import qwen3_attention
+from nanovllm.models.quantization import moe_method
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    """The router (`gate`, replicated on every rank) and the layer's experts."""
+    """The router (`gate`, replicated on every rank, never quantized) and the layer's
+    experts; `prefix` is the checkpoint's model.layers.<i>.mlp."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, prefix: str = ""):
         super().__init__()
         self.gate = ReplicatedLinear(cfg.num_experts, cfg.hidden_size)
         self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
-                                cfg.moe_intermediate_size, cfg.norm_topk_prob)
+                                cfg.moe_intermediate_size, cfg.norm_topk_prob,
+                                quant_method=moe_method(cfg, prefix))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.gate(x))
@@ -34,6 +37,7 @@ class Qwen3MoeForCausalLM(CausalLM):
     }
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
-        mlp = (Qwen3MoeSparseMoeBlock(cfg) if cfg.is_moe_layer(layer)
-               else GatedMLP(cfg.hidden_size, cfg.intermediate_size))
-        return DecoderLayer(cfg, qwen3_attention(cfg), mlp)
+        prefix = f"model.layers.{layer}.mlp"
+        mlp = (Qwen3MoeSparseMoeBlock(cfg, prefix) if cfg.is_moe_layer(layer)
+               else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg=cfg, prefix=prefix))
+        return DecoderLayer(cfg, qwen3_attention(cfg, layer), mlp)
