@@ -197,7 +197,9 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     # Warm-up: one prompt per replica (balancing sends each to a different one).
     # (a few tokens: max_tokens past max_model_len is a ValueError, and tests use tiny ones)
-    llm.generate(["Benchmark: "] * args.dp, SamplingParams(max_tokens=8), use_tqdm=False)
+    # With --structured-output it carries the schema, so its grammar compiles before timing.
+    warm = SamplingParams(max_tokens=8, structured_outputs=params[0].structured_outputs)
+    llm.generate(["Benchmark: "] * args.dp, warm, use_tqdm=False)
     t = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t
@@ -214,6 +216,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     print(f"Total: {total}tok, Time: {elapsed:.2f}s, Throughput: {total / elapsed:.2f}tok/s")
     print(f"KV cache: {args.kv_cache_dtype}, {result['num_kvcache_blocks']} blocks of "
           f"{args.block_size} tokens")
+    if result["structured_output"]:
+        _same_lengths_unconstrained(llm, prompts, params, outputs, result)
 
     if args.single:
         sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=512)
@@ -230,6 +234,25 @@ def run_bench(args: argparse.Namespace) -> dict:
             json.dump(result, f, indent=1)
     llm.shutdown()
     return result
+
+
+def _same_lengths_unconstrained(llm, prompts, params, outputs, result: dict) -> None:
+    """Time the same prompts without the schema, each run to the length its constrained output
+    reached: a grammar that closes early shortens outputs, and fewer decode tokens per prompt
+    would lower throughput by themselves, so only equal lengths compare the grammar's cost."""
+    from dataclasses import replace
+
+    free = [replace(p, structured_outputs=None, max_tokens=max(1, len(o.outputs[0].token_ids)))
+            for p, o in zip(params, outputs)]
+    t = time.perf_counter()
+    plain = llm.generate(prompts, free, use_tqdm=False)
+    elapsed = time.perf_counter() - t
+    total = sum(len(o.outputs[0].token_ids) for o in plain)
+    result["unconstrained_same_lengths_tok_s"] = round(total / elapsed, 1)
+    ratio = result["throughput_tok_s"] / result["unconstrained_same_lengths_tok_s"]
+    result["structured_vs_unconstrained"] = round(ratio, 3)
+    print(f"Unconstrained, same lengths: {total}tok, Time: {elapsed:.2f}s, "
+          f"Throughput: {total / elapsed:.2f}tok/s (structured: {ratio:.1%} of it)")
 
 
 def _kv_blocks(llm) -> int:

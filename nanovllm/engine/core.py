@@ -6,8 +6,10 @@ device only through an Executor (executor.py), handed in by whoever built it, an
 torch. With async scheduling one step is in flight while the host records the previous one.
 
 Structured output: a request with a grammar waits outside the scheduler until its grammar
-has compiled (compiling.py), and every step whose batch holds one runs synchronously: its
-bitmask needs each sequence's previous token accepted by its matcher.
+has compiled (compiling.py). A step whose batch holds one needs each sequence's previous token
+accepted by its matcher before it can sample: where the executor allows (late_masks), its
+forward is queued first and its masks filled while the device runs it; otherwise the step
+runs synchronously.
 """
 import logging
 
@@ -17,6 +19,7 @@ from nanovllm.engine.compiling import CompilingRequests
 from nanovllm.engine.executor import Executor
 from nanovllm.engine.messages import Outputs, Request
 from nanovllm.engine.reports import Reports
+from nanovllm.engine.sampling_rows import grammar_bitmask
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.stop_rules import stop_string_end
@@ -180,10 +183,11 @@ class EngineCore:
         num_tokens = sum(s.num_scheduled_tokens for s in seqs) if is_prefill else -len(seqs)
         # Decode steps while speculating run one at a time: a verify step's accepted drafts
         # must be known before the next step's drafts are proposed. So do steps holding a
-        # grammar: the next step's bitmask needs this step's tokens accepted by the matchers.
-        if (not self.async_scheduling
-                or (not is_prefill and seqs and self.scheduler.wants_speculation())
-                or (self._structured and any(s.grammar is not None for s in seqs))):
+        # grammar, unless their masks can come late (after the step in flight's results).
+        speculating = not is_prefill and seqs and self.scheduler.wants_speculation()
+        grammar = bool(self._structured) and any(s.grammar is not None for s in seqs)
+        late = grammar and not speculating and getattr(self.executor, "late_masks", False)
+        if not self.async_scheduling or speculating or (grammar and not late):
             handle = self.executor.launch(seqs, is_prefill)
             launched = self.scheduler.on_launch(seqs)
             finished, accepted = [], self.scheduler.spec_stats.accepted
@@ -199,13 +203,18 @@ class EngineCore:
         # works; the control plane learns each token one step late.
         launched = None
         if seqs:
-            handle = self.executor.launch(seqs, is_prefill)
+            handle = (self.executor.launch(seqs, is_prefill, late_masks=True) if late
+                      else self.executor.launch(seqs, is_prefill))
             launched = (self.scheduler.on_launch(seqs), handle)
         previous, self._in_flight = self._in_flight, launched
-        if previous is None:
-            return [], num_tokens
-        self._touched += previous[0].seqs
-        return self._results(*previous), num_tokens
+        finished = []
+        if previous is not None:
+            self._touched += previous[0].seqs
+            finished = self._results(*previous)
+        if late:  # the matchers have taken every token: now the masks, then the sampling
+            masks = grammar_bitmask(seqs, range(len(seqs)), handle.num_rows)
+            self._in_flight = (launched[0], handle.sample(masks))
+        return finished, num_tokens
 
     def _results(self, launched, handle) -> list[Sequence]:
         """Record a step's sampled tokens (and logprobs); returns the sequences that ended."""

@@ -30,6 +30,11 @@ class Executor(Protocol):
     def set_eos_ids(self, eos_ids: set[int]) -> None:
         """The end tokens, which min_tokens keeps from being sampled (rank 0 samples)."""
 
+    # Whether launch(..., late_masks=True) is supported: it queues the forward and returns
+    # a handle whose sample(masks) queues the sampling under the step's grammar masks
+    # (sampling_rows.grammar_bitmask), filled while the device runs the forward.
+    late_masks: bool
+
     def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepHandle:
         """Start one step (or run it, for an executor that cannot overlap); the handle's
         result() gives the sampled token ids, and then .logprobs the step's logprobs."""

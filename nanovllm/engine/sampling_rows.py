@@ -124,18 +124,26 @@ def _rows_to_process(seqs: list[Sequence]) -> tuple[list[int], list[bool]]:
     return picked, banning
 
 
-def grammar_bitmask(seqs: list[Sequence], rows: list[int], num_rows: int,
-                    vocab_size: int) -> np.ndarray | None:
-    """[num_rows, ceil(vocab_size / 32)] int32: bit i of word w in row r set when token
-    32 w + i may come next; rows[j] is sequence j's row. Rows of sequences without a grammar
-    allow everything. None (nothing built) when no sequence has one."""
-    constrained = [(r, s.grammar) for r, s in zip(rows, seqs) if s.grammar is not None]
+def grammar_bitmask(seqs: list[Sequence], rows: list[int],
+                    num_rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The step's grammar masks, or None (nothing built) when no sequence has a grammar:
+    [num_rows, words] int32 over the grammar's vocabulary (bit i of word w set when token
+    32 w + i may come next) and [num_rows] int32, 1 on the rows a grammar constrains (the
+    sampler forbids their logits past the grammar's vocabulary: padding ids). rows[j] is
+    sequence j's row; rows without a grammar allow everything. A sequence already finished
+    (async scheduling computed one row too many for it) is left unconstrained."""
+    constrained = [(r, s.grammar) for r, s in zip(rows, seqs)
+                   if s.grammar is not None and not s.is_finished]
     if not constrained:
         return None
-    mask = np.full((num_rows, -(-vocab_size // 32)), -1, dtype=np.int32)
-    for row, grammar in constrained:
-        grammar.fill(mask, row)  # the matcher has accepted every known token of its sequence
-    return mask
+    service = constrained[0][1].service
+    mask = np.full((num_rows, service.words), -1, dtype=np.int32)
+    flags = np.zeros(num_rows, dtype=np.int32)
+    at = [r for r, _ in constrained]
+    # Each matcher has accepted every known token of its sequence.
+    service.fill(mask, at, [g for _, g in constrained])
+    flags[at] = 1
+    return mask, flags
 
 
 @dataclass

@@ -61,9 +61,11 @@ class StepInputs:
     sampling: SamplingRows | None = None
     penalties: PenaltyRows | None = None
     logprobs: LogprobPlan | None = None
-    # [rows, ceil(vocab / 32)] int32: the tokens each row's grammar allows (structured
-    # output); None when no sequence has a grammar.
+    # Structured output (see sampling_rows.grammar_bitmask): [rows, words] int32, the tokens
+    # each row's grammar allows, and [rows] int32, 1 on the constrained rows; None when no
+    # sequence has a grammar, or when the step's masks come late (StepBuilder.build).
     grammar_bitmask: np.ndarray | None = None
+    grammar_rows: np.ndarray | None = None
 
     @property
     def decode_meta(self) -> np.ndarray:
@@ -97,7 +99,7 @@ class StepInputs:
             optional = dict(logprob_rows=lp.sample_rows, logprob_targets=lp.targets)
             parts.update((k, v) for k, v in optional.items() if v is not None)
         if self.grammar_bitmask is not None:
-            parts["grammar_bitmask"] = self.grammar_bitmask
+            parts.update(grammar_bitmask=self.grammar_bitmask, grammar_rows=self.grammar_rows)
         return parts
 
 
@@ -115,8 +117,11 @@ class StepBuilder:
         self.prev_rows: dict[int, int] = {}
         self.eos_ids: frozenset[int] = frozenset()  # what min_tokens holds back
 
-    def build(self, seqs: list[Sequence], is_prefill: bool, rows: int = 0) -> StepInputs:
-        """The step's inputs; a decode step is padded to `rows` rows."""
+    def build(self, seqs: list[Sequence], is_prefill: bool, rows: int = 0,
+              late_masks: bool = False) -> StepInputs:
+        """The step's inputs; a decode step is padded to `rows` rows. late_masks: leave out
+        the grammar masks, which the caller supplies once the matchers have accepted the
+        tokens of the step still in flight (grammar_bitmask(seqs, range(len(seqs)), ...))."""
         if is_prefill:
             inputs = prefill_inputs(seqs, self.block_size, self.width, self.tables)
         elif any(s.spec_token_ids for s in seqs):
@@ -129,8 +134,10 @@ class StepBuilder:
         # A grammar sequence has one row: it is never given drafts (speculation.py).
         seq_rows = (range(len(seqs)) if inputs.spec_starts is None
                     else inputs.spec_starts[:-1].tolist())
-        inputs.grammar_bitmask = grammar_bitmask(seqs, seq_rows, inputs.num_rows or len(seqs),
-                                                 self.vocab_size)
+        masks = None if late_masks else grammar_bitmask(seqs, seq_rows,
+                                                        inputs.num_rows or len(seqs))
+        if masks is not None:
+            inputs.grammar_bitmask, inputs.grammar_rows = masks
         if inputs.spec_starts is not None:
             inputs.sampling, inputs.penalties, inputs.logprobs = verify_rows(
                 seqs, np.diff(inputs.spec_starts).tolist(), self.eos_ids, self.vocab_size)

@@ -18,6 +18,12 @@ logger = logging.getLogger(__name__)
 CACHE_SIZE = 128
 
 
+def _threads() -> int:
+    """Threads for xgrammar's compiler and batched fills: half the cores (the other half
+    runs the step loop and the tokenizer), at most 8."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 class Grammars:
     """Compiled grammars by spec, and a matcher for each sequence that asks."""
 
@@ -30,10 +36,11 @@ class Grammars:
         # ~100k of them for a small tokenizer on a Qwen-width head) are never allowed, and
         # giving them to xgrammar cost ~0.2 ms a row in every mask fill (30x a real row's).
         self.grammar_vocab = min(len(tokenizer), vocab_size)
-        self._scratch = np.empty((1, -(-self.grammar_vocab // 32)), dtype=np.int32)
+        self.words = -(-self.grammar_vocab // 32)  # a bitmask row's int32 words
         # xgrammar leaves the bits past its vocabulary in the last word as they were.
         rem = self.grammar_vocab % 32
         self._tail = np.int32((1 << rem) - 1 if rem else -1)
+        self._batch = None  # xgrammar's BatchGrammarMatcher: fills a step's rows in C++ threads
         self.eos_ids = sorted(t for t in eos_ids if t < self.grammar_vocab)
         self._pool: futures.ThreadPoolExecutor | None = None  # started by the first request
         self._compiler = None  # xgrammar's, made on the pool's thread (it reads the vocab)
@@ -53,7 +60,16 @@ class Grammars:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        return SequenceGrammar(future, self._scratch, self._tail)
+        return SequenceGrammar(future, self)
+
+    def fill(self, bitmask: np.ndarray, rows: list[int], grammars: list["SequenceGrammar"]):
+        """Write into bitmask[rows[i]] (int32 words over the grammar's vocabulary, bit i of
+        word w: token 32 w + i) the tokens grammars[i] allows next, in one batched call:
+        ~4x cheaper than a matcher at a time, which matters on every step of a large batch."""
+        if self._batch is None:
+            self._batch = xgrammar().BatchGrammarMatcher(_threads())
+        self._batch.batch_fill_next_token_bitmask([g.matcher for g in grammars], bitmask, rows)
+        bitmask[rows, -1] &= self._tail
 
     def _compile(self, key: tuple):
         """Worker thread: the compiled grammar of a spec key (the compiler made first)."""
@@ -61,8 +77,7 @@ class Grammars:
         if self._compiler is None:
             info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.grammar_vocab,
                                                       stop_token_ids=self.eos_ids or None)
-            threads = max(1, min(8, (os.cpu_count() or 2) // 2))
-            self._compiler = xgr.GrammarCompiler(info, max_threads=threads)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=_threads())
         return self._compiler.compile_grammar(to_grammar(key))
 
     def shutdown(self) -> None:
@@ -75,14 +90,11 @@ class SequenceGrammar:
     """One sequence's grammar: its compiled grammar (maybe still compiling) and its matcher,
     which has accepted exactly the sequence's known output tokens."""
 
-    __slots__ = ("_future", "_matcher", "_scratch", "_tail")
+    __slots__ = ("_future", "_matcher", "service")
 
-    def __init__(self, future: futures.Future, scratch: np.ndarray, tail: np.int32):
-        """scratch: [1, ceil(grammar vocab / 32)] int32, the row xgrammar fills (shared by
-        the service's sequences: masks are filled on the core's thread only); tail: the
-        last word's bits that are real tokens."""
-        self._future, self._matcher = future, None
-        self._scratch, self._tail = scratch, tail
+    def __init__(self, future: futures.Future, service: Grammars):
+        """service: the Grammars it came from (which fills bitmasks for a step's rows)."""
+        self._future, self._matcher, self.service = future, None, service
 
     @property
     def ready(self) -> bool:
@@ -114,19 +126,10 @@ class SequenceGrammar:
         """Whether the grammar is complete and its end token accepted."""
         return self.matcher.is_terminated()
 
-    def fill(self, bitmask: np.ndarray, row: int) -> None:
-        """Write the tokens allowed next into bitmask[row] (int32 words, bit i of word w:
-        token 32 w + i); ids past the tokenizer's vocabulary are never allowed."""
-        words = self._scratch.shape[1]
-        self.matcher.fill_next_token_bitmask(self._scratch, 0)
-        bitmask[row, :words] = self._scratch[0]
-        bitmask[row, words - 1] &= self._tail
-        bitmask[row, words:] = 0
-
     def rollback(self, num_tokens: int) -> None:
         """Forget the last num_tokens accepted tokens."""
         self.matcher.rollback(num_tokens)
 
     def new_sample(self) -> "SequenceGrammar":
         """A fresh state of the same grammar, for another sample of the request (n > 1)."""
-        return SequenceGrammar(self._future, self._scratch, self._tail)
+        return SequenceGrammar(self._future, self.service)

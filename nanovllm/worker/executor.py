@@ -11,6 +11,8 @@ from nanovllm.engine.sequence import Sequence
 class LocalExecutor:
     """A single ModelRunner in this process."""
 
+    late_masks = True  # launch(late_masks=True) returns a LateSample (see ModelRunner.launch)
+
     def __init__(self, config: Config):
         from nanovllm.worker.model_runner import ModelRunner
 
@@ -30,9 +32,9 @@ class LocalExecutor:
         """Tell the runner the end tokens (for min_tokens)."""
         self.runner.set_eos_ids(eos_ids)
 
-    def launch(self, seqs: list[Sequence], is_prefill: bool):
+    def launch(self, seqs: list[Sequence], is_prefill: bool, late_masks: bool = False):
         """Start one step; the handle's result() waits for its sampled ids (and logprobs)."""
-        return self.runner.launch(seqs, is_prefill)
+        return self.runner.launch(seqs, is_prefill, late_masks)
 
     def shutdown(self) -> None:
         """Drop the runner, so its weights and KV cache can be freed."""

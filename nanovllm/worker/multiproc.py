@@ -41,6 +41,8 @@ class State(Enum):
 class MultiprocExecutor:
     """Rank 0's ModelRunner in this process plus N-1 spawned worker ranks."""
 
+    late_masks = False  # launch runs a step to its end: grammar masks come with its inputs
+
     def __init__(self, config: Config):
         n = config.tensor_parallel_size
         ProcessGroup.check_can_create()

@@ -22,9 +22,11 @@ class SamplingTensors:
     # Penalties and min_tokens: applied to the logits before sampling (see penalties.py);
     # None, the usual case, when no row uses them.
     penalties: PenaltyTensors | None = None
-    # [B, ceil(V / 32)] int32: the tokens each row's grammar allows (bit set = allowed);
-    # None when no row has a grammar.
+    # [B, words] int32: the tokens each row's grammar allows (bit set = allowed) over the
+    # grammar's vocabulary, and [B] int32, 1 on the rows a grammar constrains (their logits
+    # past that vocabulary, padding ids, are forbidden); None when no row has a grammar.
     bitmask: torch.Tensor | None = None
+    grammar_rows: torch.Tensor | None = None
 
     @classmethod
     def from_rows(cls, rows: SamplingRows, dev: dict[str, torch.Tensor],
@@ -33,7 +35,7 @@ class SamplingTensors:
         see StepInputs.device_parts)."""
         return cls(dev["temperatures"], dev.get("top_ks"), dev.get("top_ps"),
                    dev.get("min_ps"), rows.seeds, rows.all_greedy, penalties,
-                   dev.get("grammar_bitmask"))
+                   dev.get("grammar_bitmask"), dev.get("grammar_rows"))
 
 
 class Sampler(nn.Module):
@@ -103,7 +105,10 @@ def constrain(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         # unpacks the bits and masks every row in one call (CUDA, or its CPU path).
         from xgrammar import apply_token_bitmask_inplace
 
-        apply_token_bitmask_inplace(logits, st.bitmask, vocab_size=logits.size(-1))
+        covered = min(st.bitmask.size(1) * 32, logits.size(-1))
+        apply_token_bitmask_inplace(logits, st.bitmask, vocab_size=covered)
+        if covered < logits.size(-1):
+            logits[:, covered:].masked_fill_(st.grammar_rows[:, None].bool(), float("-inf"))
     return logits
 
 

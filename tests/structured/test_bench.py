@@ -22,3 +22,7 @@ def test_bench_with_a_schema_on_every_request(toy_models, tmp_path, capsys):
     assert figures["structured_output"] is True
     # Every output starts {"text": " (at least 4 tokens) and runs to at most max_tokens.
     assert 3 * 4 <= figures["output_tokens"] <= 3 * 9
+    # The same prompts ran unconstrained to the same lengths, for the ratio the issue asks.
+    assert figures["unconstrained_same_lengths_tok_s"] > 0
+    assert figures["structured_vs_unconstrained"] == round(
+        figures["throughput_tok_s"] / figures["unconstrained_same_lengths_tok_s"], 3)

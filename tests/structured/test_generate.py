@@ -211,3 +211,33 @@ def test_on_the_gpu_with_graphs_and_async_scheduling(toy_models):
         assert_idle(llm)
     finally:
         llm.shutdown()
+
+
+def test_async_steps_fill_masks_while_the_forward_runs(toy_models, small_llm, monkeypatch):
+    """With one step in flight, a grammar step's forward is queued before the previous
+    step's tokens are taken and its masks are filled after: greedy outputs equal those of
+    synchronous steps (small_llm), and the late path is what ran."""
+    from nanovllm.worker.model_runner import ModelRunner
+
+    late = []
+    launch = ModelRunner.launch
+
+    def spy(self, seqs, is_prefill, late_masks=False):
+        late.append(late_masks)
+        return launch(self, seqs, is_prefill, late_masks)
+
+    monkeypatch.setattr(ModelRunner, "launch", spy)
+    schemas = random_schemas(6, seed=5)
+    sps = [SamplingParams(temperature=0, max_tokens=120,
+                          structured_outputs=StructuredOutputsParams(
+                              json=s, disable_any_whitespace=True)) for s in schemas]
+    want = [o.outputs[0].token_ids for o in small_llm.generate([PROMPT] * 6, sps, use_tqdm=False)]
+    late.clear()
+    llm = LLM(toy_models[MODEL], kvcache_block_size=16, max_model_len=256, async_scheduling=True)
+    try:
+        outs = llm.generate([PROMPT] * 6, sps, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == want
+        assert sum(late) > 10 and all(late)  # every step of this batch holds a grammar
+        assert_idle(llm)
+    finally:
+        llm.shutdown()

@@ -40,21 +40,21 @@ def ready(grammar):
 
 def test_a_matcher_allows_exactly_what_its_grammar_does(grammars, tokenizer):
     g = ready(grammars.request(StructuredOutputsParams(choice=["ab", "b"])))
-    mask = np.zeros((1, VOCAB // 32), np.int32)
-    g.fill(mask, 0)
+    mask = np.zeros((1, grammars.words), np.int32)
+    grammars.fill(mask, [0], [g])
     first = allowed(mask, 0)
     texts = {tokenizer.decode([t]) for t in first}
     assert first and all(t < len(tokenizer) for t in first)  # never a padding column
     assert texts <= {"a", "ab", "b"} and "b" in texts
     assert g.accept(tokenizer.convert_tokens_to_ids("b")) and not g.terminated
-    g.fill(mask, 0)
+    grammars.fill(mask, [0], [g])
     assert allowed(mask, 0) == [tokenizer.eos_token_id]  # complete: only the end token
     assert g.accept(tokenizer.eos_token_id) and g.terminated
     fresh = g.new_sample()  # another sample starts at the beginning
-    fresh.fill(mask, 0)
+    grammars.fill(mask, [0], [fresh])
     assert allowed(mask, 0) == first
     g.rollback(2)
-    g.fill(mask, 0)
+    grammars.fill(mask, [0], [g])
     assert allowed(mask, 0) == first
 
 
@@ -64,52 +64,66 @@ def test_same_spec_compiles_once(grammars):
     assert a._future is b._future and a is not b
 
 
+class FakeService:
+    """Fills a row with exactly its grammar's one token; 13 words: a 400-token vocabulary."""
+
+    words = 13
+
+    def fill(self, mask, rows, grammars):
+        for row, g in zip(rows, grammars):
+            mask[row] = 0
+            mask[row, g.token // 32] = np.int32(np.uint32(1 << (g.token % 32)).view(np.int32))
+
+
 class FakeGrammar:
     """Allows only token `token`."""
+
+    service = FakeService()
 
     def __init__(self, token):
         self.token = token
 
-    def fill(self, mask, row):
-        mask[row] = 0
-        mask[row, self.token // 32] = np.int32(np.uint32(1 << (self.token % 32)).view(np.int32))
-
 
 class Seq:
-    def __init__(self, grammar=None):
-        self.grammar = grammar
+    def __init__(self, grammar=None, finished=False):
+        self.grammar, self.is_finished = grammar, finished
 
 
 def test_grammar_bitmask_rows():
-    assert grammar_bitmask([Seq(), Seq()], [0, 1], 2, VOCAB) is None  # free without grammars
+    assert grammar_bitmask([Seq(), Seq()], [0, 1], 2) is None  # free without grammars
     # A verify step: sequence 0 has rows 0-2, sequence 1 (a grammar) row 3.
-    mask = grammar_bitmask([Seq(), Seq(FakeGrammar(631))], [0, 3], 4, VOCAB)
-    assert mask.shape == (4, VOCAB // 32) and mask.dtype == np.int32
-    assert all(len(allowed(mask, r)) == VOCAB for r in range(3))
-    assert allowed(mask, 3) == [631]
+    mask, flags = grammar_bitmask([Seq(), Seq(FakeGrammar(391))], [0, 3], 4)
+    assert mask.shape == (4, 13) and mask.dtype == flags.dtype == np.int32
+    assert all(len(allowed(mask, r)) == 13 * 32 for r in range(3))
+    assert allowed(mask, 3) == [391] and flags.tolist() == [0, 0, 0, 1]
+    # A sequence that ended while a step was in flight (its row is void) is not constrained.
+    assert grammar_bitmask([Seq(FakeGrammar(5), finished=True)], [0], 1) is None
 
 
 def test_constrain_masks_only_forbidden_tokens():
+    """Constrained rows lose every token their mask forbids, and the padding ids past the
+    mask's 416 columns; the unconstrained row keeps all 640."""
     logits = torch.randn(3, VOCAB)
     raw = logits.clone()
-    mask = grammar_bitmask([Seq(FakeGrammar(5)), Seq(), Seq(FakeGrammar(639))], [0, 1, 2], 3,
-                           VOCAB)
-    st = SamplingTensors(torch.zeros(3), bitmask=torch.from_numpy(mask))
+    mask, flags = grammar_bitmask([Seq(FakeGrammar(5)), Seq(), Seq(FakeGrammar(399))],
+                                  [0, 1, 2], 3)
+    st = SamplingTensors(torch.zeros(3), bitmask=torch.from_numpy(mask),
+                         grammar_rows=torch.from_numpy(flags))
     out = constrain(logits, st)
     assert torch.equal(logits, raw)  # the raw logits stay (logprobs read them)
     assert torch.isfinite(out).sum(1).tolist() == [1, VOCAB, 1]
-    assert out[0, 5] == raw[0, 5] and out[2, 639] == raw[2, 639]
+    assert out[0, 5] == raw[0, 5] and out[2, 399] == raw[2, 399]
     assert torch.equal(out[1], raw[1])
 
 
 def test_padding_ids_are_never_allowed_even_where_anything_goes(grammars, tokenizer):
     """Inside a JSON string almost every token may come next; the ids past the tokenizer's
-    vocabulary (400..639: part of the last word xgrammar fills, and the words after it)
-    stay forbidden although the builder's rows start all-allowed."""
+    vocabulary in the last word xgrammar fills (400..415) stay forbidden although the
+    builder's rows start all-allowed (constrain() forbids the columns past the words)."""
     g = ready(grammars.request(StructuredOutputsParams(json={"type": "string"})))
     assert g.accept(tokenizer.convert_tokens_to_ids('"'))
-    mask = np.full((2, VOCAB // 32), -1, np.int32)
-    g.fill(mask, 1)
+    mask = np.full((2, grammars.words), -1, np.int32)
+    grammars.fill(mask, [1], [g])
     inside = allowed(mask, 1)
     assert len(inside) > len(tokenizer) // 2 and max(inside) < len(tokenizer)
-    assert allowed(mask, 0) == list(range(VOCAB))  # another row is left as it was
+    assert allowed(mask, 0) == list(range(32 * grammars.words))  # another row: as it was
