@@ -70,8 +70,9 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
-    ap.add_argument("--structured-output", action="store_true",
-                    help="constrain every output to a JSON schema (one long string field)")
+    ap.add_argument("--structured-output", nargs="?", const="long", choices=["long", "short"],
+                    help="constrain every output to a JSON schema, one string field: 'long' "
+                         "(the default) keeps it open to max_tokens, 'short' lets it close")
     ap.add_argument("--json", help="write the results to this file")
 
 
@@ -141,16 +142,10 @@ _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
                              "speculative_config", "quantization")
 
 
-# --structured-output's schema: one long string field. Every token goes through the grammar;
-# with random weights the closing quote is rarely drawn, so most outputs run to max_tokens
-# (throughput counts the tokens actually generated).
-BENCH_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}},
-                "required": ["text"]}
-
-
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:
     """The benchmark's prompts (token ids) and SamplingParams, the same on every call."""
     from nanovllm import SamplingParams, StructuredOutputsParams
+    from nanovllm.bench_structured import bench_schema
 
     # Token ids are drawn from [0, 10000] as in nano-vLLM; a smaller vocabulary (the tiny test
     # models) takes them modulo its size, which leaves a real model's workload unchanged.
@@ -169,8 +164,10 @@ def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], lis
         params = [SamplingParams(temperature=0.6, ignore_eos=True,
                                  max_tokens=randint(args.min_output_len, args.max_output_len))
                   for _ in range(args.num_seqs)]
-    if getattr(args, "structured_output", False):
-        so = StructuredOutputsParams(json=BENCH_SCHEMA, disable_any_whitespace=True)
+    if getattr(args, "structured_output", None):
+        so = StructuredOutputsParams(json=bench_schema(args.structured_output,
+                                                       args.max_output_len),
+                                     disable_any_whitespace=True)
         for p in params:
             p.structured_outputs = so
     return prompts, params
@@ -210,14 +207,16 @@ def run_bench(args: argparse.Namespace) -> dict:
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": total,
               "seconds": round(elapsed, 3), "throughput_tok_s": round(total / elapsed, 1),
               "kv_cache_dtype": args.kv_cache_dtype,
-              "structured_output": bool(getattr(args, "structured_output", False)),
+              "structured_output": getattr(args, "structured_output", None),
               "tensor_parallel_size": args.tp, "data_parallel_size": args.dp,
               "num_kvcache_blocks": _kv_blocks(llm)}
     print(f"Total: {total}tok, Time: {elapsed:.2f}s, Throughput: {total / elapsed:.2f}tok/s")
     print(f"KV cache: {args.kv_cache_dtype}, {result['num_kvcache_blocks']} blocks of "
           f"{args.block_size} tokens")
     if result["structured_output"]:
-        _same_lengths_unconstrained(llm, prompts, params, outputs, result)
+        from nanovllm.bench_structured import same_lengths_unconstrained
+
+        same_lengths_unconstrained(llm, prompts, params, outputs, result)
 
     if args.single:
         sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=512)
@@ -234,25 +233,6 @@ def run_bench(args: argparse.Namespace) -> dict:
             json.dump(result, f, indent=1)
     llm.shutdown()
     return result
-
-
-def _same_lengths_unconstrained(llm, prompts, params, outputs, result: dict) -> None:
-    """Time the same prompts without the schema, each run to the length its constrained output
-    reached: a grammar that closes early shortens outputs, and fewer decode tokens per prompt
-    would lower throughput by themselves, so only equal lengths compare the grammar's cost."""
-    from dataclasses import replace
-
-    free = [replace(p, structured_outputs=None, max_tokens=max(1, len(o.outputs[0].token_ids)))
-            for p, o in zip(params, outputs)]
-    t = time.perf_counter()
-    plain = llm.generate(prompts, free, use_tqdm=False)
-    elapsed = time.perf_counter() - t
-    total = sum(len(o.outputs[0].token_ids) for o in plain)
-    result["unconstrained_same_lengths_tok_s"] = round(total / elapsed, 1)
-    ratio = result["throughput_tok_s"] / result["unconstrained_same_lengths_tok_s"]
-    result["structured_vs_unconstrained"] = round(ratio, 3)
-    print(f"Unconstrained, same lengths: {total}tok, Time: {elapsed:.2f}s, "
-          f"Throughput: {total / elapsed:.2f}tok/s (structured: {ratio:.1%} of it)")
 
 
 def _kv_blocks(llm) -> int:
