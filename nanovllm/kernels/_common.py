@@ -43,10 +43,26 @@ FP8_FORMATS = {torch.float8_e4m3fn: (448.0, 3, 7), torch.float8_e5m2: (57344.0, 
 
 
 def fp8_meta(cache_dtype: torch.dtype) -> dict:
-    """The quantize_fp8 constants of a cache dtype (KV_FP8=False for a plain float cache)."""
+    """The store kernels' quantization constants of a cache dtype: quantize_fp8's (KV_FP8=False
+    for any other cache) and KV_INT8 (an int8 cache with row scales, quantize_int8_rows)."""
     fmax, mant, bias = FP8_FORMATS.get(cache_dtype, (0.0, 0, 0))
     return dict(KV_FP8=cache_dtype in FP8_FORMATS, FMAX=fmax, MANT=mant, BIAS=bias,
-                SOFT=INTERPRET)
+                SOFT=INTERPRET, KV_INT8=cache_dtype == torch.int8)
+
+
+@triton.jit
+def int8_row_scale(amax):
+    """The scale of rows whose largest |x| is amax: amax / 127 (1 for an all-zero row), as
+    torch_ref.quantize_rows computes it."""
+    return tl.where(amax > 0, tl.div_rn(amax, 127.0), 1.0)
+
+
+@triton.jit
+def int8_codes(x, scale):
+    """round(x / scale) (ties to even, by the 1.5 * 2^23 trick of torch_ref.ROUND_MAGIC),
+    clamped to +-127, as int8; scale broadcasts over x's rows."""
+    y = (tl.div_rn(x, scale) + 12582912.0) - 12582912.0
+    return tl.clamp(y, -127.0, 127.0).to(tl.int8)
 
 
 @triton.jit

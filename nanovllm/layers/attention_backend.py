@@ -209,25 +209,26 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def choose_backend(name: str, device: torch.device, block_size: int, fp8_kv: bool = False):
+def choose_backend(name: str, device: torch.device, block_size: int,
+                   quantized_kv: bool = False):
     """Pick the attention backend: flash > triton on CUDA, torch on CPU ("auto").
 
-    flash-attn's kernels read no fp8 cache: with fp8_kv, "auto" takes triton (and says so when
-    flash-attn is installed) and an explicit "flash" is refused."""
+    flash-attn's kernels read no 8-bit cache (fp8 or int8): with quantized_kv, "auto" takes
+    triton (and says so when flash-attn is installed) and an explicit "flash" is refused."""
     if name == "auto":
         if device.type != "cuda":
             name = "torch"
-        elif flash_attn_available() and block_size % 256 == 0 and not fp8_kv:
+        elif flash_attn_available() and block_size % 256 == 0 and not quantized_kv:
             name = "flash"
         else:
-            if fp8_kv and flash_attn_available():
-                logger.info("fp8 KV cache: attention runs on the Triton kernels (flash-attn "
-                            "reads no fp8 cache)")
+            if quantized_kv and flash_attn_available():
+                logger.info("8-bit KV cache: attention runs on the Triton kernels (flash-attn "
+                            "reads no fp8 or int8 cache)")
             name = "triton"
-    if name == "flash" and fp8_kv:
-        raise ValueError("attention_backend='flash' cannot read an fp8 KV cache: use "
-                         "attention_backend='auto' or 'triton' with kv_cache_dtype='fp8_*', "
-                         "or kv_cache_dtype='auto' with flash")
+    if name == "flash" and quantized_kv:
+        raise ValueError("attention_backend='flash' cannot read an fp8 KV cache (nor an int8 "
+                         "one): use attention_backend='auto' or 'triton' with "
+                         "kv_cache_dtype='fp8_*' or 'int8', or kv_cache_dtype='auto' with flash")
     if name in ("flash", "triton") and device.type != "cuda":
         raise ValueError(f"attention_backend={name!r} needs a CUDA GPU but the device is "
                          f"{device.type!r}; use 'torch' or 'auto' there")
