@@ -5,8 +5,8 @@ Cache layout: [num_blocks, block_size, num_kv_heads, head_dim]; slot = block_id 
 Everything is computed in fp32 and cast back to q's dtype. An fp8 cache (float8_e4m3fn or
 float8_e5m2) holds x / scale[kv head] per layer: stores divide and round, reads multiply back.
 An int8 cache holds round(x / s) with s = max|x| / 127 of each (token, kv head) row, s kept
-beside it in a scale tensor laid out like the cache without its last dim ([num_blocks,
-block_size, num_kv_heads], fp32).
+beside it in a scale tensor indexed like the cache without its last dim ([num_blocks,
+block_size, num_kv_heads], fp32, any strides: the engine's is a head-major view).
 """
 import torch
 
@@ -59,7 +59,7 @@ def store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping, k_scale=None,
         if cache.dtype == torch.int8:
             codes, row_scales = quantize_rows(x[keep])
             rows[slots] = codes
-            scale.view(-1, scale.shape[-1])[slots] = row_scales
+            scale[slots // cache.shape[1], slots % cache.shape[1]] = row_scales
         else:
             rows[slots] = quantize(x[keep], scale, cache.dtype)
 

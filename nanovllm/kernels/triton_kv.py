@@ -11,7 +11,7 @@ from nanovllm.kernels._common import fp8_meta, int8_codes, int8_row_scale, quant
 def _store_kvcache_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cslot, stride_ch, stride_sslot, stride_sh,
+    stride_cslot, stride_ch, stride_sblk, stride_sslot, stride_sh, SCALE_BS,
     NUM_KV_HEADS: tl.constexpr, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
     SOFT: tl.constexpr, KV_INT8: tl.constexpr,
@@ -39,7 +39,8 @@ def _store_kvcache_kernel(
     if KV_INT8:
         # A scale per (token, kv head) row, stored at the row's slot.
         hmask = offs_h < NUM_KV_HEADS
-        s_off = slot * stride_sslot + offs_h * stride_sh
+        s_off = (slot // SCALE_BS) * stride_sblk + (slot % SCALE_BS) * stride_sslot \
+            + offs_h * stride_sh
         k = k.to(tl.float32)
         ks = int8_row_scale(tl.max(tl.abs(k), axis=1))
         k = int8_codes(k, ks[:, None])
@@ -85,18 +86,25 @@ def fp8_args(k_cache, v_cache, k_scale, v_scale, meta):
     if k_scale is None or v_scale is None:
         raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
     if meta["KV_INT8"]:
-        assert k_scale.shape == v_scale.shape == k_cache.shape[:3]
-        assert k_scale.stride() == v_scale.stride()
+        check_row_scales(k_cache, k_scale, v_scale)
         return k_cache, v_cache, k_scale, v_scale
     if meta["SOFT"]:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     return k_cache, v_cache, k_scale, v_scale
 
 
-def row_scale_strides(cache, k_scale, v_scale) -> tuple[int, int]:
-    """(slot, head) strides of an int8 cache's row scales [blocks, block_size, Hkv] (zeros for
-    any other cache), whose (block, slot) dims must flatten like the cache's."""
+def row_scale_strides(cache, k_scale, v_scale) -> tuple[int, int, int, int]:
+    """(block, slot, head) strides and block size of an int8 cache's row scales, indexed
+    [blocks, block_size, Hkv] with any strides (zeros and 1 for any other cache)."""
     if cache.dtype != torch.int8:
-        return 0, 0
-    assert k_scale.stride(0) == k_scale.shape[1] * k_scale.stride(1)
-    return k_scale.stride(1), k_scale.stride(2)
+        return 0, 0, 0, 1
+    return (*k_scale.stride(), k_scale.shape[1])
+
+
+def check_row_scales(cache, k_scale, v_scale) -> None:
+    """An int8 cache's row scales: fp32, indexed like the cache without its head dim, K's and
+    V's with the same strides (the kernels take one set)."""
+    if k_scale is None or v_scale is None:
+        raise ValueError(f"a {cache.dtype} KV cache needs k_scale and v_scale")
+    assert k_scale.shape == v_scale.shape == cache.shape[:3], (k_scale.shape, cache.shape)
+    assert k_scale.stride() == v_scale.stride() and k_scale.dtype == torch.float32

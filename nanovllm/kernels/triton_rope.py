@@ -58,7 +58,7 @@ def _norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, slot_ptr,
     q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pos,
-    stride_cslot, stride_ch, stride_sslot, stride_sh, eps,
+    stride_cslot, stride_ch, stride_sblk, stride_sslot, stride_sh, SCALE_BS, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
     HALF: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_K: tl.constexpr,
     MIX: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
@@ -112,7 +112,8 @@ def _norm_rope_store_kernel(
             c4 = quantize_fp8(v2.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
         elif KV_INT8:
             # A scale per (token, kv head) row over both halves, stored at the row's slot.
-            s_off = slot * stride_sslot + hk * stride_sh
+            s_off = ((slot // SCALE_BS) * stride_sblk + (slot % SCALE_BS) * stride_sslot
+                     + hk * stride_sh)
             f1, f2 = k1.to(tl.float32), k2.to(tl.float32)
             ks = int8_row_scale(tl.maximum(tl.max(tl.abs(f1), axis=1),
                                            tl.max(tl.abs(f2), axis=1)))[:, None]

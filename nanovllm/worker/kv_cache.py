@@ -112,11 +112,15 @@ def allocate_kv_scales(attn_layers: list, device: torch.device,
 
 
 def allocate_row_scales(attn_layers: list, kv_cache: torch.Tensor) -> torch.Tensor:
-    """The row scales of an int8 cache: [K/V, layer, block, slot, kv head], laid out like the
-    cache without its head dim; each layer gets its K and V views (as k_scale / v_scale)."""
-    scales = torch.ones(kv_cache.shape[:-1], dtype=INT8_SCALE_DTYPE, device=kv_cache.device)
+    """The row scales of an int8 cache, stored [K/V, layer, block, kv head, slot]; each layer
+    gets its K and V views indexed [block, slot, kv head] like its cache (as k_scale /
+    v_scale). Head-major within a block: a decode tile's scales (one kv head, consecutive
+    slots) are then one contiguous run, not a load strided by the head count."""
+    two, layers, blocks, block_size, heads, _ = kv_cache.shape
+    scales = torch.ones(two, layers, blocks, heads, block_size, dtype=INT8_SCALE_DTYPE,
+                        device=kv_cache.device)
     for i, layer in enumerate(attn_layers):
-        layer.k_scale, layer.v_scale = scales[0, i], scales[1, i]
+        layer.k_scale, layer.v_scale = (s.transpose(1, 2) for s in scales[:, i])
     return scales
 
 

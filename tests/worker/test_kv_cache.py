@@ -76,11 +76,14 @@ def test_int8_cache_keeps_a_scale_per_row_and_stays_close(toy_models):
         logits[kind] = context_logits(llm, ctx, 150)
         if kind == "int8":
             assert runner.kv_cache.dtype == torch.int8
-            # [K/V, layer, block, slot, kv head], like the cache without its head dim.
-            assert runner.kv_scales.shape == runner.kv_cache.shape[:-1]
             assert runner.kv_scales.dtype == torch.float32
-            written = runner.kv_scales[:, :, :5].flatten(2, 3)[:, :, :len(ctx) - 1]
-            assert (written != 1).all() and (written > 0).all()  # every stored row set its own
+            for layer in runner.attn_layers:
+                # Indexed [block, slot, kv head], like the cache without its head dim.
+                assert layer.k_scale.shape == layer.v_scale.shape == layer.k_cache.shape[:3]
+                for scale in (layer.k_scale, layer.v_scale):
+                    # Blocks 0.. hold the context (context_logits): every row set its own.
+                    written = scale.flatten(0, 1)[:len(ctx) - 1]
+                    assert (written != 1).all() and (written > 0).all()
             assert runner.attn_layers[0].backend.mix_kv
         llm.shutdown()
     ref, got = logits["auto"], logits["int8"]
