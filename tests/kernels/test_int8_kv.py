@@ -131,3 +131,123 @@ def test_decode_int8_without_scales_is_refused():
     with pytest.raises(ValueError, match="k_scale"):
         triton_decode.decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens,
                                        c.block_tables, c.scale)
+
+
+@needs_interpreter
+@pytest.mark.usefixtures("poisoned_empty")
+def test_prefill_int8():
+    # Plain prefill, a prefix hit and a chunk, GQA 2; blocks of 16 = the interpreter's tiles,
+    # and of 8 (tiles straddling pages).
+    for block_size in (16, 8):
+        c = make_paged_case([(20, 20), (5, 37), (7, 39)], block_size, 4, 2, 16, seed=3)
+        exact = naive_attention(c)
+        c = int8_case(c)
+        args = (c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables,
+                c.scale)
+        ref = prefill_attention_torch(*args, c.k_scale, c.v_scale)
+        o = triton_prefill.prefill_attention(*args, c.max_seqlen_q, k_scale=c.k_scale,
+                                             v_scale=c.v_scale)
+        assert rel_err(o, ref) < TOL
+        assert rel_err(ref, exact) < 0.01
+
+
+@needs_interpreter
+@pytest.mark.usefixtures("poisoned_empty")
+def test_triton_backend_int8_prefill_attends_to_its_unquantized_kv():
+    from nanovllm.layers.attention_backend import TritonBackend
+    from nanovllm.utils.context import Context
+
+    c = make_paged_case([(20, 20), (1, 1), (37, 37)], 16, 4, 2, 16, seed=5)
+    exact = naive_attention(c)
+    c = int8_case(c)
+    ctx = Context(is_prefill=True, cu_seqlens_q=c.cu_seqlens_q, cu_seqlens_k=c.cu_seqlens_k,
+                  max_seqlen_q=c.max_seqlen_q, max_seqlen_k=c.max_seqlen_k,
+                  block_tables=c.block_tables)
+    o = TritonBackend().prefill(c.q, torch.cat(c.ks), torch.cat(c.vs), c.k_cache, c.v_cache,
+                                ctx, c.scale, c.k_scale, c.v_scale)
+    assert rel_err(o, exact) < TOL  # not int8's rounding: the step's own K/V
+
+
+GPU_TOL = 1e-2  # bf16 q, probabilities and output; the same int8 cache
+
+
+def gpu_case(seqs, block_size, seed):
+    """A bf16 case at a real shape (16 heads, 8 kv heads, head_dim 128) on the GPU, its exact
+    output, and its cache as int8 with head-major row scales."""
+    c = make_paged_case(seqs, block_size, 16, 8, 128, seed=seed, dtype=torch.bfloat16,
+                        device="cuda")
+    c.exact = naive_attention(c)
+    return int8_case(c)
+
+
+@pytest.mark.parametrize("mix", [False, True])
+@on_gpu
+def test_store_gpu_same_codes_and_scales_as_torch(mix):
+    t, hkv, d = 300, 8, 128
+    k = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16) * torch.logspace(
+        -4, 2, d, device="cuda").bfloat16()
+    v, q = torch.randn_like(k) * 3, torch.randn(t, 16, d, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(8 * 64, device="cuda")[:t].int()
+    slots[::7] = -1
+
+    def cache():
+        return ([torch.zeros(8, 64, hkv, d, dtype=torch.int8, device="cuda") for _ in range(2)]
+                + [head_major(torch.zeros(8, 64, hkv, device="cuda")) for _ in range(2)])
+
+    got, ref, fused = cache(), cache(), cache()
+    store_kvcache(k, v, *got[:2], slots, *got[2:])
+    store_kvcache_torch(k, v, *ref[:2], slots, *ref[2:])
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    # The fused RoPE-store quantizes its rotated (and mixed) k like the plain store does.
+    cos_sin = torch.randn(4096, 1, d, device="cuda")
+    pos = torch.randint(0, 4096, (t,), device="cuda")
+    _, k_rot = norm_rope_store(q, k, v, pos, cos_sin, None, None, 0.0, *fused[:2], slots,
+                               return_k=True, k_scale=fused[2], v_scale=fused[3], mix=mix)
+    ref = cache()
+    store_kvcache_torch(k_rot, v, *ref[:2], slots, *ref[2:])
+    assert all(torch.equal(a, b) for a, b in zip(fused, ref))
+
+
+@pytest.mark.parametrize("batch,ctx", [(1, 3000), (4, 700), (64, 300)])
+@on_gpu
+def test_decode_int8_gpu(batch, ctx):
+    c = gpu_case([(1, ctx - i % 5) for i in range(batch)], 256, seed=batch)
+    args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
+    ref = decode_attention_torch(*args, c.k_scale, c.v_scale)
+    o = triton_decode.decode_attention(*args, k_scale=c.k_scale, v_scale=c.v_scale)
+    assert rel_err(o, ref) < GPU_TOL
+    assert rel_err(ref, c.exact) < 0.02  # e4m3 here: ~0.04-0.06
+
+
+@pytest.mark.parametrize("seqs", [[(1000, 1000), (7, 7)], [(300, 1500), (257, 257)]])
+@on_gpu
+def test_prefill_int8_gpu(seqs):
+    c = gpu_case(seqs, 256, seed=len(seqs))
+    args = (c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale)
+    ref = prefill_attention_torch(*args, c.k_scale, c.v_scale)
+    o = triton_prefill.prefill_attention(*args, c.max_seqlen_q, k_scale=c.k_scale,
+                                         v_scale=c.v_scale)
+    assert rel_err(o, ref) < GPU_TOL
+
+
+@on_gpu
+def test_engine_int8_gpu_blocks_and_tokens(tmp_path):
+    from nanovllm import LLM, SamplingParams
+    from nanovllm.utils.toy import save_random_qwen3
+
+    path = save_random_qwen3(str(tmp_path / "m"), num_attention_heads=8, num_key_value_heads=2,
+                             head_dim=64, hidden_size=128, num_hidden_layers=2)
+    blocks, outs = {}, {}
+    for kind in ("auto", "int8"):
+        # Small limits: a quick start-up (few decode graphs, a short warm-up prefill).
+        llm = LLM(path, kv_cache_dtype=kind, gpu_memory_utilization=0.3, max_num_seqs=8,
+                  max_num_batched_tokens=1024, max_model_len=1024)
+        sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+        outs[kind] = [o["token_ids"] for o in llm.generate([[1, 2, 3] * 50, [9] * 70], sp,
+                                                           use_tqdm=False)]
+        blocks[kind] = llm.clients[0].core.executor.num_kvcache_blocks
+        llm.shutdown()
+        torch.cuda.empty_cache()
+    # bf16: 256 bytes per token and kv head; int8: 2 x (64 + 4) = 136.
+    assert blocks["int8"] > 1.8 * blocks["auto"]
+    assert all(len(o) == 32 for o in outs["int8"])
