@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call for the int8 KV cache (kv_cache_dtype="int8"): GPU tests, SmolLM2 accuracy
+# (fp32 / bf16 models, fp8_e4m3 and int8 caches against fp32 with an fp32 cache), and the
+# throughput bench with the bf16, fp8_e4m3 and int8 caches.
+#   GGUF=/tmp/smol.gguf STEPS="tests acc bench" bash tools/kv8_check.sh
+# STEPS: tests (the int8/fp8 kernel and engine GPU tests), acc (tools/fp8_accuracy.py --gguf),
+# bench (python bench.py: auto, fp8_e4m3, int8, int8 again), kern (decode kernel alone:
+# bf16 / fp8 / int8 at the bench's shape). Logs land in $OUT.
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${STEPS:-tests acc bench}
+GGUF=${GGUF:-/tmp/smol.gguf}
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+if has tests; then
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:logging -m gpu \
+    tests/kernels/test_int8_kv.py tests/kernels/test_fp8_kv.py tests/kernels/test_triton_rope.py \
+    tests/kernels/test_triton_attention.py > "$OUT/tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
+fi
+if has acc; then
+  if [ -f "$GGUF" ]; then
+    timeout ${ACC_TIMEOUT:-240} python3 tools/fp8_accuracy.py --gguf "$GGUF" --device cuda \
+      --runs float32:auto bfloat16:auto bfloat16:fp8_e4m3 float32:fp8_e4m3 bfloat16:int8 \
+      float32:int8 --json "$OUT/kv8_smollm2.json" > "$OUT/acc.log" 2>&1
+    grep " vs \|Error" "$OUT/acc.log"
+  else
+    echo "acc: no GGUF at $GGUF (set GGUF=)"
+  fi
+fi
+if has kern; then
+  timeout 120 python3 tools/bench_kernels.py --int8 2>&1 | tee "$OUT/kern.log" | tail -12
+fi
+if has bench; then
+  for kind in auto fp8_e4m3 int8 int8; do
+    timeout 120 python3 bench.py --kv-cache-dtype $kind > "$OUT/bench_$kind.log" 2>&1
+    echo "[$kind] $(grep -E "Total|KV cache:|Error" "$OUT/bench_$kind.log" | tr '\n' ' ')"
+  done
+fi
