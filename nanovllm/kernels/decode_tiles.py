@@ -19,7 +19,8 @@ def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, stride_sblk, stride_
     else:
         page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     slot = offs_n % BLOCK_SIZE
-    return n_mask, page * stride_kblk + slot * stride_kslot, page * stride_sblk + slot * stride_sslot
+    return (n_mask, page * stride_kblk + slot * stride_kslot,
+            page * stride_sblk + slot * stride_sslot)
 
 
 @triton.jit

@@ -10,7 +10,6 @@ block_size, num_kv_heads], fp32, any strides: the engine's is a head-major view)
 """
 import torch
 
-
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 INT8_MAX = 127
 # Adding then subtracting 1.5 * 2^23 rounds an fp32 |y| < 2^22 to the nearest integer, ties to

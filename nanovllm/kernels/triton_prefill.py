@@ -9,10 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import (INTERPRET, LOG2E, dot_precision, fp8_meta,
-                                      online_softmax_step)
+from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta, online_softmax_step
 from nanovllm.kernels.triton_kv import check_row_scales
-
 
 # Tile configs (module level so tools/bench_kernels.py and tests can override them). Measured on
 # H100 (16/8/128 bf16): 128x128 tiles win on long prompts (4x2048: 305 TFLOP/s vs 276 for 128x64),
@@ -94,8 +92,9 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = (h // G) * stride_kh
-    k_scale_ptr += (h // G) * stride_sh  # int8: this kv head's row scales
-    v_scale_ptr += (h // G) * stride_sh
+    if KV_INT8:  # this kv head's row scales
+        k_scale_ptr += (h // G) * stride_sh
+        v_scale_ptr += (h // G) * stride_sh
     pos_lo = seqlen_k - seqlen_q + mb * BLOCK_M          # first query position in the tile
     kv_end = tl.minimum(pos_lo + BLOCK_M, seqlen_k)      # causal: no key beyond the last query
     full_end = (pos_lo // BLOCK_N) * BLOCK_N             # key tiles below this are visible to every row

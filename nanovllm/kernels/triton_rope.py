@@ -14,8 +14,13 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import (dot_precision, fp8_meta, int8_codes, int8_row_scale,
-                                      quantize_fp8)
+from nanovllm.kernels._common import (
+    dot_precision,
+    fp8_meta,
+    int8_codes,
+    int8_row_scale,
+    quantize_fp8,
+)
 from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides
 
 
