@@ -29,8 +29,9 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
                  G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
-                 KV_INT8: tl.constexpr):
-    """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l).
+                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr):
+    """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l); an
+    8-bit cache's tiles are widened to q's dtype for the QK dot, to PV_DTYPE for the PV dot.
 
     An int8 cache's row scales (k_scale_ptr / v_scale_ptr already at this kv head) cost no
     multiply per element: key j's scale multiplies column j of the scores after the dot, and
@@ -58,7 +59,7 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         if KV_FP8 or KV_INT8:
-            v = v.to(q.dtype)
+            v = v.to(PV_DTYPE)
         pw = p
         if KV_INT8:
             pw = p * tl.load(v_scale_ptr + s_off, mask=n_mask, other=0.0)[None, :]

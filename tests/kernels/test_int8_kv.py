@@ -208,9 +208,11 @@ def test_store_gpu_same_codes_and_scales_as_torch(mix):
     assert all(torch.equal(a, b) for a, b in zip(fused, ref))
 
 
+@pytest.mark.parametrize("fp16_qk", [False, True])
 @pytest.mark.parametrize("batch,ctx", [(1, 3000), (4, 700), (64, 300)])
 @on_gpu
-def test_decode_int8_gpu(batch, ctx):
+def test_decode_int8_gpu(batch, ctx, fp16_qk, monkeypatch):
+    monkeypatch.setitem(triton_decode.CONFIG_INT8, "FP16_DOT", fp16_qk)
     c = gpu_case([(1, ctx - i % 5) for i in range(batch)], 256, seed=batch)
     args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     ref = decode_attention_torch(*args, c.k_scale, c.v_scale)
