@@ -74,6 +74,8 @@ def patch(backend, scheme: str, mix: bool) -> None:
 
 
 def run(model: str, ids: list[int], scheme: str | None, mix: bool, kv: str = "auto"):
+    """context_logits of ids (first half prefilled) with an fp32 model: the plain fp32 cache
+    (scheme None, kv "auto"), an emulated scheme, or the engine's own kv_cache_dtype `kv`."""
     llm = LLM(model, dtype="float32", kv_cache_dtype=kv, device="cpu", enforce_eager=True,
               kvcache_block_size=64, max_model_len=len(ids) + 8,
               num_kvcache_blocks=-(-len(ids) // 64) + 1)
