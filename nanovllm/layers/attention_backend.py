@@ -3,7 +3,8 @@
 Every backend offers rope_and_store / store_kv / prefill / decode over the paged cache layout
 [num_blocks, block_size, num_kv_heads, head_dim]; callers never branch on which one runs. An fp8
 cache comes with its per-kv-head scales (k_scale / v_scale, fp32 [Hkv]; None for a cache in the
-model's dtype), which torch and triton take and flash refuses (see choose_backend). A prefill
+model's dtype), an int8 cache with a scale per row (fp32, indexed [num_blocks, block_size,
+num_kv_heads]); torch and triton take them and flash refuses both (see choose_backend). A prefill
 without cached context attends to its own K/V unquantized (see exact_chunk), as vLLM does.
 """
 import importlib.util
@@ -23,7 +24,7 @@ class TorchBackend:
 
     name = "torch"
     # Whether q and k are multiplied by a Hadamard matrix after RoPE (see hadamard_mix);
-    # ModelRunner turns it on for an fp8 cache with calibrated scales.
+    # ModelRunner turns it on for an fp8 cache with calibrated scales and for an int8 cache.
     mix_kv = False
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
@@ -159,9 +160,9 @@ def hadamard_mix(x: torch.Tensor) -> torch.Tensor:
 
 
 def mix_kv_wanted(head_dim: int) -> bool:
-    """Whether an fp8 cache with calibrated scales gets Hadamard-mixed q/k: a power-of-two
-    head_dim of at least 32 (the fused kernel's dots need halves of >= 16), unless
-    NANOVLLM_KV_MIX=0 (for measuring what the mixing buys)."""
+    """Whether an fp8 cache with calibrated scales (or an int8 cache) gets Hadamard-mixed q/k:
+    a power-of-two head_dim of at least 32 (the fused kernel's dots need halves of >= 16),
+    unless NANOVLLM_KV_MIX=0 (for measuring what the mixing buys)."""
     return (head_dim >= 32 and head_dim & (head_dim - 1) == 0
             and os.environ.get("NANOVLLM_KV_MIX", "1") != "0")
 
@@ -181,8 +182,8 @@ def _hadamard(d: int, device: torch.device) -> torch.Tensor:
 
 
 def exact_chunk(ctx: Context, k_scale) -> bool:
-    """Whether this step is a prefill over an fp8 cache that attends to nothing but its own
-    new tokens: it then reads their K/V unquantized, not back from the cache.
+    """Whether this step is a prefill over an 8-bit (fp8 or int8) cache that attends to nothing
+    but its own new tokens: it then reads their K/V unquantized, not back from the cache.
 
     Reading them back quantized gave prefill positions decode's e4m3 error (SmolLM2 on CPU:
     0.068 nats mean, now 0; docs/PERF_NOTES.md). Decode, and prefills over cached tokens
