@@ -44,7 +44,8 @@ FP8_FORMATS = {torch.float8_e4m3fn: (448.0, 3, 7), torch.float8_e5m2: (57344.0, 
 
 def fp8_meta(cache_dtype: torch.dtype) -> dict:
     """The store kernels' quantization constants of a cache dtype: quantize_fp8's (KV_FP8=False
-    for any other cache) and KV_INT8 (an int8 cache with row scales, quantize_int8_rows)."""
+    for any other cache) and KV_INT8 (an int8 cache with row scales: int8_row_scale and
+    int8_codes)."""
     fmax, mant, bias = FP8_FORMATS.get(cache_dtype, (0.0, 0, 0))
     return dict(KV_FP8=cache_dtype in FP8_FORMATS, FMAX=fmax, MANT=mant, BIAS=bias,
                 SOFT=INTERPRET, KV_INT8=cache_dtype == torch.int8)
