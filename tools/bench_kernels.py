@@ -247,7 +247,7 @@ def bench_decode_int8():
     int8 tile variants; GB/s = bytes of K/V codes read (scales not counted) / time."""
     print("\n== decode, bf16 vs fp8_e4m3 vs int8 cache (block 256, 16/8/128) ==", flush=True)
     cfg0 = dict(triton_decode.CONFIG_INT8)
-    variants = [("default", {}), ("fp16-qk", dict(FP16_DOT=True))] + [
+    variants = [("default", {}), ("fp16-dots", dict(FP16_DOT=True))] + [
         (f"BN{bn}/w{w}/s{st}", dict(BLOCK_N=bn, num_warps=w, num_stages=st))
         for bn, w, st in INT8_SWEEP]
     totals = {}

@@ -4,8 +4,9 @@
 # throughput bench with the bf16, fp8_e4m3 and int8 caches.
 #   GGUF=/tmp/smol.gguf STEPS="tests acc bench" bash tools/kv8_check.sh
 # STEPS: tests (the int8/fp8 kernel and engine GPU tests), acc (tools/fp8_accuracy.py --gguf),
-# bench (python bench.py: auto, fp8_e4m3, int8, int8 again), kern (decode kernel alone:
-# bf16 / fp8 / int8 at the bench's shape). Logs land in $OUT.
+# bench (python bench.py: auto, fp8_e4m3, int8, then int8 with CONFIG_INT8's FP16_DOT through
+# tools/bench_tuned.py, then int8 again), kern (decode kernel alone: bf16 / fp8 / int8 at the
+# bench's shape, int8 variants). Logs land in $OUT.
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-tests acc bench}
@@ -32,8 +33,14 @@ if has kern; then
   timeout 120 python3 tools/bench_kernels.py --int8 2>&1 | tee "$OUT/kern.log" | tail -12
 fi
 if has bench; then
-  for kind in auto fp8_e4m3 int8 int8; do
-    timeout 120 python3 bench.py --kv-cache-dtype $kind > "$OUT/bench_$kind.log" 2>&1
-    echo "[$kind] $(grep -E "Total|KV cache:|Error" "$OUT/bench_$kind.log" | tr '\n' ' ')"
-  done
+  run() {  # name, then bench_tuned.py arguments
+    local name=$1; shift
+    timeout 120 python3 tools/bench_tuned.py "$@" > "$OUT/bench_$name.log" 2>&1
+    echo "[$name] $(grep -E "Total|KV cache:|Error" "$OUT/bench_$name.log" | tr '\n' ' ')"
+  }
+  run bf16 -- --kv-cache-dtype auto
+  run fp8 -- --kv-cache-dtype fp8_e4m3
+  run int8 -- --kv-cache-dtype int8
+  run int8_fp16dots --decode-int8 '{"FP16_DOT": true}' -- --kv-cache-dtype int8
+  run int8_again -- --kv-cache-dtype int8
 fi

@@ -59,6 +59,15 @@ def int8_row_scale(amax):
 
 
 @triton.jit
+def int8_to_fp16(x):
+    """int8 codes as fp16, exactly, with integer ops instead of an int -> float conversion:
+    the bits 0x6400 | (c + 128) are the fp16 number 1024 + c + 128, so subtracting 1152 leaves
+    c (every step exact: fp16 holds integers up to 2048)."""
+    u = x.to(tl.uint8, bitcast=True).to(tl.uint16) ^ 0x80
+    return ((u | 0x6400).to(tl.float16, bitcast=True) - 1152.0).to(tl.float16)
+
+
+@triton.jit
 def int8_codes(x, scale):
     """round(x / scale) (ties to even, by the 1.5 * 2^23 trick of torch_ref.ROUND_MAGIC),
     clamped to +-127, as int8; scale broadcasts over x's rows."""

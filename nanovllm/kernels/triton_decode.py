@@ -39,10 +39,13 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
 # bf16 q, run the dots in fp16 (q cast to fp16): fp8 values are exact in fp16 as in bf16, and
 # Hopper converts fp8 to fp16 in one instruction (same shape: 468 us vs 557 with bf16 dots).
 CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5)
-# An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Its PV
-# dot stays in q's dtype (the probabilities times V's row scales could underflow fp16);
-# FP16_DOT=True would run only the QK dot in fp16 (int8 -> fp16 may convert faster than -> bf16:
-# not measured yet, `tools/bench_kernels.py --int8` compares).
+# An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Without
+# FP16_DOT its dots run in q's dtype (bf16: int8 -> bf16 is an int-to-float conversion per
+# element; an fp16 q gets an fp32 (tf32) PV dot, since p times V's row scales could underflow
+# fp16).
+# FP16_DOT=True (bf16 or fp16 q): both dots in fp16, the codes widened with integer ops
+# (_common.int8_to_fp16) and V's scales normalized by their running max (decode_tiles).
+# Not measured yet: `tools/bench_kernels.py --int8` compares the two.
 CONFIG_INT8 = dict(CONFIG_FP8, FP16_DOT=False)
 
 
@@ -62,6 +65,7 @@ def _decode_partial_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
+    INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
@@ -111,20 +115,18 @@ def _decode_partial_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
         if FP16_DOT:
             q = q.to(tl.float16)
+    if INT8_F16:
+        q = q.to(tl.float16)  # see attend_tiles
     pv_dtype = q.dtype
-    if KV_INT8:
-        # The PV dot stays in the model's dtype (probabilities times V's row scales could
-        # underflow fp16); FP16_DOT moves only the QK dot to fp16.
-        pv_dtype = out_ptr.dtype.element_ty
-        if FP16_DOT:
-            q = q.to(tl.float16)
+    if PV_F32:
+        pv_dtype = tl.float32
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = kvh * stride_kh
     acc, m_i, l_i = attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr + kvh * stride_sh,
                                  v_scale_ptr + kvh * stride_sh, bt_row, kv_head_off, start, end,
                                  qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
                                  G_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT,
-                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype)
+                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16)
 
     out = acc / l_i[:, None]
     if KV_FP8:
@@ -211,6 +213,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         lse_strides = lse.stride()[:2]
         counters = _split_counters(q.device, batch * num_kv_heads)
     head_fast = cfg["HEAD_FAST"]
+    fp16_dot = cfg.get("FP16_DOT", False) and (
+        q.dtype == torch.bfloat16 or (kv_int8 and q.dtype == torch.float16))
     grid = (num_kv_heads, batch, num_splits) if head_fast else (batch, num_kv_heads, num_splits)
     _decode_partial_kernel[grid](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
@@ -226,8 +230,9 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=g_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
-        KV_FP8=kv_fp8, FP16_DOT=cfg.get("FP16_DOT", False) and q.dtype == torch.bfloat16,
-        KV_INT8=kv_int8, HEAD_FAST=head_fast, ORDERED=order is not None,
+        KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
+        PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
+        HEAD_FAST=head_fast, ORDERED=order is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

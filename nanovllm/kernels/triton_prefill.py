@@ -64,6 +64,7 @@ def _prefill_kernel(
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
+    PV_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     # Reverse the q-tile order: the last tiles see the most keys, so start them first (less tail).
@@ -86,6 +87,9 @@ def _prefill_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr + h // G)
         if FP16_DOT:
             q = q.to(tl.float16)
+    pv_dtype = q.dtype
+    if PV_F32:  # int8 with fp16 q: p times V's row scales could underflow fp16 (tf32 dot)
+        pv_dtype = tl.float32
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -110,7 +114,7 @@ def _prefill_kernel(
                                        BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(q.dtype)
+                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(pv_dtype)
         if KV_INT8:
             p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                      BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
@@ -131,7 +135,7 @@ def _prefill_kernel(
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(q.dtype)
+                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(pv_dtype)
         if KV_INT8:
             p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                      BLOCK_SIZE, PAGE_TILE, n_mask)[None, :]
@@ -200,6 +204,7 @@ def _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=block_size % cfg["BLOCK_N"] == 0,
         DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and FP16_DOT and q.dtype == torch.bfloat16,
-        KV_INT8=kv_int8, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        KV_INT8=kv_int8, PV_F32=kv_int8 and q.dtype == torch.float16,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

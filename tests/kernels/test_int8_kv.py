@@ -4,8 +4,11 @@ the same cache as the reference (TRITON_INTERPRET=1 on CPU, tiny fp32 shapes; `g
 real shapes)."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from nanovllm.kernels import triton_decode, triton_prefill
+from nanovllm.kernels._common import int8_to_fp16
 from nanovllm.kernels.torch_ref import (
     decode_attention_torch,
     prefill_attention_torch,
@@ -253,3 +256,67 @@ def test_engine_int8_gpu_blocks_and_tokens(tmp_path):
     # bf16: 256 bytes per token and kv head; int8: 2 x (64 + 4) = 136.
     assert blocks["int8"] > 1.8 * blocks["auto"]
     assert all(len(o) == 32 for o in outs["int8"])
+
+
+@needs_interpreter
+@pytest.mark.parametrize("fp16_dot", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_int8_fp16_q(fp16_dot, num_splits, monkeypatch):
+    # fp16 q: FP16_DOT runs both dots in fp16 (codes widened by integer ops, V's scales
+    # relative to their running max); without it the PV dot runs in fp32. V rows span 1e-4..10
+    # in scale, so p * s would underflow fp16 without the normalization.
+    monkeypatch.setitem(triton_decode.CONFIG_INT8, "FP16_DOT", fp16_dot)
+    c = make_paged_case([(1, 40), (1, 7), (1, 33)], 16, 4, 2, 16, seed=6)
+    c.vs = [v * torch.logspace(-4, 1, v.shape[0])[:, None, None] for v in c.vs]
+    for i, v in enumerate(c.vs):
+        pos = torch.arange(v.shape[0])
+        c.v_cache[c.block_tables[i, pos // 16].long(), pos % 16] = v
+    exact = naive_attention(c)
+    c = int8_case(c)
+    q16 = c.q.half()
+    args = (c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
+    ref = decode_attention_torch(q16.float(), *args, c.k_scale, c.v_scale)
+    o = triton_decode.decode_attention(q16, *args, num_splits=num_splits, k_scale=c.k_scale,
+                                       v_scale=c.v_scale)
+    assert o.dtype == torch.float16
+    assert rel_err(o, ref) < 2e-3  # fp16 output (and probabilities)
+    assert rel_err(ref, exact) < 0.01
+
+
+@needs_interpreter
+@pytest.mark.usefixtures("poisoned_empty")
+def test_prefill_int8_fp16_q():
+    # fp16 q: the PV dot runs in fp32, where p * s cannot underflow (V rows span 1e-4..10).
+    c = make_paged_case([(20, 20), (5, 37)], 16, 4, 2, 16, seed=7)
+    c.v_cache = c.v_cache * torch.logspace(-4, 1, 16)[None, :, None, None]
+    c = int8_case(c)
+    q16 = c.q.half()
+    args = (c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale)
+    ref = prefill_attention_torch(q16.float(), *args, c.k_scale, c.v_scale)
+    o = triton_prefill.prefill_attention(q16, *args, c.max_seqlen_q, k_scale=c.k_scale,
+                                         v_scale=c.v_scale)
+    assert o.dtype == torch.float16 and rel_err(o, ref) < 2e-3
+
+
+@triton.jit
+def _widen(x_ptr, o_ptr):
+    offs = tl.arange(0, 256)
+    tl.store(o_ptr + offs, int8_to_fp16(tl.load(x_ptr + offs)))
+
+
+def _check_widening(device):
+    codes = torch.arange(-128, 128, device=device).to(torch.int8)
+    out = torch.empty(256, dtype=torch.float16, device=device)
+    _widen[(1,)](codes, out)
+    assert torch.equal(out.float(), codes.float())
+
+
+@needs_interpreter
+def test_int8_to_fp16_is_exact_for_every_code():
+    _check_widening("cpu")
+
+
+@on_gpu
+def test_int8_to_fp16_is_exact_for_every_code_gpu():
+    _check_widening("cuda")
