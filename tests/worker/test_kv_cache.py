@@ -10,6 +10,7 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
 from nanovllm.layers import attention_backend
 from nanovllm.layers.attention import KV_SCALE_MARGIN, calibrate_kv_scales
+from tests.support.markers import on_gpu
 from tools.fp8_accuracy import context_logits, logprob_errors, text_ids
 
 CPU = dict(device="cpu", num_kvcache_blocks=16, kvcache_block_size=64, max_model_len=1024,
@@ -209,3 +210,41 @@ def test_warm_up_compiles_fp8_prefill_over_cached_tokens(toy_models, kind):
     # Both prefill variants of an 8-bit cache (own K/V exact; cached K/V read back) run.
     assert sorted(set(seen)) == ([False] if kind == "auto" else [False, True])
     llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def smol_gpu_reference(smollm2_path):
+    """Our fp32 model with an fp32 cache on the GPU: teacher-forced logits of the whole
+    English text (first half prefilled) and its tokens."""
+    llm, ids = _smol_gpu(smollm2_path, "float32", "auto")
+    try:
+        return context_logits(llm, ids, len(ids) // 2), ids
+    finally:
+        llm.shutdown()
+
+
+def _smol_gpu(path: str, dtype: str, kind: str):
+    llm = LLM(path, dtype=dtype, kv_cache_dtype=kind, device="cuda", enforce_eager=True,
+              kvcache_block_size=256, max_model_len=512, num_kvcache_blocks=4)
+    return llm, text_ids(llm.tokenizer)
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype,prefill_mean,decode_mean", [("float32", 1e-3, 0.035),
+                                                            ("bfloat16", 0.05, 0.05)])
+def test_int8_logprobs_on_smollm2_gpu(smollm2_path, smol_gpu_reference, dtype, prefill_mean,
+                                      decode_mean):
+    # Issue 27's target on the GPU kernels: mean |delta logprob| <= 0.05 nats in prefill and
+    # decode, max <= 0.5, against fp32 with an fp32 cache (the CPU gives int8 0.010 / 0.066
+    # in decode, fp32; a bf16 model alone is ~0.03).
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ref, ids = smol_gpu_reference
+    llm, _ = _smol_gpu(smollm2_path, dtype, "int8")
+    try:
+        got = context_logits(llm, ids, len(ids) // 2)
+    finally:
+        llm.shutdown()
+    err = logprob_errors(ref.cpu(), got.cpu(), ids, len(ids) // 2)
+    assert err["prefill_mean"] < prefill_mean and err["prefill_max"] < 0.5
+    assert err["decode_mean"] < decode_mean and err["decode_max"] < 0.5
