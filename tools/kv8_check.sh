@@ -15,7 +15,8 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if has tests; then
   # The SmolLM2 GPU test (int8 logprobs vs fp32) skips without the GGUF.
-  SMOLLM2_GGUF=$GGUF timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:logging -m gpu \
+  if [ -f "$GGUF" ]; then export SMOLLM2_GGUF=$GGUF; fi
+  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:logging -m gpu \
     tests/kernels/test_int8_kv.py tests/kernels/test_fp8_kv.py tests/kernels/test_triton_rope.py \
     tests/kernels/test_triton_attention.py tests/worker/test_kv_cache.py > "$OUT/tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
