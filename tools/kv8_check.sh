@@ -12,6 +12,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-tests acc bench}
 GGUF=${GGUF:-/tmp/smol.gguf}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+if ! python3 -c "import gguf" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  # The `gguf` package as a wheel in .whl/ (as tools/real_model_check.sh takes it).
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/cache}
 nvidia-smi --query-gpu=name --format=csv,noheader
 if has tests; then
   # The SmolLM2 GPU test (int8 logprobs vs fp32) skips without the GGUF.
