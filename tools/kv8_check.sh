@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# One device call for the int8 KV cache (kv_cache_dtype="int8"): GPU tests, SmolLM2 accuracy
-# (fp32 / bf16 models, fp8_e4m3 and int8 caches against fp32 with an fp32 cache), and the
-# throughput bench with the bf16, fp8_e4m3 and int8 caches.
-#   GGUF=/tmp/smol.gguf STEPS="tests acc bench" bash tools/kv8_check.sh
-# STEPS: tests (the int8/fp8 kernel and engine GPU tests), acc (tools/fp8_accuracy.py --gguf),
-# bench (python bench.py: auto, fp8_e4m3, int8, then int8 with CONFIG_INT8's FP16_DOT through
-# tools/bench_tuned.py, then int8 again), kern (decode kernel alone: bf16 / fp8 / int8 at the
-# bench's shape, int8 variants). Logs land in $OUT.
+# One device call for the int8 KV cache (kv_cache_dtype="int8"): the throughput bench, the int8
+# GPU tests, SmolLM2 accuracy (fp32 / bf16 models, fp8_e4m3 and int8 caches against fp32 with
+# an fp32 cache).
+#   GGUF=/tmp/smol.gguf STEPS="bench tests acc" bash tools/kv8_check.sh
+# STEPS, run in this order:
+#   bench  python bench.py (through tools/bench_tuned.py) for each run in BENCH (default
+#          "int8 fp8 int8_fp16dots"; also "bf16", "int8_again"): int8_fp16dots sets
+#          CONFIG_INT8's FP16_DOT (decode's dots in fp16, see nanovllm/kernels/triton_decode.py)
+#   tests  the int8 GPU tests (tests/kernels/test_int8_kv.py: stores, decode, prefill, one
+#          engine start), verbose so failing names show even if the call is cut short
+#   acc    tools/fp8_accuracy.py --gguf (needs GGUF)
+#   kern   tools/bench_kernels.py --int8: bf16 / fp8 / int8 decode kernel alone, int8 variants
+# Logs land in $OUT.
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-tests acc bench}
+STEPS=${STEPS:-bench tests acc}
+BENCH=${BENCH:-int8 fp8 int8_fp16dots}
 GGUF=${GGUF:-/tmp/smol.gguf}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 if ! python3 -c "import gguf" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
@@ -19,13 +25,25 @@ if ! python3 -c "import gguf" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/cache}
 nvidia-smi --query-gpu=name --format=csv,noheader
+if has bench; then
+  for name in $BENCH; do
+    case $name in
+      bf16) args=(-- --kv-cache-dtype auto) ;;
+      fp8) args=(-- --kv-cache-dtype fp8_e4m3) ;;
+      int8 | int8_again) args=(-- --kv-cache-dtype int8) ;;
+      int8_fp16dots) args=(--decode-int8 '{"FP16_DOT": true}' -- --kv-cache-dtype int8) ;;
+      *) echo "unknown BENCH run $name"; continue ;;
+    esac
+    timeout ${BENCH_TIMEOUT:-150} python3 tools/bench_tuned.py "${args[@]}" \
+      > "$OUT/bench_$name.log" 2>&1
+    echo "[$name] $(grep -E "Total|KV cache:|Error" "$OUT/bench_$name.log" | tr '\n' ' ')"
+  done
+fi
 if has tests; then
-  # The SmolLM2 GPU test (int8 logprobs vs fp32) skips without the GGUF.
-  if [ -f "$GGUF" ]; then export SMOLLM2_GGUF=$GGUF; fi
-  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:logging -m gpu \
-    tests/kernels/test_int8_kv.py tests/kernels/test_fp8_kv.py tests/kernels/test_triton_rope.py \
-    tests/kernels/test_triton_attention.py tests/worker/test_kv_cache.py > "$OUT/tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -v -p no:logging -m gpu \
+    tests/kernels/test_int8_kv.py > "$OUT/tests.log" 2>&1
+  grep -E "PASSED|FAILED|ERROR" "$OUT/tests.log" | sed 's/ *\[ *[0-9]*%\]//' | tail -30
+  grep -E "^E " "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
 fi
 if has acc; then
   if [ -f "$GGUF" ]; then
@@ -38,17 +56,5 @@ if has acc; then
   fi
 fi
 if has kern; then
-  timeout 120 python3 tools/bench_kernels.py --int8 2>&1 | tee "$OUT/kern.log" | tail -12
-fi
-if has bench; then
-  run() {  # name, then bench_tuned.py arguments
-    local name=$1; shift
-    timeout 120 python3 tools/bench_tuned.py "$@" > "$OUT/bench_$name.log" 2>&1
-    echo "[$name] $(grep -E "Total|KV cache:|Error" "$OUT/bench_$name.log" | tr '\n' ' ')"
-  }
-  run bf16 -- --kv-cache-dtype auto
-  run fp8 -- --kv-cache-dtype fp8_e4m3
-  run int8 -- --kv-cache-dtype int8
-  run int8_fp16dots --decode-int8 '{"FP16_DOT": true}' -- --kv-cache-dtype int8
-  run int8_again -- --kv-cache-dtype int8
+  timeout 180 python3 tools/bench_kernels.py --int8 2>&1 | tee "$OUT/kern.log" | tail -12
 fi

@@ -53,9 +53,9 @@ def fp8_meta(cache_dtype: torch.dtype) -> dict:
 
 @triton.jit
 def int8_row_scale(amax):
-    """The scale of rows whose largest |x| is amax: amax / 127 (1 for an all-zero row), as
-    torch_ref.quantize_rows computes it."""
-    return tl.where(amax > 0, tl.div_rn(amax, 127.0), 1.0)
+    """The scale of rows whose largest |x| is amax: amax times fp32(1 / 127) (1 for an
+    all-zero row), as torch_ref.quantize_rows computes it (see INT8_INV_MAX there)."""
+    return tl.where(amax > 0, amax * (1.0 / 127.0), 1.0)
 
 
 @triton.jit
