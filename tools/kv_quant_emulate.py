@@ -34,7 +34,7 @@ def e4m3_head(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def int_row(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
     """Symmetric integer with a per-(token, head) scale amax / (2^(bits-1) - 1)."""
     qmax = 2 ** (bits - 1) - 1
-    s = x.abs().amax(-1, keepdim=True).clamp(min=1e-30) / qmax
+    s = x.abs().amax(-1, keepdim=True).clamp(min=1e-30) * (1.0 / qmax)  # as quantize_rows
     return torch.round(x / s).clamp(-qmax, qmax) * s
 
 
