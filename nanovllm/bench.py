@@ -51,7 +51,7 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
     ap.add_argument("--dtype", choices=DTYPES, default="auto")
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                    help="KV cache storage (fp8: 8-bit K/V, ~2x the blocks)")
+                    help="KV cache storage (fp8, int8: 8-bit K/V, ~2x the blocks)")
     ap.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
                     help="fp8 linear weights, quantized at load (default: the checkpoint's)")
     # The engine options bench.py has no name of its own for (every subcommand takes them).

@@ -19,8 +19,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
 # "auto" stores K/V in the model's dtype; the fp8 kinds store them in 8 bits with per-layer,
-# per-kv-head scales ("fp8" is vLLM's name for fp8_e4m3).
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# per-kv-head scales ("fp8" is vLLM's name for fp8_e4m3); "int8" as integer codes with a scale
+# per token and kv head (TensorRT-LLM's and LMDeploy's name).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 # Where data-parallel replicas run: processes of this host ("mp") or Ray actors ("ray").
 EXECUTOR_BACKENDS = ("mp", "ray")
 

@@ -340,11 +340,13 @@ def test_penalties_and_min_tokens_see_each_rows_drafts(spec_llm, small_llm):
     assert_idle(spec_llm)
 
 
-def test_fp8_kv_cache(toy_models):
-    """Verify rows store and read an fp8 cache as decode rows do: the same greedy tokens as
-    plain decoding over the same fp8 cache (scales calibrated on the same first prefill)."""
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "int8"])
+def test_8bit_kv_cache(toy_models, kind):
+    """Verify rows store and read an fp8 (int8) cache as decode rows do: the same greedy tokens
+    as plain decoding over the same cache (fp8 scales calibrated on the same first prefill;
+    int8 scales per row)."""
     prompts = repeating_prompts(14, 3)
-    kw = dict(kvcache_block_size=16, max_model_len=256, kv_cache_dtype="fp8_e4m3")
+    kw = dict(kvcache_block_size=16, max_model_len=256, kv_cache_dtype=kind)
     outs = []
     for spec in (None, NGRAM):
         llm = LLM(toy_models["tied_gqa4_d16_l4"], speculative_config=spec, **kw)

@@ -1,9 +1,10 @@
 """GPU micro-benchmark of the nanovllm attention kernels (Qwen3-0.6B shapes: 16 q / 8 kv heads, d=128).
 
-Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep] [--fp8 [BEST.json]] [--order]
+Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep] [--fp8 [BEST.json]] [--order] [--int8]
 --order: only the decode kernel's launch orders (HEAD_FAST, longest first) on mixed lengths.
 --fp8: only the decode kernel, bf16 vs fp8 caches (effective KV-read bandwidth = cache bytes
 read / time, so an fp8 cache reading 2x the tokens per byte shows as the same GB/s at 2x speed).
+--int8: only the decode kernel, bf16 vs fp8 vs int8 caches (row scales), with int8 tile variants.
 Times: 'ms' = triton.testing.do_bench median (L2 flushed, Python launch overhead included);
 'graph' = do_bench_cudagraph median over calls rotating through enough distinct KV caches to
 exceed the 50 MB L2 (how the engine runs decode: inside CUDA graphs, cold cache).
@@ -225,6 +226,56 @@ def bench_decode_fp8(json_path=None):
             json.dump(cfg, f)
 
 
+def int8_case(batch, ctx):
+    """make_decode's case with its cache as int8 codes and head-major row scales (the engine's
+    layout, worker/kv_cache.allocate_row_scales)."""
+    from nanovllm.kernels.torch_ref import quantize_rows
+
+    q, k_cache, v_cache, ctx_t, bt, scale = make_decode(batch, ctx)
+    out = []
+    for cache in (k_cache, v_cache):
+        codes, scales = quantize_rows(cache)
+        out += [codes, scales.transpose(1, 2).contiguous().transpose(1, 2)]
+    return (q, out[0], out[2], ctx_t, bt, scale, None, None, out[1], out[3])
+
+
+INT8_SWEEP = ((64, 4, 3), (64, 4, 4), (64, 4, 5), (64, 8, 4), (128, 4, 3), (128, 8, 3))
+
+
+def bench_decode_int8():
+    """Decode kernel, bf16 vs fp8_e4m3 vs int8 caches at the bench's shapes (do_bench), then
+    int8 tile variants; GB/s = bytes of K/V codes read (scales not counted) / time."""
+    print("\n== decode, bf16 vs fp8_e4m3 vs int8 cache (block 256, 16/8/128) ==", flush=True)
+    cfg0 = dict(triton_decode.CONFIG_INT8)
+    variants = [("default", {}), ("fp16-dots", dict(FP16_DOT=True))] + [
+        (f"BN{bn}/w{w}/s{st}", dict(BLOCK_N=bn, num_warps=w, num_stages=st))
+        for bn, w, st in INT8_SWEEP]
+    totals = {}
+    for batch, ctx in FP8_SHAPES:
+        kv = batch * ctx * HKV * D * 2
+        args = make_decode(batch, ctx)
+        bf = do_bench(lambda: decode_attention(*args), return_mode="median")
+        args = fp8_case(batch, ctx, torch.float8_e4m3fn)
+        f8 = do_bench(lambda: decode_attention(*args), return_mode="median")
+        args = int8_case(batch, ctx)
+        row = []
+        for name, cfg in variants:
+            triton_decode.CONFIG_INT8.update(cfg0, **cfg)
+            try:
+                ms = do_bench(lambda: decode_attention(*args), return_mode="median")
+                row.append(f"{name}:{ms * 1e3:.0f}us/{kv / ms / 1e6:.0f}GB/s")
+                if batch >= 64:
+                    totals[name] = totals.get(name, 0.0) + ms
+            except Exception as e:  # e.g. out of shared memory
+                row.append(f"{name}:ERR({type(e).__name__})")
+                totals[name] = float("inf")
+        triton_decode.CONFIG_INT8.update(cfg0)
+        del args
+        print(f"b={batch:<4} ctx={ctx:<5} bf16:{bf * 1e3:.0f}us fp8:{f8 * 1e3:.0f}us/"
+              f"{kv / f8 / 1e6:.0f}GB/s  int8 " + "  ".join(row), flush=True)
+    print(f"fastest int8 config on b>=64: {min(totals, key=totals.get)}")
+
+
 def bench_decode_order():
     """Launch order of the decode programs (HEAD_FAST grid, longest-first `order`) on batches
     of mixed context lengths, bf16 and fp8 caches; effective GB/s = bytes of the contexts read."""
@@ -262,6 +313,9 @@ if __name__ == "__main__":
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
     if "--order" in sys.argv:
         bench_decode_order()
+        sys.exit(0)
+    if "--int8" in sys.argv:
+        bench_decode_int8()
         sys.exit(0)
     if "--fp8" in sys.argv:
         bench_decode_fp8(sys.argv[sys.argv.index("--fp8") + 1] if sys.argv[-1] != "--fp8"

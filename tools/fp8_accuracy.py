@@ -1,4 +1,5 @@
-"""How much an fp8 KV cache changes the model's outputs, against the cache in the model's dtype.
+"""How much an 8-bit KV cache (fp8 or int8) changes the model's outputs, against the cache in
+the model's dtype.
 
 Two measurements per checkpoint, each run once with kv_cache_dtype="auto" and once per fp8 kind:
 1. Logits over one long context, teacher-forced: the first half of a random-token context is
@@ -40,7 +41,8 @@ from nanovllm.utils.context import reset_context
 
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fp8_text.txt")
 # --hf-dir runs: (model dtype, kv_cache_dtype); the first is the reference.
-LOGPROB_RUNS = ["float32:auto", "bfloat16:auto", "bfloat16:fp8_e4m3", "float32:fp8_e4m3"]
+LOGPROB_RUNS = ["float32:auto", "bfloat16:auto", "bfloat16:fp8_e4m3", "float32:fp8_e4m3",
+                "bfloat16:int8", "float32:int8"]
 
 TOY_SHAPES = {
     "toy_gqa4_d64": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=64,

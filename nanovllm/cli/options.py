@@ -31,7 +31,8 @@ _ENGINE_OPTIONS = [
     ("--dtype", "dtype", DTYPES, "weights' and activations' dtype (auto: the model's)"),
     ("--attention-backend", "attention_backend", ATTENTION_BACKENDS, "attention kernels"),
     ("--kv-cache-dtype", "kv_cache_dtype", KV_CACHE_DTYPES,
-     "KV cache storage (auto: the model's dtype; fp8: half the memory, ~2x the tokens)"),
+     "KV cache storage (auto: the model's dtype; fp8 or int8: half the memory, ~2x the "
+     "tokens; int8 is the more accurate)"),
     ("--quantization", "quantization", QUANTIZATIONS,
      "fp8 linear weights: quantizes a float checkpoint at load (default: the checkpoint's own "
      "quantization_config, if any)"),

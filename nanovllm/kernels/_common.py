@@ -43,10 +43,36 @@ FP8_FORMATS = {torch.float8_e4m3fn: (448.0, 3, 7), torch.float8_e5m2: (57344.0, 
 
 
 def fp8_meta(cache_dtype: torch.dtype) -> dict:
-    """The quantize_fp8 constants of a cache dtype (KV_FP8=False for a plain float cache)."""
+    """The store kernels' quantization constants of a cache dtype: quantize_fp8's (KV_FP8=False
+    for any other cache) and KV_INT8 (an int8 cache with row scales: int8_row_scale and
+    int8_codes)."""
     fmax, mant, bias = FP8_FORMATS.get(cache_dtype, (0.0, 0, 0))
     return dict(KV_FP8=cache_dtype in FP8_FORMATS, FMAX=fmax, MANT=mant, BIAS=bias,
-                SOFT=INTERPRET)
+                SOFT=INTERPRET, KV_INT8=cache_dtype == torch.int8)
+
+
+@triton.jit
+def int8_row_scale(amax):
+    """The scale of rows whose largest |x| is amax: amax times fp32(1 / 127) (1 for an
+    all-zero row), as torch_ref.quantize_rows computes it (see INT8_INV_MAX there)."""
+    return tl.where(amax > 0, amax * (1.0 / 127.0), 1.0)
+
+
+@triton.jit
+def int8_to_fp16(x):
+    """int8 codes as fp16, exactly, with integer ops instead of an int -> float conversion:
+    the bits 0x6400 | (c + 128) are the fp16 number 1024 + c + 128, so subtracting 1152 leaves
+    c (every step exact: fp16 holds integers up to 2048)."""
+    u = x.to(tl.uint8, bitcast=True).to(tl.uint16) ^ 0x80
+    return ((u | 0x6400).to(tl.float16, bitcast=True) - 1152.0).to(tl.float16)
+
+
+@triton.jit
+def int8_codes(x, scale):
+    """round(x / scale) (ties to even, by the 1.5 * 2^23 trick of torch_ref.ROUND_MAGIC),
+    clamped to +-127, as int8; scale broadcasts over x's rows."""
+    y = (tl.div_rn(x, scale) + 12582912.0) - 12582912.0
+    return tl.clamp(y, -127.0, 127.0).to(tl.int8)
 
 
 @triton.jit

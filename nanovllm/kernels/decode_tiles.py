@@ -1,15 +1,16 @@
 """The decode kernel's inner loop: one program's online softmax over its K/V tiles, and the
-paged address of a tile."""
+paged address of a tile (and of its int8 row scales)."""
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import online_softmax_step
+from nanovllm.kernels._common import int8_to_fp16, online_softmax_step
 
 
 @triton.jit
-def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr):
-    """(mask, cache offset) of the keys n .. n + BLOCK_N of one sequence (paged)."""
+def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
+                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr):
+    """(mask, cache offset, row-scale offset) of the keys n .. n + BLOCK_N of one sequence
+    (paged)."""
     offs_n = n + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
     if PAGE_TILE:
@@ -17,39 +18,72 @@ def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE: tl.const
         page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
     else:
         page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    return n_mask, page * stride_kblk + (offs_n % BLOCK_SIZE) * stride_kslot
+    slot = offs_n % BLOCK_SIZE
+    return (n_mask, page * stride_kblk + slot * stride_kslot,
+            page * stride_sblk + slot * stride_sslot)
 
 
 @triton.jit
-def attend_tiles(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end, qk_scale,
-                 stride_kblk, stride_kslot, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, kv_head_off,
+                 start, end, qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
+                 G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
-                 USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr):
-    """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l)."""
+                 USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
+                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr):
+    """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l); an
+    8-bit cache's tiles are widened to q's dtype for the QK dot, to PV_DTYPE for the PV dot.
+
+    An int8 cache's row scales (k_scale_ptr / v_scale_ptr already at this kv head) cost no
+    multiply per element: key j's scale multiplies column j of the scores after the dot, and
+    value j's scales the probabilities of column j before the PV dot. INT8_F16 (q in fp16):
+    both dots in fp16, the codes widened by int8_to_fp16, and V's scales taken relative to
+    their running max c, so the fp16 probabilities p * s / c stay in [0, 1] (p * s alone
+    could underflow fp16); acc is kept in units of c, rescaled like the softmax's max."""
     offs_d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
+    c_i = tl.full([G_PAD], 1e-30, tl.float32)  # INT8_F16: running max of V's row scales
     for n in range(start, end, BLOCK_N):
-        n_mask, tok_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, BLOCK_SIZE,
-                                       BLOCK_N, PAGE_TILE)
+        n_mask, tok_off, s_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot,
+                                              stride_sblk, stride_sslot, BLOCK_SIZE, BLOCK_N,
+                                              PAGE_TILE)
         kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(q.dtype)
+        if KV_INT8 and INT8_F16:
+            k = int8_to_fp16(k)
+        elif KV_FP8 or KV_INT8:
+            k = k.to(q.dtype)  # int8 codes (|c| <= 127) are exact in bf16 and fp16
         if USE_DOT:
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         else:
             qk = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        if KV_INT8:
+            qk = qk * tl.load(k_scale_ptr + s_off, mask=n_mask, other=0.0)[None, :]
         # exp2 domain: qk_scale already includes log2(e).
         qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-        if KV_FP8:
-            v = v.to(q.dtype)
+        if KV_INT8 and INT8_F16:
+            v = int8_to_fp16(v)
+        elif KV_FP8 or KV_INT8:
+            v = v.to(PV_DTYPE)
+        pw = p
+        if KV_INT8:
+            vs = tl.load(v_scale_ptr + s_off, mask=n_mask, other=0.0)
+            if INT8_F16:
+                c_new = tl.maximum(c_i, tl.max(vs, axis=0))
+                r = 1.0 / c_new
+                alpha = alpha * (c_i * r)
+                c_i = c_new
+                pw = p * vs[None, :] * r[:, None]
+            else:
+                pw = p * vs[None, :]
         if USE_DOT:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+            pv = tl.dot(pw.to(v.dtype), v, input_precision=DOT_PREC)
         else:
-            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            pv = tl.sum(pw[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
+    if KV_INT8 and INT8_F16:
+        acc = acc * c_i[:, None]
     return acc, m_i, l_i

@@ -4,11 +4,32 @@ the CPU code path.
 Cache layout: [num_blocks, block_size, num_kv_heads, head_dim]; slot = block_id * block_size + offset.
 Everything is computed in fp32 and cast back to q's dtype. An fp8 cache (float8_e4m3fn or
 float8_e5m2) holds x / scale[kv head] per layer: stores divide and round, reads multiply back.
+An int8 cache holds round(x / s) with s = max|x| / 127 of each (token, kv head) row, s kept
+beside it in a scale tensor indexed like the cache without its last dim ([num_blocks,
+block_size, num_kv_heads], fp32, any strides: the engine's is a head-major view).
 """
 import torch
 
-
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+INT8_MAX = 127
+# A row's scale is max|x| times fp32(1 / 127), a multiply rather than a division: torch on a
+# GPU divides a tensor by a Python number as a multiply by its reciprocal (CPU torch and Triton
+# divide exactly, which rounds differently for ~4% of values), so only the multiply gives the
+# same scale on every device and in the Triton stores.
+INT8_INV_MAX = 1.0 / INT8_MAX
+# Adding then subtracting 1.5 * 2^23 rounds an fp32 |y| < 2^22 to the nearest integer, ties to
+# even, as torch.round does; the Triton stores round the same way (the interpreter has no rint).
+ROUND_MAGIC = 12582912.0
+
+
+def quantize_rows(x):
+    """x [..., D] as (int8 codes [..., D], fp32 scales [...]): each row divided by its
+    max|x| / 127 and rounded (an all-zero row gets scale 1)."""
+    xf = x.float()
+    amax = xf.abs().amax(-1)
+    scale = torch.where(amax > 0, amax * INT8_INV_MAX, 1.0)
+    codes = ((xf / scale[..., None] + ROUND_MAGIC) - ROUND_MAGIC).clamp(-INT8_MAX, INT8_MAX)
+    return codes.to(torch.int8), scale
 
 
 def quantize(x, scale, dtype):
@@ -21,18 +42,30 @@ def quantize(x, scale, dtype):
 
 
 def dequantize(x, scale):
-    """fp32 values of cache entries x [..., Hkv, D]; scale [Hkv] or None (a plain cache)."""
-    return x.float() if scale is None else x.float() * scale.float()[:, None]
+    """fp32 values of cache entries x [..., Hkv, D]; scale [Hkv] (fp8), [..., Hkv] (int8,
+    a scale per row) or None (a plain cache)."""
+    if scale is None:
+        return x.float()
+    if x.dtype == torch.int8:
+        return x.float() * scale.float()[..., None]
+    return x.float() * scale.float()[:, None]
 
 
 def store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping, k_scale=None,
                         v_scale=None) -> None:
-    """Write new tokens' K/V [T, Hkv, D] into the paged cache at slot_mapping (-1 = skip)."""
+    """Write new tokens' K/V [T, Hkv, D] into the paged cache at slot_mapping (-1 = skip);
+    an int8 cache's row scales go to k_scale / v_scale at the same slots."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    # View caches as [num_slots, Hkv, D]; valid because the two leading dims are contiguous.
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = quantize(k[keep], k_scale, k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = quantize(v[keep], v_scale, v_cache.dtype)
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        # View caches as [num_slots, Hkv, D]; valid because the two leading dims are contiguous.
+        rows = cache.view(-1, *cache.shape[2:])
+        if cache.dtype == torch.int8:
+            codes, row_scales = quantize_rows(x[keep])
+            rows[slots] = codes
+            scale[slots // cache.shape[1], slots % cache.shape[1]] = row_scales
+        else:
+            rows[slots] = quantize(x[keep], scale, cache.dtype)
 
 
 def _gather_seq(cache, block_row, seqlen):
@@ -41,6 +74,14 @@ def _gather_seq(cache, block_row, seqlen):
     nblocks = (seqlen + block_size - 1) // block_size
     blocks = block_row[:nblocks].long()
     return cache[blocks].reshape(-1, *cache.shape[2:])[:seqlen]
+
+
+def _read_seq(cache, scale, block_row, seqlen):
+    """fp32 [seqlen, Hkv, D] keys/values of one sequence (an int8 cache's scales are paged
+    like it)."""
+    if cache.dtype == torch.int8:
+        scale = _gather_seq(scale, block_row, seqlen)
+    return dequantize(_gather_seq(cache, block_row, seqlen), scale)
 
 
 def _attend(q, k, v, scale, q_pos):
@@ -67,8 +108,8 @@ def prefill_attention_torch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, blo
         seqlen_q, seqlen_k = q1 - q0, cu_k[i + 1] - cu_k[i]
         if seqlen_q == 0:
             continue
-        k = dequantize(_gather_seq(k_cache, block_tables[i], seqlen_k), k_scale)
-        v = dequantize(_gather_seq(v_cache, block_tables[i], seqlen_k), v_scale)
+        k = _read_seq(k_cache, k_scale, block_tables[i], seqlen_k)
+        v = _read_seq(v_cache, v_scale, block_tables[i], seqlen_k)
         # New queries are the last seqlen_q tokens of the sequence.
         q_pos = torch.arange(seqlen_k - seqlen_q, seqlen_k, device=q.device)
         o[q0:q1] = _attend(q[q0:q1], k, v, scale, q_pos).to(q.dtype)
@@ -80,8 +121,8 @@ def decode_attention_torch(q, k_cache, v_cache, context_lens, block_tables, scal
     """One query per sequence (q [B, H, D]) attending to its first context_lens[i] cached tokens."""
     o = torch.empty_like(q)
     for i, ctx in enumerate(context_lens.tolist()):
-        k = dequantize(_gather_seq(k_cache, block_tables[i], ctx), k_scale)
-        v = dequantize(_gather_seq(v_cache, block_tables[i], ctx), v_scale)
+        k = _read_seq(k_cache, k_scale, block_tables[i], ctx)
+        v = _read_seq(v_cache, v_scale, block_tables[i], ctx)
         q_pos = torch.tensor([ctx - 1], device=q.device)
         o[i] = _attend(q[i:i + 1], k, v, scale, q_pos)[0].to(q.dtype)
     return o

@@ -13,6 +13,7 @@ import triton.language as tl
 from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_reduce import split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
+from nanovllm.kernels.triton_kv import check_row_scales
 
 MAX_SPLITS = 64
 
@@ -38,6 +39,14 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
 # bf16 q, run the dots in fp16 (q cast to fp16): fp8 values are exact in fp16 as in bf16, and
 # Hopper converts fp8 to fp16 in one instruction (same shape: 468 us vs 557 with bf16 dots).
 CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5)
+# An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Without
+# FP16_DOT its dots run in q's dtype (bf16: int8 -> bf16 is an int-to-float conversion per
+# element; an fp16 q gets an fp32 (tf32) PV dot, since p times V's row scales could underflow
+# fp16).
+# FP16_DOT=True (bf16 or fp16 q): both dots in fp16, the codes widened with integer ops
+# (_common.int8_to_fp16) and V's scales normalized by their running max (decode_tiles).
+# Not measured yet: `tools/bench_kernels.py --int8` compares the two.
+CONFIG_INT8 = dict(CONFIG_FP8, FP16_DOT=False)
 
 
 @triton.jit
@@ -46,6 +55,7 @@ def _decode_partial_kernel(
     k_scale_ptr, v_scale_ptr, order_ptr, qk_scale,
     stride_qb, stride_qh,
     stride_kblk, stride_kslot, stride_kh,
+    stride_sblk, stride_sslot, stride_sh,
     stride_btb,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
@@ -54,7 +64,8 @@ def _decode_partial_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
-    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr,
+    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
+    INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
@@ -104,11 +115,18 @@ def _decode_partial_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
         if FP16_DOT:
             q = q.to(tl.float16)
+    if INT8_F16:
+        q = q.to(tl.float16)  # see attend_tiles
+    pv_dtype = q.dtype
+    if PV_F32:
+        pv_dtype = tl.float32
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = kvh * stride_kh
-    acc, m_i, l_i = attend_tiles(q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, start, end,
-                                 qk_scale, stride_kblk, stride_kslot, G_PAD, HEAD_DIM, BLOCK_SIZE,
-                                 BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8)
+    acc, m_i, l_i = attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr + kvh * stride_sh,
+                                 v_scale_ptr + kvh * stride_sh, bt_row, kv_head_off, start, end,
+                                 qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
+                                 G_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT,
+                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16)
 
     out = acc / l_i[:, None]
     if KV_FP8:
@@ -150,7 +168,8 @@ def alloc_decode_workspace(batch, num_heads, head_dim, num_splits, device):
 def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num_splits=None,
                      workspace=None, k_scale=None, v_scale=None, order=None):
     """Paged decode attention: q [B, H, D] over the first context_lens[b] cached tokens -> [B, H, D].
-    An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]).
+    An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]), an
+    int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides).
     order (int32 [B], a permutation of the rows, optional): the order in which rows' programs
     start. Longest context first keeps a long row from starting last and running alone
     while the rest of the GPU idles (the tail of a batch of mixed lengths)."""
@@ -160,12 +179,15 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     group = num_heads // num_kv_heads
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
+    kv_int8 = k_cache.dtype == torch.int8
     if kv_fp8 and (k_scale is None or v_scale is None):
         raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
+    if kv_int8:
+        check_row_scales(k_cache, k_scale, v_scale)
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, q.device)
     num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
-    cfg = CONFIG_FP8 if kv_fp8 else CONFIG
+    cfg = CONFIG_FP8 if kv_fp8 else CONFIG_INT8 if kv_int8 else CONFIG
     if not cfg["LPT"]:
         order = None
     block_n = cfg["BLOCK_N"]
@@ -191,13 +213,16 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         lse_strides = lse.stride()[:2]
         counters = _split_counters(q.device, batch * num_kv_heads)
     head_fast = cfg["HEAD_FAST"]
+    fp16_dot = cfg.get("FP16_DOT", False) and (
+        q.dtype == torch.bfloat16 or (kv_int8 and q.dtype == torch.float16))
     grid = (num_kv_heads, batch, num_splits) if head_fast else (batch, num_kv_heads, num_splits)
     _decode_partial_kernel[grid](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
-        k_scale if kv_fp8 else q, v_scale if kv_fp8 else q,
+        k_scale if kv_fp8 or kv_int8 else q, v_scale if kv_fp8 or kv_int8 else q,
         order if order is not None else context_lens, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        *(k_scale.stride() if kv_int8 else (0, 0, 0)),
         block_tables.stride(0),
         *po_strides, *lse_strides,
         o.stride(0), o.stride(1),
@@ -205,7 +230,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=g_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
-        KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and cfg["FP16_DOT"] and q.dtype == torch.bfloat16,
+        KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
+        PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
         HEAD_FAST=head_fast, ORDERED=order is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

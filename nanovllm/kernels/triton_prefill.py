@@ -2,14 +2,15 @@
 
 The new tokens' K/V must already be stored in the cache; query j of sequence i sits at absolute
 position seqlen_k - seqlen_q + j, which covers plain prefill, prefix-cache hits and chunked prefill.
+An int8 cache's row scales multiply the score columns after the QK dot and the probabilities
+before the PV dot (see decode_tiles.attend_tiles).
 """
 import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import (INTERPRET, LOG2E, dot_precision, fp8_meta,
-                                      online_softmax_step)
-
+from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta, online_softmax_step
+from nanovllm.kernels.triton_kv import check_row_scales
 
 # Tile configs (module level so tools/bench_kernels.py and tests can override them). Measured on
 # H100 (16/8/128 bf16): 128x128 tiles win on long prompts (4x2048: 305 TFLOP/s vs 276 for 128x64),
@@ -41,15 +42,29 @@ def _load_kv_tile(cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk
 
 
 @triton.jit
+def _load_row_scales(scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                     BLOCK_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, n_mask):
+    """An int8 tile's row scales [BLOCK_N] (scale_ptr already at the kv head)."""
+    if PAGE_TILE:
+        page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
+    else:
+        page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    return tl.load(scale_ptr + page * stride_sblk + (offs_n % BLOCK_SIZE) * stride_sslot,
+                   mask=n_mask, other=0.0)
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, o_ptr, cu_q_ptr, cu_k_ptr, bt_ptr,
     k_scale_ptr, v_scale_ptr, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kblk, stride_kslot, stride_kh,
+    stride_sblk, stride_sslot, stride_sh,
     stride_btb,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr, DOT_PREC: tl.constexpr,
-    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr,
+    KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
+    PV_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     # Reverse the q-tile order: the last tiles see the most keys, so start them first (less tail).
@@ -72,12 +87,18 @@ def _prefill_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr + h // G)
         if FP16_DOT:
             q = q.to(tl.float16)
+    pv_dtype = q.dtype
+    if PV_F32:  # int8 with fp16 q: p times V's row scales could underflow fp16 (tf32 dot)
+        pv_dtype = tl.float32
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = (h // G) * stride_kh
+    if KV_INT8:  # this kv head's row scales
+        k_scale_ptr += (h // G) * stride_sh
+        v_scale_ptr += (h // G) * stride_sh
     pos_lo = seqlen_k - seqlen_q + mb * BLOCK_M          # first query position in the tile
     kv_end = tl.minimum(pos_lo + BLOCK_M, seqlen_k)      # causal: no key beyond the last query
     full_end = (pos_lo // BLOCK_N) * BLOCK_N             # key tiles below this are visible to every row
@@ -88,9 +109,15 @@ def _prefill_kernel(
         k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        if KV_INT8:
+            qk = qk * _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                                       BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(q.dtype)
+                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(pv_dtype)
+        if KV_INT8:
+            p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                                     BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
 
     # Phase 2: tiles crossing the diagonal / sequence end, with causal + bounds masks.
@@ -101,11 +128,17 @@ def _prefill_kernel(
         k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, True, n_mask).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        if KV_INT8:
+            qk = qk * _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                                       BLOCK_SIZE, PAGE_TILE, n_mask)[None, :]
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(q.dtype)
+                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(pv_dtype)
+        if KV_INT8:
+            p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                                     BLOCK_SIZE, PAGE_TILE, n_mask)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
 
     out = acc / l_i[:, None]
@@ -118,11 +151,14 @@ def _prefill_kernel(
 def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
                       max_seqlen_q, k_scale=None, v_scale=None):
     """Causal varlen attention of q [T, H, D] over paged cached keys; returns [T, H, D] in q's dtype.
-    An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv])."""
+    An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]), an
+    int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides)."""
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
     if kv_fp8 and (k_scale is None or v_scale is None):
         raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
+    if k_cache.dtype == torch.int8:
+        check_row_scales(k_cache, k_scale, v_scale)
     return _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
                    max_seqlen_q, k_scale, v_scale, k_cache.shape[1], k_cache.shape[2],
                    k_cache.stride()[:3])
@@ -156,16 +192,19 @@ def _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale
     cfg = SHORT_CONFIG if max_seqlen_q <= SHORT_Q else CONFIG
     grid = (batch, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), num_heads)
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
+    kv_int8 = k_cache.dtype == torch.int8
     _prefill_kernel[grid](
         q, k_cache, v_cache, o, cu_seqlens_q, cu_seqlens_k, block_tables,
-        k_scale if kv_fp8 else q, v_scale if kv_fp8 else q, scale * LOG2E,
+        k_scale if kv_fp8 or kv_int8 else q, v_scale if kv_fp8 or kv_int8 else q, scale * LOG2E,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         *kv_strides,
+        *(k_scale.stride() if kv_int8 else (0, 0, 0)),
         block_tables.stride(0),
         G=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=block_size % cfg["BLOCK_N"] == 0,
         DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and FP16_DOT and q.dtype == torch.bfloat16,
+        KV_INT8=kv_int8, PV_F32=kv_int8 and q.dtype == torch.float16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

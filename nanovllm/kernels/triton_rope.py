@@ -6,15 +6,22 @@ which at small batches cost more than the layer's matmuls: each is a few microse
 and tail for a few kilobytes of work. The arithmetic follows the unfused torch path step by step,
 rounding to the activation dtype where it does (normed value, times weight, rotated value), so
 both paths give the same numbers to within float rounding. An fp8 cache gets the rounded k and
-v divided by their per-kv-head scales (see torch_ref.quantize), and with mix=True q and k are
-first multiplied by the orthonormal Hadamard matrix (attention_backend.hadamard_mix).
+v divided by their per-kv-head scales (see torch_ref.quantize), an int8 cache each row's codes
+and scale (torch_ref.quantize_rows), and with mix=True q and k are first multiplied by the
+orthonormal Hadamard matrix (attention_backend.hadamard_mix).
 """
 import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import dot_precision, fp8_meta, quantize_fp8
-from nanovllm.kernels.triton_kv import fp8_args
+from nanovllm.kernels._common import (
+    dot_precision,
+    fp8_meta,
+    int8_codes,
+    int8_row_scale,
+    quantize_fp8,
+)
+from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides
 
 
 @triton.jit
@@ -56,11 +63,11 @@ def _norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, slot_ptr,
     q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pos,
-    stride_cslot, stride_ch, eps,
+    stride_cslot, stride_ch, stride_sblk, stride_sslot, stride_sh, SCALE_BS, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
     HALF: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_K: tl.constexpr,
     MIX: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-    SOFT: tl.constexpr,
+    SOFT: tl.constexpr, KV_INT8: tl.constexpr,
 ):
     # One program per token: all its heads at once (a few KB), so a decode step is one wave.
     t = tl.program_id(0)
@@ -108,6 +115,20 @@ def _norm_rope_store_kernel(
             c2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
             c3 = quantize_fp8(v1.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
             c4 = quantize_fp8(v2.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+        elif KV_INT8:
+            # A scale per (token, kv head) row over both halves, stored at the row's slot.
+            s_off = ((slot // SCALE_BS) * stride_sblk + (slot % SCALE_BS) * stride_sslot
+                     + hk * stride_sh)
+            f1, f2 = k1.to(tl.float32), k2.to(tl.float32)
+            ks = int8_row_scale(tl.maximum(tl.max(tl.abs(f1), axis=1),
+                                           tl.max(tl.abs(f2), axis=1)))[:, None]
+            c1, c2 = int8_codes(f1, ks), int8_codes(f2, ks)
+            tl.store(k_scale_ptr + s_off, ks, mask=mk)
+            f3, f4 = v1.to(tl.float32), v2.to(tl.float32)
+            vs = int8_row_scale(tl.maximum(tl.max(tl.abs(f3), axis=1),
+                                           tl.max(tl.abs(f4), axis=1)))[:, None]
+            c3, c4 = int8_codes(f3, vs), int8_codes(f4, vs)
+            tl.store(v_scale_ptr + s_off, vs, mask=mk)
         else:
             c1, c2, c3, c4 = k1.to(cache_ty), k2.to(cache_ty), v1.to(cache_ty), v2.to(cache_ty)
         tl.store(k_cache_ptr + c_off, c1, mask=mk)
@@ -123,7 +144,8 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     [T, Hq, D] (and rotated k when return_k); stores rotated k and v at slot_mapping (-1 skips).
     cos_sin_cache is [max_position, ..., D] float32 (cos half, then sin half); the norm
     weights are [D] or both None (no q/k norm). An fp8 cache needs k_scale / v_scale (fp32
-    [Hkv]): it stores k / k_scale and v / v_scale. mix: q and k times the Hadamard matrix
+    [Hkv]): it stores k / k_scale and v / v_scale; an int8 cache writes each row's scale into
+    k_scale / v_scale (fp32 [blocks, block_size, Hkv]). mix: q and k times the Hadamard matrix
     after RoPE (attention_backend.hadamard_mix)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -145,7 +167,8 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         q, k, v, positions, cos_sin, q_norm_weight if has_norm else q,
         k_norm_weight if has_norm else k, slot_mapping, q_out, k_out, kc, vc, ks, vs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        cos_sin.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
+        cos_sin.stride(0), k_cache.stride(1), k_cache.stride(2),
+        *row_scale_strides(k_cache, ks, vs), eps,
         HQ=num_heads, HKV=num_kv_heads, HQ_PAD=_pad(num_heads, mix),
         HKV_PAD=_pad(num_kv_heads, mix), HALF=head_dim // 2, HAS_NORM=has_norm,
         WRITE_K=return_k, MIX=mix, LOG2_HALF=(head_dim // 2).bit_length() - 1,

@@ -22,7 +22,8 @@ class Attention(nn.Module):
         self.scale = scale
         self.backend = TorchBackend()  # ModelRunner installs the chosen one
         self.k_cache = self.v_cache = torch.tensor([])
-        # fp32 [num_kv_heads] dequantization scales of an fp8 cache (None: model dtype).
+        # Dequantization scales (None: a cache in the model dtype): fp32 [num_kv_heads] for
+        # fp8; for int8 one per cached row, [num_blocks, block_size, num_kv_heads].
         self.k_scale = self.v_scale = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

@@ -3,7 +3,8 @@
 Every backend offers rope_and_store / store_kv / prefill / decode over the paged cache layout
 [num_blocks, block_size, num_kv_heads, head_dim]; callers never branch on which one runs. An fp8
 cache comes with its per-kv-head scales (k_scale / v_scale, fp32 [Hkv]; None for a cache in the
-model's dtype), which torch and triton take and flash refuses (see choose_backend). A prefill
+model's dtype), an int8 cache with a scale per row (fp32, indexed [num_blocks, block_size,
+num_kv_heads]); torch and triton take them and flash refuses both (see choose_backend). A prefill
 without cached context attends to its own K/V unquantized (see exact_chunk), as vLLM does.
 """
 import importlib.util
@@ -23,7 +24,7 @@ class TorchBackend:
 
     name = "torch"
     # Whether q and k are multiplied by a Hadamard matrix after RoPE (see hadamard_mix);
-    # ModelRunner turns it on for an fp8 cache with calibrated scales.
+    # ModelRunner turns it on for an fp8 cache with calibrated scales and for an int8 cache.
     mix_kv = False
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
@@ -159,9 +160,9 @@ def hadamard_mix(x: torch.Tensor) -> torch.Tensor:
 
 
 def mix_kv_wanted(head_dim: int) -> bool:
-    """Whether an fp8 cache with calibrated scales gets Hadamard-mixed q/k: a power-of-two
-    head_dim of at least 32 (the fused kernel's dots need halves of >= 16), unless
-    NANOVLLM_KV_MIX=0 (for measuring what the mixing buys)."""
+    """Whether an fp8 cache with calibrated scales (or an int8 cache) gets Hadamard-mixed q/k:
+    a power-of-two head_dim of at least 32 (the fused kernel's dots need halves of >= 16),
+    unless NANOVLLM_KV_MIX=0 (for measuring what the mixing buys)."""
     return (head_dim >= 32 and head_dim & (head_dim - 1) == 0
             and os.environ.get("NANOVLLM_KV_MIX", "1") != "0")
 
@@ -181,8 +182,8 @@ def _hadamard(d: int, device: torch.device) -> torch.Tensor:
 
 
 def exact_chunk(ctx: Context, k_scale) -> bool:
-    """Whether this step is a prefill over an fp8 cache that attends to nothing but its own
-    new tokens: it then reads their K/V unquantized, not back from the cache.
+    """Whether this step is a prefill over an 8-bit (fp8 or int8) cache that attends to nothing
+    but its own new tokens: it then reads their K/V unquantized, not back from the cache.
 
     Reading them back quantized gave prefill positions decode's e4m3 error (SmolLM2 on CPU:
     0.068 nats mean, now 0; docs/PERF_NOTES.md). Decode, and prefills over cached tokens
@@ -209,25 +210,26 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def choose_backend(name: str, device: torch.device, block_size: int, fp8_kv: bool = False):
+def choose_backend(name: str, device: torch.device, block_size: int,
+                   quantized_kv: bool = False):
     """Pick the attention backend: flash > triton on CUDA, torch on CPU ("auto").
 
-    flash-attn's kernels read no fp8 cache: with fp8_kv, "auto" takes triton (and says so when
-    flash-attn is installed) and an explicit "flash" is refused."""
+    flash-attn's kernels read no 8-bit cache (fp8 or int8): with quantized_kv, "auto" takes
+    triton (and says so when flash-attn is installed) and an explicit "flash" is refused."""
     if name == "auto":
         if device.type != "cuda":
             name = "torch"
-        elif flash_attn_available() and block_size % 256 == 0 and not fp8_kv:
+        elif flash_attn_available() and block_size % 256 == 0 and not quantized_kv:
             name = "flash"
         else:
-            if fp8_kv and flash_attn_available():
-                logger.info("fp8 KV cache: attention runs on the Triton kernels (flash-attn "
-                            "reads no fp8 cache)")
+            if quantized_kv and flash_attn_available():
+                logger.info("8-bit KV cache: attention runs on the Triton kernels (flash-attn "
+                            "reads no fp8 or int8 cache)")
             name = "triton"
-    if name == "flash" and fp8_kv:
-        raise ValueError("attention_backend='flash' cannot read an fp8 KV cache: use "
-                         "attention_backend='auto' or 'triton' with kv_cache_dtype='fp8_*', "
-                         "or kv_cache_dtype='auto' with flash")
+    if name == "flash" and quantized_kv:
+        raise ValueError("attention_backend='flash' cannot read an fp8 KV cache (nor an int8 "
+                         "one): use attention_backend='auto' or 'triton' with "
+                         "kv_cache_dtype='fp8_*' or 'int8', or kv_cache_dtype='auto' with flash")
     if name in ("flash", "triton") and device.type != "cuda":
         raise ValueError(f"attention_backend={name!r} needs a CUDA GPU but the device is "
                          f"{device.type!r}; use 'torch' or 'auto' there")

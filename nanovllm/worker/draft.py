@@ -18,6 +18,7 @@ from nanovllm.engine.step_inputs import (
     verify_inputs,
 )
 from nanovllm.utils.context import reset_context
+from nanovllm.worker.kv_cache import kv_bytes_per_block
 
 # Catch-ups of more tokens than this run as a prefill (decode rows would each read the whole
 # context: quadratic in a long prompt).
@@ -52,9 +53,8 @@ class DraftProposer:
         self.runner = runner
         self.vocab_size = runner.config.hf_config.vocab_size
         self.block_size = runner.config.kvcache_block_size
-        layer = runner.attn_layers[0]
-        self.bytes_per_block = (2 * len(runner.attn_layers) * self.block_size
-                                * layer.num_kv_heads * layer.head_dim * runner.kv_dtype.itemsize)
+        self.bytes_per_block = kv_bytes_per_block(runner.attn_layers, self.block_size,
+                                                  runner.kv_dtype)
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], inputs, dev: dict[str, torch.Tensor]) -> None:

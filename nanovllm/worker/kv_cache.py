@@ -1,4 +1,5 @@
-"""Sizing and allocating the paged KV cache of one rank (and the scales of an fp8 one)."""
+"""Sizing and allocating the paged KV cache of one rank (and the scales of an fp8 or int8
+one)."""
 import logging
 
 import torch
@@ -13,13 +14,16 @@ CPU_KV_CACHE_BYTES = 1 << 30
 # Config.kv_cache_dtype -> the cache's element type ("auto": the model's dtype).
 FP8_KV_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                  "fp8_e5m2": torch.float8_e5m2}
+KV_DTYPES = dict(FP8_KV_DTYPES, int8=torch.int8)
+# An int8 cache keeps one fp32 scale per (token, kv head) beside K and beside V.
+INT8_SCALE_DTYPE = torch.float32
 
 
 def kv_cache_dtype(config: Config, model_dtype: torch.dtype,
                    device: torch.device) -> torch.dtype:
     """The element type the cache stores (fp8 on a GPU needs Triton's fp8: Ada or Hopper)."""
-    dtype = FP8_KV_DTYPES.get(config.kv_cache_dtype, model_dtype)
-    if dtype.itemsize == 1 and device.type == "cuda" and (
+    dtype = KV_DTYPES.get(config.kv_cache_dtype, model_dtype)
+    if dtype in FP8_KV_DTYPES.values() and device.type == "cuda" and (
             torch.cuda.get_device_capability(device) < (8, 9)):
         raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} needs a GPU of compute "
                          f"capability >= 8.9 (Ada, Hopper); this one is "
@@ -31,6 +35,15 @@ def kv_shape(attn_layers: list, num_blocks: int, block_size: int) -> tuple[int, 
     """[K/V, layer, block, slot, kv head, head dim]: one tensor for every layer's cache."""
     attn = attn_layers[0]
     return (2, len(attn_layers), num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
+
+
+def kv_bytes_per_block(attn_layers: list, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of every layer's K and V takes (an int8 cache's row scales included)."""
+    per_block = torch.Size(kv_shape(attn_layers, 1, block_size)).numel()
+    extra = 0
+    if dtype == torch.int8:
+        extra = per_block // attn_layers[0].head_dim * INT8_SCALE_DTYPE.itemsize
+    return per_block * dtype.itemsize + extra
 
 
 def count_blocks(config: Config, bytes_per_block: int, device: torch.device,
@@ -65,11 +78,11 @@ def allocate_kv_cache(config: Config, attn_layers: list, dtype: torch.dtype,
                       device: torch.device, max_blocks_per_seq: int, log: bool,
                       extra: int = 0) -> torch.Tensor:
     """Allocate the cache (elements of `dtype`) and give each Attention layer its K and V
-    views. An fp8 cache holds twice the tokens of a bf16 one in the same memory. `extra`:
-    bytes each block needs elsewhere (a draft model's K/V), counted when sizing."""
+    views. An fp8 cache holds twice the tokens of a bf16 one in the same memory; an int8
+    cache a little less (its row scales take their share). `extra`: bytes each block needs
+    elsewhere (a draft model's K/V), counted when sizing."""
     bs = config.kvcache_block_size
-    per_block = kv_shape(attn_layers, 1, bs)
-    bytes_per_block = torch.Size(per_block).numel() * dtype.itemsize
+    bytes_per_block = kv_bytes_per_block(attn_layers, bs, dtype)
     num_blocks = agree_on_blocks(count_blocks(config, bytes_per_block + extra, device,
                                               max_blocks_per_seq), device)
     if num_blocks < 1:
@@ -95,6 +108,19 @@ def allocate_kv_scales(attn_layers: list, device: torch.device,
         scales.copy_(loaded)
     for i, layer in enumerate(attn_layers):
         layer.k_scale, layer.v_scale = scales[0, i], scales[1, i]
+    return scales
+
+
+def allocate_row_scales(attn_layers: list, kv_cache: torch.Tensor) -> torch.Tensor:
+    """The row scales of an int8 cache, stored [K/V, layer, block, kv head, slot]; each layer
+    gets its K and V views indexed [block, slot, kv head] like its cache (as k_scale /
+    v_scale). Head-major within a block: a decode tile's scales (one kv head, consecutive
+    slots) are then one contiguous run, not a load strided by the head count."""
+    two, layers, blocks, block_size, heads, _ = kv_cache.shape
+    scales = torch.ones(two, layers, blocks, heads, block_size, dtype=INT8_SCALE_DTYPE,
+                        device=kv_cache.device)
+    for i, layer in enumerate(attn_layers):
+        layer.k_scale, layer.v_scale = (s.transpose(1, 2) for s in scales[:, i])
     return scales
 
 

@@ -20,6 +20,7 @@ from nanovllm.worker.draft import DraftProposer, draft_config
 from nanovllm.worker.kv_cache import (
     allocate_kv_cache,
     allocate_kv_scales,
+    allocate_row_scales,
     checkpoint_kv_scales,
     kv_cache_dtype,
 )
@@ -113,19 +114,26 @@ class ModelRunner:
 
     # -- set-up -----------------------------------------------------------------------------
     def _allocate_kv(self, backend, extra_bytes_per_block: int = 0) -> bool:
-        """The KV cache (and an fp8 cache's scales); True when the first real prefill must
-        calibrate the scales."""
+        """The KV cache (and an fp8 or int8 cache's scales); True when the first real
+        prefill must calibrate the scales."""
         self.kv_cache = allocate_kv_cache(self.config, self.attn_layers, self.kv_dtype,
                                           self.device, self.max_blocks_per_seq,
                                           log=self.rank == 0, extra=extra_bytes_per_block)
         self.num_kvcache_blocks = self.kv_cache.size(2)
         if self.kv_dtype.itemsize != 1:
             return False
+        head_dim = self.attn_layers[0].head_dim
+        if self.kv_dtype == torch.int8:
+            # A scale per (token, kv head), set by each store: nothing to calibrate. Mixing
+            # makes a rotated row near-Gaussian, so its max is a few sigma, not an outlier's.
+            self.kv_scales = allocate_row_scales(self.attn_layers, self.kv_cache)
+            backend.mix_kv = mix_kv_wanted(head_dim)
+            return False
         loaded = checkpoint_kv_scales(self.config, self.rank, self.attn_layers[0].num_kv_heads)
         self.kv_scales = allocate_kv_scales(self.attn_layers, self.device, loaded)
         # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated
         # on mixed keys: a checkpoint's scales were measured on plain ones.
-        backend.mix_kv = loaded is None and mix_kv_wanted(self.attn_layers[0].head_dim)
+        backend.mix_kv = loaded is None and mix_kv_wanted(head_dim)
         return loaded is None
 
     def _capture_graphs(self) -> None:
