@@ -70,9 +70,9 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
-    ap.add_argument("--structured-output", nargs="?", const="long", choices=["long", "short"],
-                    help="constrain every output to a JSON schema, one string field: 'long' "
-                         "(the default) keeps it open to max_tokens, 'short' lets it close")
+    ap.add_argument("--structured-output", action="store_true",
+                    help="constrain every output to a JSON schema (one string field), then "
+                         "time the same prompts unconstrained at the lengths it produced")
     ap.add_argument("--json", help="write the results to this file")
 
 
@@ -145,7 +145,7 @@ _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:
     """The benchmark's prompts (token ids) and SamplingParams, the same on every call."""
     from nanovllm import SamplingParams, StructuredOutputsParams
-    from nanovllm.bench_structured import bench_schema
+    from nanovllm.bench_structured import BENCH_SCHEMA
 
     # Token ids are drawn from [0, 10000] as in nano-vLLM; a smaller vocabulary (the tiny test
     # models) takes them modulo its size, which leaves a real model's workload unchanged.
@@ -165,9 +165,7 @@ def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], lis
                                  max_tokens=randint(args.min_output_len, args.max_output_len))
                   for _ in range(args.num_seqs)]
     if getattr(args, "structured_output", None):
-        so = StructuredOutputsParams(json=bench_schema(args.structured_output,
-                                                       args.max_output_len),
-                                     disable_any_whitespace=True)
+        so = StructuredOutputsParams(json=BENCH_SCHEMA, disable_any_whitespace=True)
         for p in params:
             p.structured_outputs = so
     return prompts, params
@@ -207,7 +205,7 @@ def run_bench(args: argparse.Namespace) -> dict:
               "prompt_tokens": sum(map(len, prompts)), "output_tokens": total,
               "seconds": round(elapsed, 3), "throughput_tok_s": round(total / elapsed, 1),
               "kv_cache_dtype": args.kv_cache_dtype,
-              "structured_output": getattr(args, "structured_output", None),
+              "structured_output": bool(getattr(args, "structured_output", False)),
               "tensor_parallel_size": args.tp, "data_parallel_size": args.dp,
               "num_kvcache_blocks": _kv_blocks(llm)}
     print(f"Total: {total}tok, Time: {elapsed:.2f}s, Throughput: {total / elapsed:.2f}tok/s")

@@ -26,6 +26,7 @@ from nanovllm.worker.kv_cache import (
 )
 from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
 from nanovllm.worker.penalties import penalty_tensors
+from nanovllm.worker.late_sampling import LateSampling, LateStep
 from nanovllm.worker.sampler import Sampler, SamplingTensors
 from nanovllm.worker.stager import Stager
 from nanovllm.worker.step_output import HostBuffer, StepResult
@@ -77,7 +78,7 @@ class ModelRunner:
         self._calibrate_kv = False  # see _allocate_kv: after the kernel warm-up
         self.kv_scales = None
         self.stager = Stager(self.device)
-        self.mask_stager = Stager(self.device)  # late grammar masks: one upload a step too
+        self.late = LateSampling(self)  # steps whose sampling waits for grammar masks
         self.graphs = None
         # A draft model (speculative decoding) loads before our cache is sized: its weights
         # count as used memory, and each block gets room for its K/V too.
@@ -162,12 +163,12 @@ class ModelRunner:
     # -- running ----------------------------------------------------------------------------
     @torch.inference_mode()
     def launch(self, seqs: list[Sequence], is_prefill: bool,
-               late_masks: bool = False) -> "StepResult | LateSample":
+               late_masks: bool = False) -> "StepResult | LateStep":
         """Start one step without waiting for the device; the sampled ids come back through
         the returned handle (rank 0) and stay on the device for the next step.
         late_masks (rank 0, not a verify step): queue the forward only and return a
-        LateSample, whose sample(masks) queues the sampling once the grammar masks are
-        known; the host fills them while the device runs the forward."""
+        LateStep (worker/late_sampling.py): the host fills the grammar masks while the
+        device runs the forward."""
         # A verify step (speculative decoding) has a row per token computed.
         num_rows = len(seqs) if is_prefill else sum(s.num_scheduled_tokens for s in seqs)
         graphed = not is_prefill and self.graphs is not None and self.graphs.can_run(num_rows)
@@ -175,6 +176,9 @@ class ModelRunner:
         # aligned; a graph takes its full batch.
         rows = self.graphs.max_bs if graphed else -(-num_rows // 4) * 4
         inputs = self.builder.build(seqs, is_prefill, rows, late_masks)
+        # A late step's sampling, once its masks came, goes first: it reads the staged rows
+        # this upload replaces, and the penalties below read the ids it samples.
+        self.late.flush()
         dev = self.stager.upload(inputs.device_parts(), graph=graphed)  # the step's one copy
         st = lp = None
         if self.rank == 0:
@@ -202,7 +206,7 @@ class ModelRunner:
             rows_of = [s.num_scheduled_tokens for s in seqs]
             return self._verify_host.send(out, rows_of, lp, self.pinned)
         if late_masks:
-            return LateSample(self, logits, st, lp, len(seqs), inputs.num_rows or len(seqs))
+            return self.late.step(logits, st, lp, len(seqs), inputs.num_rows or len(seqs))
         return self._sample(logits, st, lp, len(seqs))
 
     def forward(self, inputs: StepInputs, dev: dict[str, torch.Tensor] | None = None,
@@ -248,25 +252,6 @@ class ModelRunner:
         done = torch.cuda.Event()
         done.record()
         return StepResult(host[:n], done, lp)
-
-
-class LateSample:
-    """A step whose forward is queued and whose sampling waits for its grammar masks."""
-
-    def __init__(self, runner: ModelRunner, logits, st: SamplingTensors,
-                 lp: LogprobsStep | None, num_seqs: int, num_rows: int):
-        self._runner, self._logits, self._st, self._lp = runner, logits, st, lp
-        self.num_seqs, self.num_rows = num_seqs, num_rows  # rows: the masks' first dim
-
-    def sample(self, masks: tuple | None) -> StepResult:
-        """Queue the sampling under masks (sampling_rows.grammar_bitmask's pair, or None:
-        no row is constrained); returns the step's result handle."""
-        runner, st = self._runner, self._st
-        if masks is not None:
-            dev = runner.mask_stager.upload(dict(bitmask=masks[0], rows=masks[1]))
-            st.bitmask, st.grammar_rows = dev["bitmask"], dev["rows"]
-        with torch.inference_mode():
-            return runner._sample(self._logits, st, self._lp, self.num_seqs)
 
 
 def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:

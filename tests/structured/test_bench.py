@@ -4,8 +4,6 @@ import argparse
 import json
 import random
 
-import pytest
-
 from nanovllm.bench import add_bench_args, workload
 from nanovllm.cli import main
 
@@ -14,13 +12,12 @@ WORKLOAD = ["--num-seqs", "3", "--min-input-len", "4", "--max-input-len", "8",
             "--block-size", "16", "--enforce-eager", "--device", "cpu", "--dtype", "float32"]
 
 
-@pytest.mark.parametrize("kind", ["long", "short"])
-def test_bench_with_a_schema_on_every_request(toy_models, tmp_path, capsys, kind):
+def test_bench_with_a_schema_on_every_request(toy_models, tmp_path, capsys):
     result = tmp_path / "bench.json"
     state = random.getstate()  # the workload seeds the global `random`
     try:
         code = main(["bench", toy_models["tied_gqa4_d16_l4"], *WORKLOAD,
-                     f"--structured-output={kind}", "--json", str(result)])
+                     "--structured-output", "--json", str(result)])
         ap = argparse.ArgumentParser()
         add_bench_args(ap)
         _, params = workload(ap.parse_args(WORKLOAD), vocab=640)
@@ -28,12 +25,9 @@ def test_bench_with_a_schema_on_every_request(toy_models, tmp_path, capsys, kind
         random.setstate(state)
     assert code == 0, capsys.readouterr().err
     figures = json.loads(result.read_text())
-    assert figures["structured_output"] == kind
-    budget = sum(p.max_tokens for p in params)
-    if kind == "long":  # the string cannot close: every output runs to its max_tokens
-        assert figures["output_tokens"] == budget
-    else:  # every output starts {"text": " (at least 4 tokens) and may close early
-        assert 3 * 4 <= figures["output_tokens"] <= budget
+    assert figures["structured_output"] is True
+    # Every output starts {"text": " (at least 4 tokens) and may close before max_tokens.
+    assert 3 * 4 <= figures["output_tokens"] <= sum(p.max_tokens for p in params)
     # The same prompts ran unconstrained to the same lengths, for the ratio the issue asks.
     assert figures["unconstrained_same_lengths_tok_s"] > 0
     assert figures["structured_vs_unconstrained"] == round(
