@@ -26,7 +26,7 @@ from nanovllm.worker.kv_cache import (
 )
 from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
 from nanovllm.worker.penalties import penalty_tensors
-from nanovllm.worker.late_sampling import LateSampling, LateStep
+from nanovllm.worker.late_sample import LateSample
 from nanovllm.worker.sampler import Sampler, SamplingTensors
 from nanovllm.worker.stager import Stager
 from nanovllm.worker.step_output import HostBuffer, StepResult
@@ -78,7 +78,7 @@ class ModelRunner:
         self._calibrate_kv = False  # see _allocate_kv: after the kernel warm-up
         self.kv_scales = None
         self.stager = Stager(self.device)
-        self.late = LateSampling(self)  # steps whose sampling waits for grammar masks
+        self.mask_stager = Stager(self.device)  # LateSample's masks: their own buffers
         self.graphs = None
         # A draft model (speculative decoding) loads before our cache is sized: its weights
         # count as used memory, and each block gets room for its K/V too.
@@ -163,12 +163,11 @@ class ModelRunner:
     # -- running ----------------------------------------------------------------------------
     @torch.inference_mode()
     def launch(self, seqs: list[Sequence], is_prefill: bool,
-               late_masks: bool = False) -> "StepResult | LateStep":
+               late_masks: bool = False) -> "StepResult | LateSample":
         """Start one step without waiting for the device; the sampled ids come back through
-        the returned handle (rank 0) and stay on the device for the next step.
-        late_masks (rank 0, not a verify step): queue the forward only and return a
-        LateStep (worker/late_sampling.py): the host fills the grammar masks while the
-        device runs the forward."""
+        the returned handle (rank 0) and stay on the device for the next step. late_masks:
+        queue the forward only, and return a LateSample that samples under the grammar
+        masks the host fills meanwhile (worker/late_sample.py)."""
         # A verify step (speculative decoding) has a row per token computed.
         num_rows = len(seqs) if is_prefill else sum(s.num_scheduled_tokens for s in seqs)
         graphed = not is_prefill and self.graphs is not None and self.graphs.can_run(num_rows)
@@ -176,9 +175,6 @@ class ModelRunner:
         # aligned; a graph takes its full batch.
         rows = self.graphs.max_bs if graphed else -(-num_rows // 4) * 4
         inputs = self.builder.build(seqs, is_prefill, rows, late_masks)
-        # A late step's sampling, once its masks came, goes first: it reads the staged rows
-        # this upload replaces, and the penalties below read the ids it samples.
-        self.late.flush()
         dev = self.stager.upload(inputs.device_parts(), graph=graphed)  # the step's one copy
         st = lp = None
         if self.rank == 0:
@@ -206,7 +202,7 @@ class ModelRunner:
             rows_of = [s.num_scheduled_tokens for s in seqs]
             return self._verify_host.send(out, rows_of, lp, self.pinned)
         if late_masks:
-            return self.late.step(logits, st, lp, len(seqs), inputs.num_rows or len(seqs))
+            return LateSample(self, logits, st, lp, len(seqs), inputs.num_rows or len(seqs))
         return self._sample(logits, st, lp, len(seqs))
 
     def forward(self, inputs: StepInputs, dev: dict[str, torch.Tensor] | None = None,
