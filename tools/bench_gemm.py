@@ -144,7 +144,7 @@ def main():
     for model in args.models.split(","):
         for (name, (n, k)), kind in itertools.product(linear_shapes(model).items(), kinds):
             weights = make_weights(n, k, kind)
-            cfg = skinny_gemm.choose_config(n, k, weights[0][0].dtype)
+            cfg = skinny_gemm.choose_config(n, k, weights[0][0].dtype, torch.bfloat16)
             print(f"\n{model} {name} N={n} K={k} {kind}  table: {fmt_cfg(cfg)}")
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

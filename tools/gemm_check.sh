@@ -3,9 +3,12 @@
 # M <= 16 and kernels/fp8_gemm.py for fp8 prefill. Steps, chosen with STEPS (default
 # "tests bench e2e"; each fits one 10-minute call, "sweep" alone takes ~5 minutes):
 #   tests  the gpu-marked GEMM tests: every model's linear shapes at M = 1..16 (bf16, fp32 x;
-#          bf16 / fp8 row / fp8 block weights), graph replay, fp8 prefill, the dispatch, model
-#          greedy parity with NANOVLLM_SKINNY_GEMM on and off
-#   bench  tools/bench_gemm.py: skinny vs cuBLAS, M = 1..16, Qwen3-0.6B and Qwen3-8B shapes
+#          bf16 / fp8 row / fp8 block weights), graph replay, fp8 prefill sizes, the dispatch,
+#          greedy parity with NANOVLLM_SKINNY_GEMM on and off and fp8 kernels vs reference on
+#          SmolLM2 (set SMOLLM2_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf, else they skip),
+#          the fp8 KV-block test
+#   bench  tools/bench_gemm.py: skinny vs cuBLAS, M = 1..16, Qwen3-0.6B and Qwen3-8B shapes,
+#          plus the fp8 GEMM at M = 128, 1024, 8192 (vs bf16 cuBLAS)
 #   sweep  tools/bench_gemm.py --sweep: the best tile configs per shape (the table's source)
 #   e2e    bench.py --single: Qwen3-0.6B with NANOVLLM_SKINNY_GEMM=0 and 1, and with
 #          --quantization fp8
@@ -18,11 +21,12 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if has tests; then
   timeout 420 python3 -m pytest -q -m gpu -p no:logging tests/kernels/test_skinny_gemm.py \
-    > "$OUT/gemm_tests.log" 2>&1
+    tests/kernels/test_fp8_gemm.py tests/layers/test_linear_dispatch.py \
+    tests/models/test_fp8_weights.py > "$OUT/gemm_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$OUT/gemm_tests.log" | head -20; tail -1 "$OUT/gemm_tests.log"
 fi
 if has bench; then
-  timeout 400 python3 tools/bench_gemm.py > "$OUT/bench_gemm.log" 2>&1
+  timeout 400 python3 tools/bench_gemm.py --large-m 128,1024,8192 > "$OUT/bench_gemm.log" 2>&1
   cat "$OUT/bench_gemm.log"
 fi
 if has sweep; then

@@ -11,9 +11,10 @@ bf16 value); their scales multiply the fp32 partial products, per K tile for blo
 tile never straddles a scale block) and once at the end for row scales.
 
 Split-K (num_splits > 1, when N alone gives too few programs to keep HBM busy): each split
-writes its fp32 partial [M, BLOCK_N] to a workspace and counts itself in on an atomic counter
-per column tile; the last split to arrive sums the partials in split order (deterministic) and
-writes y, so there is no separate reduce launch. It resets the counter for the next call.
+writes its fp32 partial tile to a workspace [splits, M, N] and counts itself in on an atomic
+counter per output tile; the last split to arrive sums the partials in split order (so the
+result is deterministic) and writes y: no separate reduce launch. It resets the counter for
+the next call.
 
 The same kernel with taller BLOCK_M tiles and a grid over M serves larger M (fp8_gemm.py).
 
@@ -112,7 +113,7 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
         tl.store(tile + pid_k * M * N, acc, mask=mask)
         # acq_rel: each split's partial stores happen before its increment, and the last
         # split's loads after its own, so it sees every partial.
-        cnt = cnt_ptr + pid_n
+        cnt = cnt_ptr + pid_m * tiles_n + pid_n
         if tl.atomic_add(cnt, 1, sem="acq_rel") == num_splits - 1:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for sp in range(num_splits):  # split order: the same sum on every call
@@ -137,13 +138,25 @@ def _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_y
              acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def choose_config(n: int, k: int, weight_dtype: torch.dtype) -> dict:
+# cuBLAS is measured faster from this N up (the LM heads: its GEMV streams them at ~2.85 TB/s).
+# TODO(gemm): set from tools/bench_gemm.py on an H100.
+CUBLAS_FROM_N = 65536
+
+
+def beats_cublas(n: int, k: int) -> bool:
+    """Whether this kernel was measured faster than cuBLAS on a bf16 [N, K] weight at M <= 16
+    (the static rule behind layers/linear.dense_linear)."""
+    return n < CUBLAS_FROM_N
+
+
+def choose_config(n: int, k: int, weight_dtype: torch.dtype,
+                  x_dtype: torch.dtype = torch.bfloat16) -> dict:
     """The tile config of the table row for this (N, K) and weight width."""
     if INTERPRET:
         return INTERPRET_CONFIG
     table = FP8_TABLE if weight_dtype.itemsize == 1 else BF16_TABLE
     cfg = next(c for max_n, max_k, c in table if n <= max_n and k <= max_k)
-    if weight_dtype.itemsize == 4:  # fp32 tiles take twice the shared memory
+    if 4 in (weight_dtype.itemsize, x_dtype.itemsize):  # fp32 tiles: twice the shared memory
         cfg = dict(cfg, num_stages=min(cfg["num_stages"], 2))
     return cfg
 
@@ -159,6 +172,8 @@ def auto_split_k(tiles: int, k: int, block_k: int) -> int:
 
 
 _WORKSPACE: dict = {}
+# Replaced workspaces stay alive: graphs captured before a growth still point at them.
+_RETIRED: list = []
 
 
 def _workspace(device: torch.device, floats: int, counters: int):
@@ -168,11 +183,11 @@ def _workspace(device: torch.device, floats: int, counters: int):
     runs each captured batch size once first) and grown only when a larger one is needed;
     calls on one stream never overlap, which is what sharing them needs."""
     part, cnt = _WORKSPACE.get(device, (None, None))
-    if part is None or part.numel() < floats:
+    if part is None or part.numel() < floats or cnt.numel() < counters:
+        _RETIRED.append((part, cnt))
         part = torch.empty(max(floats, 1 << 20), dtype=torch.float32, device=device)
-    if cnt is None or cnt.numel() < counters:
         cnt = torch.zeros(max(counters, 4096), dtype=torch.int32, device=device)
-    _WORKSPACE[device] = (part, cnt)
+        _WORKSPACE[device] = (part, cnt)
     return part, cnt
 
 
@@ -194,7 +209,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.view(*x.shape[:-1], n)
-    cfg = dict(config or choose_config(n, k, weight.dtype))
+    cfg = dict(config or choose_config(n, k, weight.dtype, x.dtype))
     block_k = cfg["BLOCK_K"]
     if scale is None:
         mode, scale, s_bn, s_bk = NO_SCALE, x2, 1, 1
@@ -211,12 +226,12 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     tiles_n = triton.cdiv(n, cfg["BLOCK_N"])
     split = cfg["SPLIT_K"]
     if split is None:
-        split = auto_split_k(tiles_n, k, block_k) if tiles_m == 1 else 1
-    assert split == 1 or tiles_m == 1, "split-K is for one row tile"
+        split = auto_split_k(tiles_m * tiles_n, k, block_k)
     # Each split's K range is whole K tiles, so only the last tile of K can be partial.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
-    part, cnt = (_workspace(x.device, split * m * n, tiles_n) if split > 1 else (y, y))
+    part, cnt = (_workspace(x.device, split * m * n, tiles_m * tiles_n) if split > 1
+                 else (y, y))
     _gemm_kernel[(tiles_m * tiles_n * split,)](
         x2, weight, scale, bias if bias is not None else x2, y, part, cnt,
         m, n, k, k_per_split, split, x2.stride(0), weight.stride(0), y.stride(0),
