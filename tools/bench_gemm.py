@@ -5,7 +5,8 @@ shapes of real models at M = 1, 2, 4, 8, 16; prints the weight-stream bandwidth 
     python tools/bench_gemm.py --models qwen3-0.6b --weights bf16 --m 1,16
     python tools/bench_gemm.py --sweep                # also try candidate tile configs (M=1,
                                                       # 16) and print the best per shape
-    python tools/bench_gemm.py --large-m 128,1024,8192   # fp8 weight-only GEMM for prefill
+    python tools/bench_gemm.py --large-m 128,1024,8192   # fp8 weights at larger M: tall
+                                                         # tiles vs dequantize + cuBLAS
 
 Timing: each call reads a different copy of the weight (enough copies to pass 256 MB, so
 the weights come from HBM as in a model's forward, not from the 50 MB L2); the calls are one
@@ -100,6 +101,25 @@ def time_cublas(m: int, n: int, k: int) -> float:
     return _CUBLAS[m, n, k]
 
 
+def time_large(m: int, n: int, k: int, weights) -> None:
+    """fp8 weights at M rows: the tall-tile kernel and dequantize + cuBLAS, beside cuBLAS bf16
+    (fp8_gemm.DEQUANT_FROM_M is where the second starts winning)."""
+    from nanovllm.kernels import fp8_gemm
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    cfg = fp8_gemm.tall_config(m, x.dtype)
+    t_tall = time_graph(lambda: [skinny_gemm.gemm(x, w, None, s, b, config=cfg,
+                                                  block_m=cfg["BLOCK_M"])
+                                 for w, s, b in weights], calls=len(weights))
+    t_deq = time_graph(lambda: [F.linear(x, fp8_gemm.dequantize(w, s, b, x.dtype))
+                                for w, s, b in weights], calls=len(weights))
+    tc = time_cublas(m, n, k)
+    tflops = 2 * m * n * k / 1e12
+    print(f"  M={m:5d}  tall {t_tall * 1e3:8.1f} us {tflops / (t_tall * 1e-3):6.1f} TFLOP/s"
+          f"   dequant+cuBLAS {t_deq * 1e3:8.1f} us   cuBLAS bf16 {tc * 1e3:8.1f} us"
+          f" {tflops / (tc * 1e-3):6.1f} TFLOP/s   best/bf16 {tc / min(t_tall, t_deq):4.2f}x")
+
+
 def sweep_configs(kind: str, n: int, k: int):
     """Candidate configs: tile shapes x splits, pruned to sensible program counts."""
     tiles = [(16, 256, 4, 4), (16, 512, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3),
@@ -143,6 +163,8 @@ def main():
     best_rows = []
     for model in args.models.split(","):
         for (name, (n, k)), kind in itertools.product(linear_shapes(model).items(), kinds):
+            if name == "lm_head" and kind != "bf16":
+                continue  # LM heads stay in the model's dtype
             weights = make_weights(n, k, kind)
             cfg = skinny_gemm.choose_config(n, k, weights[0][0].dtype, torch.bfloat16)
             print(f"\n{model} {name} N={n} K={k} {kind}  table: {fmt_cfg(cfg)}")
@@ -172,15 +194,7 @@ def main():
                         best_rows.append((model, name, n, k, kind, m, results[0]))
             if args.large_m and kind != "bf16":
                 for m in (int(v) for v in args.large_m.split(",")):
-                    from nanovllm.kernels.fp8_gemm import fp8_gemm
-
-                    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                    wl = weights[:2]
-                    t = time_graph(lambda: [fp8_gemm(x, w, s, b) for w, s, b in wl], calls=2)
-                    tc = time_cublas(m, n, k)
-                    tf = 2 * m * n * k / (t * 1e-3) / 1e12
-                    print(f"  M={m:5d}  fp8 GEMM {t * 1e3:9.1f} us {tf:6.1f} TFLOP/s   cuBLAS "
-                          f"bf16 {tc * 1e3:9.1f} us   speed-up {tc / t:4.2f}x")
+                    time_large(m, n, k, weights[:2])
             del weights
             torch.cuda.empty_cache()
     if best_rows:

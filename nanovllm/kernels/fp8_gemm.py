@@ -1,18 +1,25 @@
 """fp8-weight GEMM on a GPU: y = x @ dequant(W)^T (+ bias) with W in e4m3 and fp32 row or block
-scales, for any number of rows.
+scales, for any number of rows. Weight-only (W8A16): x stays in its dtype.
 
-Weight-only (W8A16): x stays in its dtype; each W tile is widened in registers (exact) and
-fed to a bf16 (fp32: fp32) tensor-core dot; the scales multiply the fp32 partial products.
-It is skinny_gemm.py's kernel: M <= 16 (decode) uses its table; larger M (prefill, batched
-decode) uses taller row tiles and a grid over M, so W is read from HBM once per row tile
-instead of the whole weight being dequantized in torch on every call (the reference).
+Three paths by the number of rows M:
+- M <= 16 (decode): skinny_gemm.py's kernel and table; each W tile is widened in registers
+  (exact) and fed to a tensor-core dot in x's dtype; the scales multiply the fp32 partial
+  products. W is read once, at half the bytes of bf16.
+- 16 < M < DEQUANT_FROM_M (batched decode, short prefills): the same kernel with taller row
+  tiles and a grid over M (W read once per row-tile wave, mostly from L2).
+- M >= DEQUANT_FROM_M (long prefills, compute-bound): one Triton pass writes the dequantized
+  weight in x's dtype, then cuBLAS; the extra weight traffic is small beside the matmul, and
+  the result is the reference's to the bit (dequantize, round to x's dtype, F.linear).
 Not yet: fp8 x fp8 dots with activations quantized per token and 128-column group (DeepSeek's
-recipe), which would also halve the dot's operand traffic and double tensor-core peak.
+recipe), which would double the tensor-core peak of the long prefills.
 """
 import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET
-from nanovllm.kernels.skinny_gemm import MAX_M, gemm
+from nanovllm.kernels.skinny_gemm import BLOCK_SCALE, MAX_M, ROW_SCALE, gemm
 
 # Tall-tile configs by rows, the first whose max_m >= M. BLOCK_K 128: one scale block (every
 # known checkpoint's), so block scales apply once per tile. SPLIT_K None: K splits while the
@@ -25,6 +32,9 @@ TALL_CONFIGS = [
     (1 << 62, dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, SPLIT_K=None, num_warps=8,
                    num_stages=3)),
 ]
+# Rows from which the dequantize + cuBLAS path is taken.
+# TODO(gemm): from tools/bench_gemm.py --large-m on an H100.
+DEQUANT_FROM_M = 512
 INTERPRET_TALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT_K=None, num_warps=1,
                       num_stages=1)
 
@@ -45,7 +55,44 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     """x[..., K] @ (weight * scale)[N, K]^T (+ bias) in x's dtype: weight e4m3, scale fp32
     per row [N] (block None) or per (bn, bk) block [ceil(N / bn), ceil(K / bk)]."""
     m = x.numel() // x.shape[-1]
-    if m <= MAX_M and config is None:
+    if config is not None:
+        return gemm(x, weight, bias, scale, block, config=config, block_m=config["BLOCK_M"])
+    if m <= MAX_M:
         return gemm(x, weight, bias, scale, block)
-    cfg = config or tall_config(m, x.dtype)
+    if m >= DEQUANT_FROM_M:
+        return F.linear(x, dequantize(weight, scale, block, x.dtype), bias)
+    cfg = tall_config(m, x.dtype)
     return gemm(x, weight, bias, scale, block, config=cfg, block_m=cfg["BLOCK_M"])
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_sn, SCALE: tl.constexpr,
+                    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    # One [BLOCK_N, BLOCK_K] tile: value (exact in fp32) * its scale, rounded once.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]
+    idx = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
+    w = tl.load(w_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+    if SCALE == 1:
+        s = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
+    else:
+        s = tl.load(s_ptr + (offs_n // SCALE_BN)[:, None] * stride_sn
+                    + (offs_k // SCALE_BK)[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + idx, (w * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
+               dtype: torch.dtype) -> torch.Tensor:
+    """weight * scale in `dtype` (what layers/quant/fp8.dequantize(...).to(dtype) gives), in
+    one pass: read fp8, write `dtype`."""
+    n, k = weight.shape
+    assert weight.is_contiguous() and scale.stride(-1) == 1
+    out = torch.empty(n, k, dtype=dtype, device=weight.device)
+    bn, bk = (16, 16) if INTERPRET else (32, 256)
+    mode, (s_bn, s_bk) = (ROW_SCALE, (1, 1)) if block is None else (BLOCK_SCALE, block)
+    _dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
+        weight, scale, out, n, k, scale.stride(0) if block is not None else 0, SCALE=mode,
+        SCALE_BN=s_bn, SCALE_BK=s_bk, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+    return out

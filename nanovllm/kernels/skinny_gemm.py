@@ -138,9 +138,10 @@ def _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_y
              acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-# cuBLAS is measured faster from this N up (the LM heads: its GEMV streams them at ~2.85 TB/s).
-# TODO(gemm): set from tools/bench_gemm.py on an H100.
-CUBLAS_FROM_N = 65536
+# cuBLAS is taken from this N up: the LM heads (32k-152k rows), which its GEMV already streams
+# at ~2.85 TB/s (Qwen3-0.6B: 109 us per token). Every layer of the supported models is below.
+# TODO(gemm): check with tools/bench_gemm.py on an H100.
+CUBLAS_FROM_N = 32768
 
 
 def beats_cublas(n: int, k: int) -> bool:

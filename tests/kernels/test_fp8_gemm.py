@@ -1,11 +1,16 @@
 """The fp8-weight GEMM for any M (kernels/fp8_gemm.py) against the dequantizing reference:
-tall row tiles over a grid of M tiles, with and without K splits; on CPU in the interpreter
+tall row tiles over a grid of M tiles, with and without K splits, and the dequantize +
+matmul path of long prefills; on CPU in the interpreter
 (16-row tiles, so a few dozen rows span several), marked gpu on real shapes and prefill sizes.
 """
 import pytest
 import torch
+import torch.nn.functional as F
 
-from nanovllm.kernels.fp8_gemm import fp8_gemm
+from nanovllm.kernels import fp8_gemm as fp8_gemm_module
+from nanovllm.kernels._common import INTERPRET
+from nanovllm.kernels.fp8_gemm import dequantize, fp8_gemm
+from nanovllm.layers.quant import fp8 as fp8_ref
 from tests.support.gemm import check, make_weight, reference
 
 TALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=1, num_stages=1)
@@ -46,3 +51,26 @@ def test_gpu_prefill_sizes(n, k, kind, xdtype):
     for m in (17, 64, 100, 256, 1000, 4096):
         x = torch.randn(m, k, device="cuda").to(xdtype)
         check(fp8_gemm(x, w, s, block, bias), reference(x, w, s, block, bias), xdtype)
+
+
+@pytest.mark.parametrize("kind", ["fp8_row", "fp8_block"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_is_the_references(kind, dtype):
+    """The one-pass dequantize gives layers/quant/fp8's weight in x's dtype, to the bit."""
+    w, s, block = make_weight(40, 100, kind)
+    ref = fp8_ref.dequantize(w, s, block).to(dtype)
+    out = dequantize(w, s, block, dtype)
+    if INTERPRET and dtype == torch.bfloat16:  # the interpreter truncates fp32 -> bf16
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2 ** -7, atol=0)
+    else:
+        assert torch.equal(out, ref)
+
+
+def test_long_prefill_takes_dequantize_then_matmul(monkeypatch):
+    """From DEQUANT_FROM_M rows: the reference's own matmul on the dequantized weight."""
+    monkeypatch.setattr(fp8_gemm_module, "DEQUANT_FROM_M", 20)
+    w, s, block = make_weight(24, 48, "fp8_block", block=(16, 16))
+    x = torch.randn(20, 48)
+    y = fp8_gemm(x, w, s, block)
+    assert torch.equal(y, F.linear(x, dequantize(w, s, block, x.dtype)))
+    check(y, reference(x, w, s, block, None), torch.float32)
