@@ -6,7 +6,7 @@ shapes of real models at M = 1, 2, 4, 8, 16; prints the weight-stream bandwidth 
     python tools/bench_gemm.py --sweep                # also try candidate tile configs (M=1,
                                                       # 16) and print the best per shape
     python tools/bench_gemm.py --large-m 128,1024,8192   # fp8 weights at larger M: tall
-                                                         # tiles vs dequantize + cuBLAS
+                                                         # tiles, dequantize + cuBLAS, W8A8
 
 Timing: each call reads a different copy of the weight (enough copies to pass 256 MB, so
 the weights come from HBM as in a model's forward, not from the 50 MB L2); the calls are one
@@ -102,9 +102,10 @@ def time_cublas(m: int, n: int, k: int) -> float:
 
 
 def time_large(m: int, n: int, k: int, weights) -> None:
-    """fp8 weights at M rows: the tall-tile kernel and dequantize + cuBLAS, beside cuBLAS bf16
-    (fp8_gemm.DEQUANT_FROM_M is where the second starts winning)."""
+    """fp8 weights at M rows: the tall-tile kernel, dequantize + cuBLAS and W8A8, beside cuBLAS
+    bf16 (fp8_gemm.DEQUANT_FROM_M: where the long-prefill paths start winning)."""
     from nanovllm.kernels import fp8_gemm
+    from nanovllm.kernels.fp8_w8a8 import w8a8_gemm
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     cfg = fp8_gemm.tall_config(m, x.dtype)
@@ -113,11 +114,14 @@ def time_large(m: int, n: int, k: int, weights) -> None:
                                  for w, s, b in weights], calls=len(weights))
     t_deq = time_graph(lambda: [F.linear(x, fp8_gemm.dequantize(w, s, b, x.dtype))
                                 for w, s, b in weights], calls=len(weights))
+    t_w8a8 = time_graph(lambda: [w8a8_gemm(x, w, s, b) for w, s, b in weights],
+                        calls=len(weights))
     tc = time_cublas(m, n, k)
     tflops = 2 * m * n * k / 1e12
-    print(f"  M={m:5d}  tall {t_tall * 1e3:8.1f} us {tflops / (t_tall * 1e-3):6.1f} TFLOP/s"
-          f"   dequant+cuBLAS {t_deq * 1e3:8.1f} us   cuBLAS bf16 {tc * 1e3:8.1f} us"
-          f" {tflops / (tc * 1e-3):6.1f} TFLOP/s   best/bf16 {tc / min(t_tall, t_deq):4.2f}x")
+    print(f"  M={m:5d}  tall {t_tall * 1e3:8.1f} us   dequant+cuBLAS {t_deq * 1e3:8.1f} us   "
+          f"w8a8 {t_w8a8 * 1e3:8.1f} us {tflops / (t_w8a8 * 1e-3):6.1f} TFLOP/s   cuBLAS bf16 "
+          f"{tc * 1e3:8.1f} us {tflops / (tc * 1e-3):6.1f} TFLOP/s   "
+          f"best/bf16 {tc / min(t_tall, t_deq, t_w8a8):4.2f}x")
 
 
 def sweep_configs(kind: str, n: int, k: int):

@@ -8,10 +8,11 @@
 #          SmolLM2 (set SMOLLM2_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf, else they skip),
 #          the fp8 KV-block test
 #   bench  tools/bench_gemm.py: skinny vs cuBLAS, M = 1..16, Qwen3-0.6B and Qwen3-8B shapes,
-#          plus the fp8 GEMM at M = 128, 1024, 8192 (vs bf16 cuBLAS)
+#          plus fp8 weights at M = 128, 1024, 8192: tall tiles, dequantize + cuBLAS and W8A8
+#          (vs bf16 cuBLAS)
 #   sweep  tools/bench_gemm.py --sweep: the best tile configs per shape (the table's source)
 #   e2e    bench.py --single: Qwen3-0.6B with NANOVLLM_SKINNY_GEMM=0 and 1, and with
-#          --quantization fp8
+#          --quantization fp8 (long prefills: dequantize + cuBLAS, then NANOVLLM_FP8_PREFILL=w8a8)
 #   e2e8b  the same for the Qwen3-8B shape: bf16 (switch 0 and 1) vs --quantization fp8
 # Logs land in $OUT.
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
@@ -21,7 +22,8 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if has tests; then
   timeout 420 python3 -m pytest -q -m gpu -p no:logging tests/kernels/test_skinny_gemm.py \
-    tests/kernels/test_fp8_gemm.py tests/layers/test_linear_dispatch.py \
+    tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_w8a8.py \
+    tests/layers/test_linear_dispatch.py \
     tests/models/test_fp8_weights.py > "$OUT/gemm_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$OUT/gemm_tests.log" | head -20; tail -1 "$OUT/gemm_tests.log"
 fi
@@ -41,6 +43,7 @@ if has e2e; then
   run qwen3-0.6b_skinny0 NANOVLLM_SKINNY_GEMM=0 ""
   run qwen3-0.6b_skinny1 NANOVLLM_SKINNY_GEMM=1 ""
   run qwen3-0.6b_fp8 NANOVLLM_SKINNY_GEMM=1 "--quantization fp8"
+  run qwen3-0.6b_fp8_w8a8 NANOVLLM_FP8_PREFILL=w8a8 "--quantization fp8"
 fi
 if has e2e8b; then
   run() {  # name, env, args

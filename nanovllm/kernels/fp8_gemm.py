@@ -7,18 +7,23 @@ Three paths by the number of rows M:
   products. W is read once, at half the bytes of bf16.
 - 16 < M < DEQUANT_FROM_M (batched decode, short prefills): the same kernel with taller row
   tiles and a grid over M (W read once per row-tile wave, mostly from L2).
-- M >= DEQUANT_FROM_M (long prefills, compute-bound): one Triton pass writes the dequantized
-  weight in x's dtype, then cuBLAS; the extra weight traffic is small beside the matmul, and
-  the result is the reference's to the bit (dequantize, round to x's dtype, F.linear).
-Not yet: fp8 x fp8 dots with activations quantized per token and 128-column group (DeepSeek's
-recipe), which would double the tensor-core peak of the long prefills.
+- M >= DEQUANT_FROM_M (long prefills, compute-bound), by NANOVLLM_FP8_PREFILL:
+  "dequant" (default): one Triton pass writes the dequantized weight in x's dtype, then
+  cuBLAS; the extra weight traffic is small beside the matmul, and the result is the
+  reference's to the bit (dequantize, round to x's dtype, F.linear).
+  "w8a8": fp8_w8a8.py, activations quantized per token and 128 columns, e4m3 tensor-core dots
+  (twice bf16's peak; activation rounding changes the numerics slightly, as in vLLM).
 """
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET
+from nanovllm.kernels.fp8_w8a8 import GROUP, w8a8_gemm
 from nanovllm.kernels.skinny_gemm import BLOCK_SCALE, MAX_M, ROW_SCALE, gemm
 
 # Tall-tile configs by rows, the first whose max_m >= M. BLOCK_K 128: one scale block (every
@@ -49,6 +54,16 @@ def tall_config(m: int, x_dtype: torch.dtype) -> dict:
     return cfg
 
 
+@functools.cache
+def prefill_path() -> str:
+    """NANOVLLM_FP8_PREFILL: how fp8 layers run long prefills ("dequant" or "w8a8")."""
+    value = os.environ.get("NANOVLLM_FP8_PREFILL", "dequant")
+    if value not in ("dequant", "w8a8"):
+        raise ValueError(f"NANOVLLM_FP8_PREFILL={value!r}: use dequant (dequantize + cuBLAS, "
+                         "the reference's numerics) or w8a8 (fp8 activations and dots)")
+    return value
+
+
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              block: tuple[int, int] | None, bias: torch.Tensor | None = None,
              config: dict | None = None) -> torch.Tensor:
@@ -60,6 +75,8 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if m <= MAX_M:
         return gemm(x, weight, bias, scale, block)
     if m >= DEQUANT_FROM_M:
+        if prefill_path() == "w8a8" and (block is None or block[1] == GROUP):
+            return w8a8_gemm(x, weight, scale, block, bias)
         return F.linear(x, dequantize(weight, scale, block, x.dtype), bias)
     cfg = tall_config(m, x.dtype)
     return gemm(x, weight, bias, scale, block, config=cfg, block_m=cfg["BLOCK_M"])

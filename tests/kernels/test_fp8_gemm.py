@@ -74,3 +74,23 @@ def test_long_prefill_takes_dequantize_then_matmul(monkeypatch):
     y = fp8_gemm(x, w, s, block)
     assert torch.equal(y, F.linear(x, dequantize(w, s, block, x.dtype)))
     check(y, reference(x, w, s, block, None), torch.float32)
+
+
+def test_prefill_path_switch(monkeypatch):
+    """NANOVLLM_FP8_PREFILL=w8a8 sends long prefills to the W8A8 kernel; bad values refused."""
+    from nanovllm.kernels.fp8_w8a8 import GROUP, w8a8_gemm
+
+    monkeypatch.setattr(fp8_gemm_module, "DEQUANT_FROM_M", 20)
+    w, s, block = make_weight(24, 2 * GROUP, "fp8_block", block=(16, GROUP))
+    x = torch.randn(20, 2 * GROUP)
+    try:
+        monkeypatch.setenv("NANOVLLM_FP8_PREFILL", "w8a8")
+        fp8_gemm_module.prefill_path.cache_clear()
+        assert torch.equal(fp8_gemm(x, w, s, block), w8a8_gemm(x, w, s, block))
+        monkeypatch.setenv("NANOVLLM_FP8_PREFILL", "fast")
+        fp8_gemm_module.prefill_path.cache_clear()
+        with pytest.raises(ValueError, match="NANOVLLM_FP8_PREFILL='fast'"):
+            fp8_gemm(x, w, s, block)
+    finally:
+        monkeypatch.delenv("NANOVLLM_FP8_PREFILL")
+        fp8_gemm_module.prefill_path.cache_clear()
