@@ -148,3 +148,23 @@ def test_warm_up_compiles_fp8_prefill_over_cached_tokens(toy_models, kind):
     # Both prefill variants of an fp8 cache (own K/V exact; cached K/V read as fp8) run.
     assert sorted(set(seen)) == ([False] if kind == "auto" else [False, True])
     llm.shutdown()
+
+
+def test_blocks_count_the_memory_weights_leave(monkeypatch):
+    """On a GPU the KV cache gets what is free after loading (and the warm-up's activation
+    peak): weights half the size (fp8 instead of bf16) leave their saved bytes to KV blocks."""
+    from types import SimpleNamespace
+
+    from nanovllm.worker.kv_cache import count_blocks
+
+    gib, block = 2 ** 30, 28 * 2 ** 20
+    cfg = SimpleNamespace(num_kvcache_blocks=-1, gpu_memory_utilization=0.9)
+    blocks = {}
+    for name, weights in (("bf16", 0.88 * gib), ("fp8", 0.44 * gib)):
+        used = int(weights) + gib  # + the CUDA context and the caching allocator's pool
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d, u=used: (80 * gib - u, 80 * gib))
+        monkeypatch.setattr(torch.cuda, "memory_stats", lambda d: {
+            "allocated_bytes.all.peak": 3 * gib, "allocated_bytes.all.current": 2 * gib})
+        blocks[name] = count_blocks(cfg, block, torch.device("cuda"), 64)
+    assert blocks["fp8"] - blocks["bf16"] in (int(0.44 * gib) // block,
+                                              int(0.44 * gib) // block + 1)
