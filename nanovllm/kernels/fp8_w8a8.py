@@ -66,7 +66,7 @@ def quantize_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, 
     return q, s
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # M varies per prefill: compile each shape once
 def _w8a8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xsm, stride_wsn,
                  stride_ym, BLOCK_SCALE: tl.constexpr, SCALE_BN: tl.constexpr,
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,

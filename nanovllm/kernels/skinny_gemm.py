@@ -61,7 +61,9 @@ INTERPRET_CONFIG = dict(BLOCK_N=16, BLOCK_K=16, SPLIT_K=None, num_warps=1, num_s
 NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
 
 
-@triton.jit
+# M varies per step (batch size, prompt length): not specialized on (== 1, % 16), so each
+# layer shape compiles once, not once per kind of M.
+@triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
                  M, N, K, k_per_split, num_splits, stride_xm, stride_wn, stride_ym, stride_sn,
                  SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
