@@ -130,11 +130,15 @@ def sweep_configs(kind: str, n: int, k: int):
              (32, 256, 4, 4), (32, 256, 4, 6), (32, 512, 4, 3), (32, 512, 8, 4),
              (64, 128, 4, 4), (64, 256, 4, 4), (64, 256, 8, 4), (64, 512, 8, 3),
              (128, 128, 4, 4), (128, 256, 8, 3)]
+    seen = set()
     for bn, bk, warps, stages in tiles:
         if kind == "fp8_row":
-            bk *= 2  # same bytes per tile
+            bk = min(bk * 2, 512)  # same bytes per tile, within the registers that widen it
         elif kind == "fp8_block":
             bk = min(bk, 128)  # a tile must not straddle scale blocks
+        if (bn, bk, warps, stages) in seen:
+            continue
+        seen.add((bn, bk, warps, stages))
         for split in (1, 2, 4, 8, 16):
             programs = -(-n // bn) * split
             if k // split < bk or not 32 <= programs <= 8192:
