@@ -8,17 +8,16 @@ from nanovllm.layers.quant.fp8 import FP8, dequantize, quantize_rows
 
 def make_weight(n: int, k: int, kind: str, block=(32, 48), seed: int = 0, device="cpu"):
     """(weight, scale, block) of one kind: 'bf16', 'fp32', 'fp8_row' or 'fp8_block'."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) / k ** 0.5
+    g = torch.Generator(device).manual_seed(seed)  # on the device: LM heads are 600M values
+    w = torch.randn(n, k, generator=g, device=device) / k ** 0.5
     if kind in ("bf16", "fp32"):
-        return w.to(torch.bfloat16 if kind == "bf16" else torch.float32).to(device), None, None
+        return w.to(torch.bfloat16 if kind == "bf16" else torch.float32), None, None
     if kind == "fp8_row":
-        q, s = quantize_rows(w)
-        return q.to(device), s.to(device), None
+        return (*quantize_rows(w), None)
     q = (w * 300).clamp(-448, 448).to(FP8)
     nb, kb = -(-n // block[0]), -(-k // block[1])
-    s = torch.rand(nb, kb, generator=g) * 0.01 + 0.001
-    return q.to(device), s.to(device), block
+    s = torch.rand(nb, kb, generator=g, device=device) * 0.01 + 0.001
+    return q, s, block
 
 
 def reference(x, w, s, block, bias):
