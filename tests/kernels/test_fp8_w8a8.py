@@ -70,11 +70,11 @@ def test_other_scale_blocks_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k", [(4096, 1024), (1024, 3072), (24576, 4096), (4096, 12288)])
+@pytest.mark.parametrize("n,k", [(1024, 3072), (24576, 4096)])
 @pytest.mark.parametrize("kind", ["fp8_row", "fp8_block"])
 def test_gpu_prefill_sizes(n, k, kind):
     w, s, block = make_weight(n, k, kind, block=(128, GROUP), device="cuda")
     bias = torch.randn(n, device="cuda")
-    for m in (17, 100, 1000, 4096):
+    for m in (17, 1000):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         check(w8a8_gemm(x, w, s, block, bias), w8a8_ref(x, w, s, block, bias), torch.bfloat16)

@@ -101,23 +101,25 @@ def test_empty_rows():
 
 # ---- GPU: every supported model's shapes --------------------------------------------------
 
-# Every (N, K) of a supported model; the LM heads (never fp8) only in bf16.
-GPU_SHAPES = sorted({(nk, kind) for name in SHAPES for layer, nk in linear_shapes(name).items()
-                     for kind in ("bf16", "fp8_row", "fp8_block")
-                     if layer != "lm_head" or kind == "bf16"})
+# Every (N, K) of a supported model; the LM heads (never fp8) only in bf16. x in bf16 for
+# every weight kind, in fp32 with fp32 weights (an fp32 model's).
+GPU_CASES = sorted({(nk, kind, xdtype) for name in SHAPES
+                    for layer, nk in linear_shapes(name).items()
+                    for kind, xdtype in (("bf16", "bfloat16"), ("fp8_row", "bfloat16"),
+                                         ("fp8_block", "bfloat16"), ("fp32", "float32"))
+                    if layer != "lm_head" or kind in ("bf16", "fp32")})
+GPU_ROWS = (1, 3, 8, 16)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nk,kind", GPU_SHAPES)
-@pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("nk,kind,xdtype", GPU_CASES)
 def test_gpu_model_shapes(nk, kind, xdtype):
-    """Real shapes with the table's configs (splits included) at every M from 1 to 16."""
+    """Real shapes with the table's configs (splits included), ragged and full row tiles."""
     n, k = nk
+    xdtype = getattr(torch, xdtype)
     w, s, block = make_weight(n, k, kind, block=(128, 128), device="cuda")
-    if kind == "bf16" and xdtype == torch.float32:
-        w = w.float()  # an fp32 model's weights
     b = torch.randn(n, device="cuda")
-    for m in range(1, 17):
+    for m in GPU_ROWS:
         x = torch.randn(m, k, device="cuda").to(xdtype)
         bias = b if m % 2 else None
         y = gemm(x, w, bias, s, block)

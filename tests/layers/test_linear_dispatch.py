@@ -39,51 +39,64 @@ def test_cpu_is_torch(switch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("enabled", ["0", "1"])
 def test_gpu_dispatch(switch, monkeypatch, enabled):
-    """Switch on: M <= 16 bf16 matmuls of a layer's shape take the kernel, M = 17 and fp32
-    weights do not; switch off: none do. Either way the result is F.linear's (within one
-    bf16 rounding)."""
+    """Switch on: M <= 16 bf16 matmuls of a shape the rule picks take the kernel; M = 17, fp32
+    weights and shapes the rule leaves to cuBLAS do not; switch off: none do. Either way the
+    result is F.linear's (within one bf16 rounding)."""
     from nanovllm.kernels import skinny_gemm
 
     switch(enabled)
     calls = []
     real = skinny_gemm.gemm
     monkeypatch.setattr(skinny_gemm, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(skinny_gemm, "beats_cublas", lambda n, k: n == 1024)
     w = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) / 45
-    for m, dtype, expect in [(1, torch.bfloat16, True), (16, torch.bfloat16, True),
-                             (17, torch.bfloat16, False), (4, torch.float32, False)]:
+    other = torch.randn(1536, 2048, device="cuda", dtype=torch.bfloat16) / 45
+    for m, weight, dtype, expect in [(1, w, torch.bfloat16, True), (16, w, torch.bfloat16, True),
+                                     (17, w, torch.bfloat16, False),
+                                     (4, w, torch.float32, False),
+                                     (4, other, torch.bfloat16, False)]:
         calls.clear()
         x = torch.randn(m, 2048, device="cuda", dtype=dtype)
-        y = dense_linear(x, w.to(dtype))
-        assert bool(calls) == (expect and enabled == "1"), (m, dtype)
-        torch.testing.assert_close(y, F.linear(x, w.to(dtype)), rtol=2 ** -7, atol=1e-3)
+        y = dense_linear(x, weight.to(dtype))
+        assert bool(calls) == (expect and enabled == "1"), (m, dtype, weight.shape)
+        torch.testing.assert_close(y, F.linear(x, weight.to(dtype)), rtol=2 ** -7, atol=1e-3)
 
 
 @pytest.mark.gpu
-def test_gpu_lm_head_rule():
-    """The rule keeps cuBLAS where it was measured faster (the LM heads' width)."""
-    from nanovllm.kernels.skinny_gemm import beats_cublas
-
-    assert beats_cublas(4096, 1024) and beats_cublas(24576, 4096)
-    assert not beats_cublas(151936, 1024)
-
-
-@pytest.mark.gpu
-def test_gpu_greedy_parity_with_switch(switch, smollm2_path):
-    """Real weights (SmolLM2-135M, bf16, CUDA graphs): the skinny kernel and cuBLAS give the
-    same greedy answers."""
+def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
+    """Real weights (SmolLM2-135M, bf16, CUDA graphs), greedy, the skinny kernel in every layer
+    (whatever the rule says) vs cuBLAS: the two sum in different orders, so bf16 logits may
+    differ by a rounding. The property: while the tokens agree their log-probs agree (within
+    0.05), and where they first part the two leading tokens were a near tie (within 0.1 nats)
+    in both runs."""
     from nanovllm import LLM, SamplingParams
+    from nanovllm.kernels import skinny_gemm
     from tests.models.test_smollm2 import QUESTIONS
 
-    answers = {}
+    monkeypatch.setattr(skinny_gemm, "beats_cublas", lambda n, k: True)
+
+    runs = {}
     for value in ("0", "1"):
         switch(value)
         llm = LLM(smollm2_path, dtype="bfloat16", gpu_memory_utilization=0.3,
                   max_model_len=512)
         outs = llm.generate([f"Question: {q}\nAnswer:" for q in QUESTIONS],
-                            SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
-        answers[value] = [o["text"] for o in outs]
+                            SamplingParams(temperature=0, max_tokens=32, logprobs=2),
+                            use_tqdm=False)
+        runs[value] = [o.outputs[0] for o in outs]
         llm.shutdown()
-    assert answers["1"] == answers["0"]
+    identical = 0
+    for a, b in zip(runs["0"], runs["1"]):
+        for step, (ta, tb) in enumerate(zip(a.token_ids, b.token_ids)):
+            if ta != tb:
+                for lp in (a.logprobs[step], b.logprobs[step]):
+                    top = sorted((p.logprob for p in lp.values()), reverse=True)
+                    assert top[0] - top[1] < 0.1, (step, lp)
+                break
+            assert abs(a.logprobs[step][ta].logprob - b.logprobs[step][tb].logprob) < 0.05
+        else:
+            identical += 1
+    assert identical >= len(QUESTIONS) // 2  # near ties are rare: most answers are the same
 
 
 @pytest.mark.gpu
