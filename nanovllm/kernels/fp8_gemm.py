@@ -6,8 +6,9 @@ Three paths by the number of rows M:
   (exact) and fed to a tensor-core dot in x's dtype; the scales multiply the fp32 partial
   products. W is read once, at half the bytes of bf16.
 - 16 < M < DEQUANT_FROM_M (batched decode, short prefills): the same kernel with taller row
-  tiles and a grid over M (W read once per row-tile wave, mostly from L2).
-- M >= DEQUANT_FROM_M (long prefills, compute-bound), by NANOVLLM_FP8_PREFILL:
+  tiles and a grid over M (W read once per row-tile wave, mostly from L2). Off for now: the
+  first version was slower than the next path at every M measured (see DEQUANT_FROM_M).
+- M >= DEQUANT_FROM_M (prefills and batched decode), by NANOVLLM_FP8_PREFILL:
   "dequant" (default): one Triton pass writes the dequantized weight in x's dtype, then
   cuBLAS; the extra weight traffic is small beside the matmul, and the result is the
   reference's to the bit (dequantize, round to x's dtype, F.linear).
@@ -37,9 +38,13 @@ TALL_CONFIGS = [
     (1 << 62, dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, SPLIT_K=None, num_warps=8,
                    num_stages=3)),
 ]
-# Rows from which the dequantize + cuBLAS path is taken.
-# TODO(gemm): from tools/bench_gemm.py --large-m on an H100.
-DEQUANT_FROM_M = 512
+# Rows from which the dequantize + cuBLAS (or W8A8) path is taken. H100, tools/bench_gemm.py
+# --large-m, 2026-11-24, the first tall-tile version (W as the second dot operand): at M = 128
+# tall tiles took 19-26 us on Qwen3-0.6B's layers and 45-147 us on Qwen3-8B's, dequantize +
+# cuBLAS 9-12 and 32-194, W8A8 10-24 and 25-85; at M = 1024 and 8192 tall tiles were 2-3x
+# slower than either. So the tall tiles are off (17 = just past the skinny kernel).
+# TODO(gemm): re-measure the tall tiles now that W is the first operand.
+DEQUANT_FROM_M = 17
 INTERPRET_TALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT_K=None, num_warps=1,
                       num_stages=1)
 

@@ -33,7 +33,7 @@ def test_tall_tiles_match_reference(kind, xdtype, m, split):
 
 
 def test_default_configs_by_rows():
-    """Without a config: the skinny table up to 16 rows, tall tiles past it."""
+    """Without a config: the skinny table up to 16 rows, then the default path of each M."""
     w, s, block = make_weight(24, 48, "fp8_block", block=(16, 16))
     for m in (1, 16, 17, 50):
         x = torch.randn(m, 48)
@@ -50,9 +50,11 @@ def test_gpu_prefill_sizes(n, k, kind, xdtype):
     the dequantized weight to x's dtype first, as the reference does: checked against it."""
     w, s, block = make_weight(n, k, kind, block=(128, 128), device="cuda")
     bias = torch.randn(n, device="cuda")
-    for m in (17, 100, fp8_gemm_module.DEQUANT_FROM_M + 1):
+    for m in (17, 100, 600):
         x = torch.randn(m, k, device="cuda").to(xdtype)
-        y = fp8_gemm(x, w, s, block, bias)
+        tall = fp8_gemm(x, w, s, block, bias, config=fp8_gemm_module.tall_config(m, xdtype))
+        check(tall, reference(x, w, s, block, bias), xdtype)
+        y = fp8_gemm(x, w, s, block, bias)  # the default path for m rows
         if m < fp8_gemm_module.DEQUANT_FROM_M:
             check(y, reference(x, w, s, block, bias), xdtype)
         else:
