@@ -6,6 +6,7 @@ from torch import nn
 
 from nanovllm.utils.context import get_context
 from nanovllm.utils.dist import tp_rank, tp_size
+from nanovllm.layers.linear import dense_linear
 from nanovllm.layers.weights import check_weight_shape
 
 
@@ -52,7 +53,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def project(self, x: torch.Tensor) -> torch.Tensor | None:
         """Logits of every row of x, gathered on rank 0 (None on the other ranks)."""
-        logits = F.linear(x, self.weight)
+        logits = dense_linear(x, self.weight)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
             dist.gather(logits, parts, 0)

@@ -3,6 +3,8 @@
 Each layer says where a checkpoint tensor's slice goes (`placement`); the weight, its bias and
 a quantized layer's scales all load through that one description, so they split alike.
 """
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,31 @@ def copy_placed(param: torch.Tensor, loaded: torch.Tensor, p: Placement) -> None
     param.data.narrow(p.dim, p.dst, p.size).copy_(loaded.narrow(p.dim, p.src, p.size))
 
 
+@functools.cache
+def skinny_gemm_enabled() -> bool:
+    """NANOVLLM_SKINNY_GEMM: 1 (default) lets few-row matmuls on a GPU take the skinny Triton
+    GEMM where it beats cuBLAS; 0 keeps cuBLAS for every bf16/fp16 weight (fp8 weights have no
+    cuBLAS path and always take the Triton kernels). Read once per process."""
+    value = os.environ.get("NANOVLLM_SKINNY_GEMM", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"NANOVLLM_SKINNY_GEMM={value!r}: use 1 (the skinny Triton GEMM for "
+                         "decode-sized matmuls) or 0 (cuBLAS only)")
+    return value == "1"
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """x @ weight.T (+ bias) for a plain (unquantized) weight: F.linear, or on a GPU the skinny
+    Triton GEMM when x has few rows and the shape is one where it was measured faster."""
+    if x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and skinny_gemm_enabled():
+        # Imported here: CPU-only installs may have no triton.
+        from nanovllm.kernels.skinny_gemm import MAX_M, beats_cublas, gemm
+
+        k = x.shape[-1]
+        if x.numel() <= MAX_M * k and beats_cublas(weight.shape[0], k):
+            return gemm(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class LinearBase(nn.Module):
     """A weight (and optional bias) whose rows or columns are this rank's shard.
 
@@ -89,7 +116,7 @@ class LinearBase(nn.Module):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ weight.T (+ bias), through the quantized method when there is one."""
         if self.quant_method is None:
-            return F.linear(x, self.weight, bias)
+            return dense_linear(x, self.weight, bias)
         return self.quant_method.apply(self, x, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

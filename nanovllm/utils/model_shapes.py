@@ -66,3 +66,21 @@ def dummy_model_dir(shape: str = "qwen3-0.6b") -> str:
     with open(cfg_path, "w") as f:  # last: a directory with a config.json is complete
         json.dump(config, f, indent=1)
     return path
+
+
+def linear_shapes(name: str, tp: int = 1) -> dict[str, tuple[int, int]]:
+    """(N, K) of each dense linear layer of shape `name` on one of `tp` ranks: qkv, o,
+    gate_up and down (MoE: the router instead) and lm_head; y = x[M, K] @ W[N, K]^T."""
+    cfg = shape_config(name)
+    hidden = cfg["hidden_size"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or hidden // heads
+    inter = cfg["intermediate_size"]
+    shapes = {"qkv": ((heads + 2 * kv_heads) * head_dim // tp, hidden),
+              "o": (hidden, heads * head_dim // tp)}
+    if "num_experts" not in cfg:
+        shapes.update(gate_up=(2 * inter // tp, hidden), down=(hidden, inter // tp))
+    else:  # the router (replicated); the experts are fused-MoE kernels, not linear layers
+        shapes["router"] = (cfg["num_experts"], hidden)
+    shapes["lm_head"] = (-(-cfg["vocab_size"] // tp), hidden)
+    return shapes

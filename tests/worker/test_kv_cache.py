@@ -248,3 +248,23 @@ def test_int8_logprobs_on_smollm2_gpu(smollm2_path, smol_gpu_reference, dtype, p
     err = logprob_errors(ref.cpu(), got.cpu(), ids, len(ids) // 2)
     assert err["prefill_mean"] < prefill_mean and err["prefill_max"] < 0.5
     assert err["decode_mean"] < decode_mean and err["decode_max"] < 0.5
+
+
+def test_blocks_count_the_memory_weights_leave(monkeypatch):
+    """On a GPU the KV cache gets what is free after loading (and the warm-up's activation
+    peak): weights half the size (fp8 instead of bf16) leave their saved bytes to KV blocks."""
+    from types import SimpleNamespace
+
+    from nanovllm.worker.kv_cache import count_blocks
+
+    gib, block = 2 ** 30, 28 * 2 ** 20
+    cfg = SimpleNamespace(num_kvcache_blocks=-1, gpu_memory_utilization=0.9)
+    blocks = {}
+    for name, weights in (("bf16", 0.88 * gib), ("fp8", 0.44 * gib)):
+        used = int(weights) + gib  # + the CUDA context and the caching allocator's pool
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d, u=used: (80 * gib - u, 80 * gib))
+        monkeypatch.setattr(torch.cuda, "memory_stats", lambda d: {
+            "allocated_bytes.all.peak": 3 * gib, "allocated_bytes.all.current": 2 * gib})
+        blocks[name] = count_blocks(cfg, block, torch.device("cuda"), 64)
+    assert blocks["fp8"] - blocks["bf16"] in (int(0.44 * gib) // block,
+                                              int(0.44 * gib) // block + 1)

@@ -1,6 +1,6 @@
 """fp8 (e4m3) linear weights: storage, loading (sharded like the weight) and the reference
-matmul, which dequantizes to the activation dtype (on every device until the GPU kernels
-land). It is what CI runs and the oracle of those kernels.
+matmul: on a GPU the Triton kernels of kernels/fp8_gemm.py; elsewhere a reference that
+dequantizes to the activation dtype, which is what CI runs and the kernels' test oracle.
 
 Scales are stored in one of two forms: per output row (fp32 [out]; a per-tensor scale is
 broadcast to its rows, so packed q/k/v keep their own) or per block (fp32 [ceil(out / bn),
@@ -146,6 +146,12 @@ class Fp8LinearMethod:
         copy_placed(scale, t, p)
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None):
-        """The reference: dequantize to x's dtype, then a plain matmul."""
-        w = dequantize(layer.weight, getattr(layer, self.scale_name), self.block)
+        """On a GPU the fp8 Triton GEMM (kernels/fp8_gemm.py); elsewhere the reference:
+        dequantize to x's dtype, then a plain matmul."""
+        scale = getattr(layer, self.scale_name)
+        if x.is_cuda:  # imported here: CPU-only installs may have no triton
+            from nanovllm.kernels.fp8_gemm import fp8_gemm
+
+            return fp8_gemm(x, layer.weight, scale, self.block, bias)
+        w = dequantize(layer.weight, scale, self.block)
         return F.linear(x, w.to(x.dtype), bias)

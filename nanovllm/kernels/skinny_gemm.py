@@ -1,0 +1,255 @@
+"""Skinny GEMM: y[M, N] = x[M, K] @ W[N, K]^T (+ bias) for few rows (decode, M <= 16), with W
+in bf16/fp16/fp32 or fp8 e4m3 with per-row or block scales. The weight-read-bound case: a
+decode step reads every weight once, so the kernel's only job is to stream W at copy speed.
+
+Tiling: a program owns BLOCK_N output columns (rows of W) and one K range of K / SPLIT_K;
+it walks that range in BLOCK_K steps, loading a [BLOCK_N, BLOCK_K] tile of W and the
+[BLOCK_M, BLOCK_K] tile of x (M padded to BLOCK_M = 16 rows with masked loads: tl.dot's
+smallest tile; the padding costs tensor-core time, which is free here, not bytes), and
+accumulates the y^T tile W @ x^T in fp32 (W as the first operand: see the kernel). fp8 tiles
+are widened to x's dtype (exact: every e4m3 value is a bf16 value); their scales multiply the
+fp32 partial products, per K tile for block scales (a tile never straddles a scale block) and
+once at the end for row scales.
+
+Split-K (num_splits > 1, when N alone gives too few programs to keep HBM busy): each split
+writes its fp32 partial tile to a workspace [splits, M, N] and counts itself in on an atomic
+counter per output tile; the last split to arrive sums the partials in split order (so the
+result is deterministic) and writes y: no separate reduce launch. It resets the counter for
+the next call.
+
+The same kernel with taller BLOCK_M tiles and a grid over M serves larger M (fp8_gemm.py).
+
+CUDA-graph safe: the grid and every buffer depend only on shapes; the workspace and counters
+are made once per device outside capture (the engine runs each graph's batch size eagerly
+first) and left ready (counters zero) by every call.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from nanovllm.kernels._common import INTERPRET, dot_precision
+
+# Most rows this kernel is meant for (the callers' dispatch bound).
+MAX_M = 16
+
+# Tile configs by weight width and (N, K) bucket: the first row whose max_n >= N and
+# max_k >= K wins. SPLIT_K None: as many splits as bring the programs to TARGET_PROGRAMS
+# (at least MIN_K_PER_SPLIT columns each). Module level so tools/bench_gemm.py and tests can
+# override them.
+# TODO(gemm): first guesses from the H100's sizes (132 SMs, ~25-50 KB of loads in flight per
+# SM to cover HBM latency); replace with tools/bench_gemm.py --sweep figures.
+BF16_TABLE = [
+    # (max_n, max_k, config)
+    (4096, 1 << 30, dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=None, num_warps=4, num_stages=4)),
+    (1 << 30, 1 << 30, dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=None, num_warps=4,
+                            num_stages=4)),
+]
+# fp8 tiles are half the bytes, so a wider tile carries the same bytes; but each element is
+# widened in registers (64-128 per thread here), which caps the tile. Block scales cap BLOCK_K
+# at the scale block (128 in every known checkpoint).
+FP8_TABLE = [
+    (4096, 1 << 30, dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=None, num_warps=4, num_stages=6)),
+    (1 << 30, 1 << 30, dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=None, num_warps=4,
+                            num_stages=4)),
+]
+TARGET_PROGRAMS = 264  # two waves of the H100's 132 SMs
+MIN_K_PER_SPLIT = 512
+MAX_SPLIT_K = 16
+# The interpreter runs the smallest tiles tl.dot takes, so tiny test shapes span several tiles
+# and splits.
+INTERPRET_CONFIG = dict(BLOCK_N=16, BLOCK_K=16, SPLIT_K=None, num_warps=1, num_stages=1)
+
+# Scale forms (the SCALE constexpr): no scales, one per output row, one per (row, col) block.
+NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
+
+
+# M varies per step (batch size, prompt length): not specialized on (== 1, % 16), so each
+# layer shape compiles once, not once per kind of M.
+@triton.jit(do_not_specialize=["M"])
+def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
+                 M, N, K, k_per_split, num_splits, stride_xm, stride_wn, stride_ym, stride_sn,
+                 SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
+    # Program ids: M tiles fastest, so programs of one column tile run side by side and read
+    # its W tile from HBM once (larger M); then column tiles; then K splits.
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid % tiles_m
+    pid_n = (pid // tiles_m) % tiles_n
+    pid_k = pid // (tiles_m * tiles_n)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    # The tile of y^T = W @ x^T: W is the dot's first operand, read row-major as stored and
+    # widened in registers. (As the second operand, an 8-bit W tile needs a transposed load,
+    # which ldmatrix has only for 16-bit elements; that first version streamed fp8 weights at
+    # half bf16's bandwidth on an H100.)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:  # every K tile is whole: no column mask (full-width vector loads)
+            x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+        else:
+            mask_k = offs_k < k_end
+            x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                        other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                        other=0.0)
+        if DOT_F32:  # the interpreter's bf16 tl.dot is wrong (Triton 3.9); fp32 is exact
+            part = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
+        else:
+            # fp8 -> x's dtype is exact (e4m3 values are a subset of bf16's and fp32's).
+            part = tl.dot(w.to(x.dtype), tl.trans(x), input_precision=DOT_PREC)
+        if SCALE == 2:  # this K tile lies inside one scale block: one scale per W row
+            s = tl.load(s_ptr + (offs_n // SCALE_BN) * stride_sn + k0 // SCALE_BK,
+                        mask=mask_n, other=0.0)
+            acc += part * s[:, None]
+        else:
+            acc += part
+    if SPLIT:
+        # Park this split's partial; the last split of the column tile finishes it.
+        tile = part_ptr + offs_n[:, None] + offs_m[None, :] * N
+        mask = mask_n[:, None] & mask_m[None, :]
+        tl.store(tile + pid_k * M * N, acc, mask=mask)
+        # acq_rel: each split's partial stores happen before its increment, and the last
+        # split's loads after its own, so it sees every partial.
+        cnt = cnt_ptr + pid_m * tiles_n + pid_n
+        if tl.atomic_add(cnt, 1, sem="acq_rel") == num_splits - 1:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for sp in range(num_splits):  # split order: the same sum on every call
+                acc += tl.load(tile + sp * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym,
+                      SCALE, HAS_BIAS)
+            tl.atomic_xchg(cnt, 0)  # ready for the next call (and the next graph replay)
+    else:
+        _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym, SCALE,
+                  HAS_BIAS)
+
+
+@triton.jit
+def _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym,
+              SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Row scales and bias in fp32 on the y^T tile acc [BLOCK_N, BLOCK_M], then one rounding
+    to y's dtype."""
+    if SCALE == 1:
+        acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    tl.store(y_ptr + offs_m.to(tl.int64)[None, :] * stride_ym + offs_n[:, None],
+             acc.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+
+
+# Where it beats cuBLAS on bf16 weights at M <= 16 (H100, tools/bench_gemm.py, 2026-11-24, the
+# first kernel version): the LM heads, 1.05-1.06x (Qwen3-0.6B's 105 vs 112 us, Qwen3-8B's 413
+# vs 437 us: ~3.0 TB/s); not the layers of Qwen3-0.6B (0.65-1.02x: cuBLAS 5.4-7.1 us per layer)
+# nor of Qwen3-8B (0.83-1.01x). So: from this N up.
+# TODO(gemm): re-measure with W as the first dot operand.
+SKINNY_FROM_N = 32768
+
+
+def beats_cublas(n: int, k: int) -> bool:
+    """Whether this kernel was measured faster than cuBLAS on a bf16 [N, K] weight at M <= 16
+    (the static rule behind layers/linear.dense_linear)."""
+    return n >= SKINNY_FROM_N
+
+
+def choose_config(n: int, k: int, weight_dtype: torch.dtype,
+                  x_dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The tile config of the table row for this (N, K) and weight width."""
+    if INTERPRET:
+        return INTERPRET_CONFIG
+    table = FP8_TABLE if weight_dtype.itemsize == 1 else BF16_TABLE
+    cfg = next(c for max_n, max_k, c in table if n <= max_n and k <= max_k)
+    if 4 in (weight_dtype.itemsize, x_dtype.itemsize):  # fp32 tiles: twice the shared memory
+        cfg = dict(cfg, num_stages=min(cfg["num_stages"], 2))
+    return cfg
+
+
+def auto_split_k(tiles: int, k: int, block_k: int) -> int:
+    """Splits (a power of two) that bring `tiles` programs up to TARGET_PROGRAMS, keeping at
+    least MIN_K_PER_SPLIT columns (and one K tile) per split."""
+    split = 1
+    while (tiles * split < TARGET_PROGRAMS and split < MAX_SPLIT_K
+           and k // (split * 2) >= max(MIN_K_PER_SPLIT, block_k)):
+        split *= 2
+    return split
+
+
+_WORKSPACE: dict = {}
+# Replaced workspaces stay alive: graphs captured before a growth still point at them.
+_RETIRED: list = []
+
+
+def _workspace(device: torch.device, floats: int, counters: int):
+    """(fp32 partials, zeroed int32 counters) for split-K, one pair per device.
+
+    Made on the first call that needs them (eagerly, before any graph capture: the engine
+    runs each captured batch size once first) and grown only when a larger one is needed;
+    calls on one stream never overlap, which is what sharing them needs."""
+    part, cnt = _WORKSPACE.get(device, (None, None))
+    if part is None or part.numel() < floats or cnt.numel() < counters:
+        _RETIRED.append((part, cnt))
+        part = torch.empty(max(floats, 1 << 20), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(counters, 4096), dtype=torch.int32, device=device)
+        _WORKSPACE[device] = (part, cnt)
+    return part, cnt
+
+
+def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
+         config: dict | None = None, block_m: int = MAX_M) -> torch.Tensor:
+    """x[..., K] @ weight[N, K]^T (+ bias) in x's dtype, accumulated in fp32.
+
+    fp8 weights come with `scale`: fp32 [N] per output row (block None), or [ceil(N / bn),
+    ceil(K / bk)] for block = (bn, bk); the weight is read as value * scale. `config`
+    overrides the table's tile config; `block_m` is the row tile (16 for M <= 16)."""
+    k = x.shape[-1]
+    n = weight.shape[0]
+    assert weight.shape[1] == k and weight.stride(1) == 1, (weight.shape, x.shape)
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y.view(*x.shape[:-1], n)
+    cfg = dict(config or choose_config(n, k, weight.dtype, x.dtype))
+    block_k = cfg["BLOCK_K"]
+    if scale is None:
+        mode, scale, s_bn, s_bk = NO_SCALE, x2, 1, 1
+    elif block is None:
+        mode, s_bn, s_bk = ROW_SCALE, 1, 1
+    else:
+        mode, (s_bn, s_bk) = BLOCK_SCALE, block
+        assert scale.stride(1) == 1, scale.stride()
+        # A K tile must not straddle two scale blocks: shrink it to divide the block.
+        while s_bk % block_k:
+            block_k //= 2
+        assert block_k >= 16, f"scale block {block} too narrow for tl.dot"
+    tiles_m = triton.cdiv(m, block_m)
+    tiles_n = triton.cdiv(n, cfg["BLOCK_N"])
+    split = cfg["SPLIT_K"]
+    if split is None:
+        split = auto_split_k(tiles_m * tiles_n, k, block_k)
+    # Each split's K range is whole K tiles, so only the last tile of K can be partial.
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    part, cnt = (_workspace(x.device, split * m * n, tiles_m * tiles_n) if split > 1
+                 else (y, y))
+    _gemm_kernel[(tiles_m * tiles_n * split,)](
+        x2, weight, scale, bias if bias is not None else x2, y, part, cnt,
+        m, n, k, k_per_split, split, x2.stride(0), weight.stride(0), y.stride(0),
+        scale.stride(0) if mode == BLOCK_SCALE else 0,
+        SCALE=mode, SCALE_BN=s_bn, SCALE_BK=s_bk, HAS_BIAS=bias is not None, SPLIT=split > 1,
+        EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
+        DOT_PREC=dot_precision(x.dtype), DOT_F32=INTERPRET, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    return y.view(*x.shape[:-1], n)

@@ -1,0 +1,80 @@
+"""W8A8 (kernels/fp8_w8a8.py): the per-token-group activation quantizer against torch's
+rounding, and the e4m3 x e4m3 GEMM against the fp32 oracle of the same quantized operands;
+on CPU in the interpreter, marked gpu on real shapes and prefill sizes."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanovllm.kernels.fp8_w8a8 import GROUP, quantize_groups, w8a8_gemm
+from nanovllm.layers.quant.fp8 import FP8, FP8_MAX, dequantize
+from tests.support.gemm import check, make_weight
+
+TINY = dict(BLOCK_M=16, BLOCK_N=16, GROUP_M=2, num_warps=1, num_stages=1)
+
+
+def quantize_groups_ref(x: torch.Tensor, group: int = GROUP):
+    """torch: per (row, group) scale amax / 448, values rounded to nearest even."""
+    m, k = x.shape
+    g = -(-k // group)
+    xp = F.pad(x.float(), (0, g * group - k)).view(m, g, group)
+    s = (xp.abs().amax(-1) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    q = (xp / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(m, g * group)[:, :k]
+    return q, s
+
+
+def w8a8_ref(x, w, s, block, bias):
+    """fp32 oracle on the quantized activations."""
+    q, xs = quantize_groups_ref(x.reshape(-1, x.shape[-1]))
+    xd = (q.float().view(q.shape[0], -1) * xs.repeat_interleave(GROUP, 1)[:, :q.shape[1]])
+    return F.linear(xd, dequantize(w, s, block), None if bias is None else bias.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_groups_matches_torch(dtype):
+    """Same bytes and scales as torch; a ragged last group; an all-zero group."""
+    x = (torch.randn(5, 2 * GROUP + 40) * torch.logspace(-3, 2, 5)[:, None]).to(dtype)
+    x[2, :GROUP] = 0
+    q, s = quantize_groups(x)
+    q_ref, s_ref = quantize_groups_ref(x)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.contiguous().view(torch.uint8))
+
+
+@pytest.mark.usefixtures("poisoned_empty")
+@pytest.mark.parametrize("kind", ["fp8_row", "fp8_block"])
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,bias", [(3, 40, 2 * GROUP, True), (37, 33, GROUP + 50, False)])
+def test_matches_oracle(kind, xdtype, m, n, k, bias):
+    """Several row and column tiles (grouped ordering, ragged edges), even and ragged K."""
+    w, s, block = make_weight(n, k, kind, block=(32, GROUP), seed=m)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g).to(xdtype)
+    b = torch.randn(n, generator=g) if bias else None
+    y = w8a8_gemm(x, w, s, block, b, config=TINY)
+    check(y, w8a8_ref(x, w, s, block, b), xdtype)
+
+
+def test_close_to_weight_only():
+    """Activation rounding costs a few percent at most against the W8A16 result."""
+    w, s, block = make_weight(64, 3 * GROUP, "fp8_block", block=(32, GROUP))
+    x = torch.randn(20, 3 * GROUP)
+    y = w8a8_gemm(x, w, s, block, config=TINY)
+    exact = F.linear(x, dequantize(w, s, block))
+    assert (y - exact).norm() / exact.norm() < 0.05
+
+
+def test_other_scale_blocks_refused():
+    w, s, block = make_weight(32, 64, "fp8_block", block=(32, 32))
+    with pytest.raises(NotImplementedError, match="128-wide"):
+        w8a8_gemm(torch.randn(4, 64), w, s, block)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(1024, 3072), (24576, 4096)])
+@pytest.mark.parametrize("kind", ["fp8_row", "fp8_block"])
+def test_gpu_prefill_sizes(n, k, kind):
+    w, s, block = make_weight(n, k, kind, block=(128, GROUP), device="cuda")
+    bias = torch.randn(n, device="cuda")
+    for m in (17, 1000):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        check(w8a8_gemm(x, w, s, block, bias), w8a8_ref(x, w, s, block, bias), torch.bfloat16)
