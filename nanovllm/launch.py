@@ -13,6 +13,7 @@ from nanovllm.core_builder import build_core, core_process_main, serve_and_close
 from nanovllm.engine.client import InprocClient, Sink
 from nanovllm.engine.pipe_client import PipeClient, ThreadRunner
 from nanovllm.utils.process import Child, pipes, spawn_context
+from nanovllm.utils.tokenizer import PickledTokenizer
 
 
 def start_pipe_client(config: Config, eos_ids: set[int], tokenizer, stream: bool, name: str,
@@ -29,7 +30,8 @@ def start_pipe_client(config: Config, eos_ids: set[int], tokenizer, stream: bool
         runner = ThreadRunner(serve_and_close, (core, *theirs), thread_name)
     else:
         level = logging.getLogger().getEffectiveLevel()
-        runner = Child(ctx, core_process_main, (config, eos_ids, tokenizer, stream, theirs, level,
+        shipped = None if tokenizer is None else PickledTokenizer(tokenizer)
+        runner = Child(ctx, core_process_main, (config, eos_ids, shipped, stream, theirs, level,
                                                 env or {}, threads, group), thread_name,
                        group=group)
         for conn in theirs:
