@@ -164,7 +164,7 @@ class LLM:
         """The next outputs: one step of the core in this process, or what a core sent."""
         if self._inproc:
             return self.clients[0].step()
-        client, msg = self._messages.get()
+        _, msg = self._messages.get()
         if isinstance(msg, Dead):
             if self.state is State.CLOSED:
                 raise RuntimeError("this LLM has been shut down; create a new one")
