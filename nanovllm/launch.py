@@ -59,8 +59,10 @@ def start_clients(config: Config, eos_ids: set[int], tokenizer, sink: Sink,
         from nanovllm.worker.device import replica_gpus
 
         gpus = replica_gpus(config)
-    # Replicas on CPU share its cores; more threads than cores only adds contention.
-    threads = None if gpus else max(1, (os.cpu_count() or 1) // dp)
+    # Replicas on CPU share its cores; more threads than cores only adds contention. A count
+    # set in the environment wins, as it does for torch in an engine process of AsyncLLM.
+    threads = (None if gpus or "OMP_NUM_THREADS" in os.environ
+               else max(1, (os.cpu_count() or 1) // dp))
     if gpus:  # each replica sees only its own GPUs: the first is its cuda:0
         config = dataclasses.replace(config, device="cuda:0")
     clients = []
