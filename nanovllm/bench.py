@@ -77,16 +77,23 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
 
 
 def check_bench_args(args: argparse.Namespace) -> None:
-    """Fill in the device's defaults, then a ValueError naming the first workload option out
-    of range (randint would fail later)."""
+    """A ValueError naming the first workload option out of range (randint would fail later):
+    the options given are checked at once, the rest once the device's defaults fill them in
+    (finding the device imports torch: an argument error answers without it)."""
+    _check_workload(args)
     _device_defaults(args)
+    _check_workload(args)
+
+
+def _check_workload(args: argparse.Namespace) -> None:
+    """The workload options that are set (None: the device's default, not known yet)."""
     if args.dp < 1:
         raise ValueError(f"--dp={args.dp} must be >= 1")
-    if args.num_seqs < 1:
+    if args.num_seqs is not None and args.num_seqs < 1:
         raise ValueError(f"--num-seqs={args.num_seqs} must be >= 1")
     for kind in ("input", "output"):
         lo, hi = getattr(args, f"min_{kind}_len"), getattr(args, f"max_{kind}_len")
-        if not 1 <= lo <= hi:
+        if None not in (lo, hi) and not 1 <= lo <= hi:
             raise ValueError(f"--min-{kind}-len={lo} and --max-{kind}-len={hi} must satisfy "
                              f"1 <= min <= max")
 

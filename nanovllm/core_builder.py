@@ -9,7 +9,7 @@ from nanovllm.engine.core import EngineCore
 from nanovllm.engine.core_loop import picklable, serve_core
 from nanovllm.engine.messages import Dead
 from nanovllm.structured.grammars import Grammars
-from nanovllm.utils.process import start_group
+from nanovllm.utils.process import exit_at_once, start_group
 from nanovllm.worker import create_executor
 
 
@@ -49,6 +49,7 @@ def core_process_main(config: Config, eos_ids: set[int], tokenizer, stream: bool
         serve_core(core, inbox, outbox)
     finally:
         core.shutdown()
+    exit_at_once()  # stopped cleanly: the front end's shutdown() returns ~0.4 s sooner
 
 
 def serve_and_close(core: EngineCore, inbox, outbox) -> None:

@@ -13,6 +13,7 @@ from nanovllm.core_builder import build_core, core_process_main, serve_and_close
 from nanovllm.engine.client import InprocClient, Sink
 from nanovllm.engine.pipe_client import PipeClient, ThreadRunner
 from nanovllm.utils.process import Child, pipes, spawn_context
+from nanovllm.utils.tokenizer import PickledTokenizer
 
 
 def start_pipe_client(config: Config, eos_ids: set[int], tokenizer, stream: bool, name: str,
@@ -29,7 +30,8 @@ def start_pipe_client(config: Config, eos_ids: set[int], tokenizer, stream: bool
         runner = ThreadRunner(serve_and_close, (core, *theirs), thread_name)
     else:
         level = logging.getLogger().getEffectiveLevel()
-        runner = Child(ctx, core_process_main, (config, eos_ids, tokenizer, stream, theirs, level,
+        shipped = None if tokenizer is None else PickledTokenizer(tokenizer)
+        runner = Child(ctx, core_process_main, (config, eos_ids, shipped, stream, theirs, level,
                                                 env or {}, threads, group), thread_name,
                        group=group)
         for conn in theirs:
@@ -57,8 +59,10 @@ def start_clients(config: Config, eos_ids: set[int], tokenizer, sink: Sink,
         from nanovllm.worker.device import replica_gpus
 
         gpus = replica_gpus(config)
-    # Replicas on CPU share its cores; more threads than cores only adds contention.
-    threads = None if gpus else max(1, (os.cpu_count() or 1) // dp)
+    # Replicas on CPU share its cores; more threads than cores only adds contention. A count
+    # set in the environment wins, as it does for torch in an engine process of AsyncLLM.
+    threads = (None if gpus or "OMP_NUM_THREADS" in os.environ
+               else max(1, (os.cpu_count() or 1) // dp))
     if gpus:  # each replica sees only its own GPUs: the first is its cuda:0
         config = dataclasses.replace(config, device="cuda:0")
     clients = []

@@ -11,7 +11,6 @@ import itertools
 import queue
 from collections.abc import Iterable
 from enum import Enum
-from numbers import Integral
 from time import perf_counter
 
 from nanovllm.config import Config
@@ -21,7 +20,7 @@ from nanovllm.engine.load_balance import balance, request_cost
 from nanovllm.engine.messages import Dead, Outputs
 from nanovllm.engine.output_processor import RequestState, failure
 from nanovllm.engine.progress import Progress
-from nanovllm.engine.prompts import generate_args
+from nanovllm.engine.prompts import generate_args, request_id_list
 from nanovllm.engine.tokenizer import TextDecoder, resolve_eos_ids
 from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
@@ -129,16 +128,9 @@ class LLM:
         """Stop one request id or several now and free their KV blocks; each ends with
         finish_reason "abort", its output returned by the next step(). Ids that are unknown
         or already finished are ignored (as in vLLM)."""
-        ids = [request_id] if isinstance(request_id, Integral) else request_id
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-            raise ValueError(f"request_id must be a request id (the int add_request returned) "
-                             f"or a list of them, got {type(request_id).__name__}")
-        ids = list(ids)
-        bad = [i for i in ids if not isinstance(i, Integral) or isinstance(i, bool)]
-        if bad:
-            raise ValueError(f"request ids are the ints add_request returned; got {bad[:5]!r}")
+        ids = request_id_list(request_id)
         for client in self.clients:
-            mine = [int(i) for i in ids if self._live.get(int(i), (None, None))[1] is client]
+            mine = [i for i in ids if self._live.get(i, (None, None))[1] is client]
             if mine:
                 client.abort(mine)
 
@@ -172,7 +164,7 @@ class LLM:
         """The next outputs: one step of the core in this process, or what a core sent."""
         if self._inproc:
             return self.clients[0].step()
-        client, msg = self._messages.get()
+        _, msg = self._messages.get()
         if isinstance(msg, Dead):
             if self.state is State.CLOSED:
                 raise RuntimeError("this LLM has been shut down; create a new one")

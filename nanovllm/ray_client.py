@@ -18,6 +18,7 @@ import threading
 from nanovllm.config import Config
 from nanovllm.engine.client import ClientState, EngineDeadError, Sink
 from nanovllm.engine.messages import Dead, Outputs, Request
+from nanovllm.utils.tokenizer import PickledTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -190,12 +191,13 @@ def start_ray_clients(config: Config, eos_ids: set[int], tokenizer, sink: Sink) 
         if "GPU" in bundle:  # each actor sees only its own GPUs: the first is its cuda:0
             config = dataclasses.replace(config, device="cuda:0")
         remote = ray.remote(CoreActor)
+        shipped = None if tokenizer is None else PickledTokenizer(tokenizer)
         for r in range(dp):
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg,
                                                         placement_group_bundle_index=r)
             actors.append(remote.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                                          scheduling_strategy=strategy
-                                         ).remote(config, eos_ids, tokenizer))
+                                         ).remote(config, eos_ids, shipped))
         try:
             wheres = ray.get([a.where.remote() for a in actors])
         except ray.exceptions.RayTaskError as e:  # e.g. a bad checkpoint: LLM(...)'s error

@@ -179,9 +179,13 @@ def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path, capsys):
 
 def test_parser_and_help_import_no_torch():
     # --help and argument errors answer at once: the engine is imported when a command runs.
-    code = ("import sys\n"
+    code = ("import sys, pytest\n"
+            "from nanovllm.bench import check_bench_args\n"
             "from nanovllm.cli import build_parser\n"
-            "build_parser()\n"
+            "args = build_parser().parse_args(['bench', '--min-input-len=9',\n"
+            "                                  '--max-input-len=8'])\n"
+            "with pytest.raises(ValueError, match='--min-input-len=9'):\n"
+            "    check_bench_args(args)  # given options are checked before the device is\n"
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

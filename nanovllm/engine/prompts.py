@@ -55,6 +55,19 @@ def _per_prompt(name: str, value, n: int) -> list:
     return [value] * n
 
 
+def request_id_list(request_id) -> list[int]:
+    """abort_request()'s argument (one request id, or an iterable of them) as a list of ints."""
+    ids = [request_id] if isinstance(request_id, Integral) else request_id
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise ValueError(f"request_id must be a request id (the int add_request returned) "
+                         f"or a list of them, got {type(request_id).__name__}")
+    ids = list(ids)
+    bad = [i for i in ids if not isinstance(i, Integral) or isinstance(i, bool)]
+    if bad:
+        raise ValueError(f"request ids are the ints add_request returned; got {bad[:5]!r}")
+    return [int(i) for i in ids]
+
+
 def parse_prompt(prompt) -> tuple[str | None, list | None]:
     """(text, token ids) of one prompt; token ids are None when the text must be tokenized,
     text is None when only ids were given. The ids are not checked here (see check_token_ids)."""

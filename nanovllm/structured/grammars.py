@@ -11,6 +11,7 @@ import numpy as np
 
 from nanovllm.structured.params import StructuredOutputsParams
 from nanovllm.structured.spec import to_grammar, xgrammar
+from nanovllm.utils.tokenizer import unwrap_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ class Grammars:
         """Worker thread: the compiled grammar of a spec key (the compiler made first)."""
         xgr = xgrammar()
         if self._compiler is None:
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.grammar_vocab,
+            info = xgr.TokenizerInfo.from_huggingface(unwrap_tokenizer(self.tokenizer),
+                                                      vocab_size=self.grammar_vocab,
                                                       stop_token_ids=self.eos_ids or None)
             self._compiler = xgr.GrammarCompiler(info, max_threads=_threads())
         return self._compiler.compile_grammar(to_grammar(key))

@@ -10,6 +10,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from multiprocessing import connection
 from multiprocessing.connection import Connection
@@ -123,3 +124,17 @@ def start_group() -> None:
     """Make the calling child a process group of its own, which its children join: if it is
     killed, its parent stops them at once (Child.stop(kill_group=True))."""
     os.setpgid(0, 0)
+
+
+def exit_at_once() -> None:
+    """End this child now, without the interpreter's teardown (~0.4 s with torch loaded, while
+    the parent waits in its shutdown): multiprocessing's exit work first, as a child's normal
+    exit does it (its finalizers release the semaphores and segments this process made), then
+    the logs and stdio flushed."""
+    from multiprocessing import util
+
+    util._exit_function()  # what multiprocessing runs when a child's target returns
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)

@@ -1,6 +1,7 @@
 """Loading a tokenizer, once, on the front side (a GGUF file's comes from its metadata,
-through the GGUF reader, which brings torch in)."""
+through the GGUF reader, which brings torch in), and carrying it to an engine process."""
 import os
+import pickle
 
 # Files a Hugging Face tokenizer is loaded from; a directory without any of them would give
 # an empty tokenizer (transformers does not complain) that turns every prompt into nothing.
@@ -29,3 +30,39 @@ def load_tokenizer(path: str):
     if len(tokenizer) <= 1:
         raise ValueError(f"the tokenizer in {path!r} is empty ({len(tokenizer)} tokens); {hint}")
     return tokenizer
+
+
+class PickledTokenizer:
+    """A tokenizer sent to an engine process as its pickle and unpickled there on first use.
+    Unpickling a Hugging Face tokenizer imports transformers, ~1 s of CPU that made up a third
+    of an engine process's start (AsyncLLM, the server, each data-parallel replica); a core
+    needs the tokenizer only for a stop string or a grammar, and pays it then, once."""
+
+    def __init__(self, tokenizer):
+        self._pickle = pickle.dumps(tokenizer)
+        self._len = len(tokenizer)  # known without unpickling: TextDecoder and Grammars ask
+        self._tokenizer = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getattr__(self, name: str):
+        # Only the tokenizer's own attributes (decode, eos_token_id...); this object's are
+        # missing only while pickle restores it, which must not unpickle the tokenizer.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+    def get(self):
+        """The tokenizer itself (unpickled on the first call)."""
+        if self._tokenizer is None:
+            self._tokenizer = pickle.loads(self._pickle)
+        return self._tokenizer
+
+    def __getstate__(self) -> dict:
+        return {"_pickle": self._pickle, "_len": self._len, "_tokenizer": None}
+
+
+def unwrap_tokenizer(tokenizer):
+    """The tokenizer itself, for code that checks its type (xgrammar)."""
+    return tokenizer.get() if isinstance(tokenizer, PickledTokenizer) else tokenizer

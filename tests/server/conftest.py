@@ -19,7 +19,10 @@ class LiveServer:
         from nanovllm.server import build_app
 
         self.engine = engine
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, as in the sockets uvicorn makes from a host and port: asyncio
+        # sets TCP_NODELAY only on connections of such a socket, and without it every POST
+        # after a connection's first waited 40 ms (Nagle against the client's delayed ACK).
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))  # port 0: the OS picks a free one, no race
         self.port = self.sock.getsockname()[1]

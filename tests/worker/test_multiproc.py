@@ -119,21 +119,30 @@ def test_tp4_matches_tp1(toy_models):
 def test_killed_worker_raises_promptly_and_shutdown_cleans_up(toy_models):
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, kvcache_block_size=16,
               num_kvcache_blocks=256, device="cpu", max_model_len=4096)
-    worker = llm.clients[0].core.executor.workers.procs[0]
-    killed = []
+    core = llm.clients[0].core
+    worker = core.executor.workers.procs[0]
+    killed, decoding, step, steps = [], threading.Event(), core.step, []
 
-    def kill():
+    def counted_step():
+        steps.append(1)
+        if len(steps) == 4:  # prefilled, decoding: generation is under way
+            decoding.set()
+        return step()
+
+    def kill():  # from another thread, so that it lands inside a step, in some collective
+        decoding.wait(60)
         killed.append(time.monotonic())
         os.kill(worker.pid, signal.SIGKILL)
 
-    # Long enough (minutes) that the kill lands mid-generation, inside some collective; the
-    # toy model clamps max_model_len to 2,048, and a longer max_tokens is a ValueError.
+    core.step = counted_step
+    # Long enough (minutes) that the kill lands mid-generation; the toy model clamps
+    # max_model_len to 2,048, and a longer max_tokens is a ValueError.
     long = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)  # < max_model_len
-    timer = threading.Timer(1.0, kill)
-    timer.start()
+    killer = threading.Thread(target=kill)
+    killer.start()
     with pytest.raises(RuntimeError, match="rank 1.*SIGKILL"):
         llm.generate([[5, 6, 7]] * 8, long, use_tqdm=False)
-    timer.join()
+    killer.join()
     assert time.monotonic() - killed[0] < 30
     assert llm.clients[0].core.scheduler.is_finished()
     # The runner stays refused, immediately, instead of touching the broken group.
