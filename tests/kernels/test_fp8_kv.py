@@ -15,6 +15,7 @@ from nanovllm.kernels.triton_decode import decode_attention
 from nanovllm.kernels.triton_kv import store_kvcache
 from nanovllm.kernels.triton_prefill import prefill_attention
 from nanovllm.kernels.triton_rope import norm_rope_store
+from tests.support.kv_engine import blocks_and_tokens
 from tests.support.markers import needs_interpreter, on_gpu
 from tests.support.paged import make_paged_case, naive_attention, rel_err
 
@@ -216,24 +217,11 @@ def test_backend_prefill_fp8_gpu_attends_to_its_unquantized_kv():
 
 @on_gpu
 def test_engine_fp8_gpu_calibrates_and_doubles_blocks(tmp_path):
-    from nanovllm import LLM, SamplingParams
-    from nanovllm.utils.toy import save_random_qwen3
-
-    path = save_random_qwen3(str(tmp_path / "m"), num_attention_heads=8, num_key_value_heads=2,
-                             head_dim=64, hidden_size=128, num_hidden_layers=2)
-    blocks, outs = {}, {}
-    for kind in ("auto", "fp8_e4m3"):
-        # Small limits: a quick start-up (few decode graphs, a short warm-up prefill).
-        llm = LLM(path, kv_cache_dtype=kind, gpu_memory_utilization=0.3, max_num_seqs=8,
-                  max_num_batched_tokens=1024, max_model_len=1024)
-        sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-        outs[kind] = [o["token_ids"] for o in llm.generate([[1, 2, 3] * 50, [9] * 70], sp,
-                                                           use_tqdm=False)]
-        blocks[kind] = llm.clients[0].core.executor.num_kvcache_blocks
+    def calibrated(llm, kind):
         if kind != "auto":
             scales = llm.clients[0].core.executor.runner.kv_scales
             assert (scales != 1).all() and torch.isfinite(scales).all()
-        llm.shutdown()
-        torch.cuda.empty_cache()
+
+    blocks, outs = blocks_and_tokens(tmp_path, ("auto", "fp8_e4m3"), calibrated)
     assert blocks["fp8_e4m3"] > 1.8 * blocks["auto"]
     assert all(len(o) == 32 for o in outs["fp8_e4m3"])
