@@ -43,7 +43,6 @@ TALL_CONFIGS = [
 # tall tiles took 19-26 us on Qwen3-0.6B's layers and 45-147 us on Qwen3-8B's, dequantize +
 # cuBLAS 9-12 and 32-194, W8A8 10-24 and 25-85; at M = 1024 and 8192 tall tiles were 2-3x
 # slower than either. So the tall tiles are off (17 = just past the skinny kernel).
-# TODO(gemm): re-measure the tall tiles now that W is the first operand.
 DEQUANT_FROM_M = 17
 INTERPRET_TALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT_K=None, num_warps=1,
                       num_stages=1)
@@ -82,6 +81,8 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if m >= DEQUANT_FROM_M:
         if prefill_path() == "w8a8" and (block is None or block[1] == GROUP):
             return w8a8_gemm(x, weight, scale, block, bias)
+        if bias is not None and bias.dtype != x.dtype:  # F.linear takes one dtype
+            bias = bias.to(x.dtype)
         return F.linear(x, dequantize(weight, scale, block, x.dtype), bias)
     cfg = tall_config(m, x.dtype)
     return gemm(x, weight, bias, scale, block, config=cfg, block_m=cfg["BLOCK_M"])

@@ -6,7 +6,7 @@ Tiling: a program owns BLOCK_N output columns (rows of W) and one K range of K /
 it walks that range in BLOCK_K steps, loading a [BLOCK_N, BLOCK_K] tile of W and the
 [BLOCK_M, BLOCK_K] tile of x (M padded to BLOCK_M = 16 rows with masked loads: tl.dot's
 smallest tile; the padding costs tensor-core time, which is free here, not bytes), and
-accumulates the y^T tile W @ x^T in fp32 (W as the first operand: see the kernel). fp8 tiles
+accumulates x @ W^T in fp32 (W as the second operand: see the kernel). fp8 tiles
 are widened to x's dtype (exact: every e4m3 value is a bf16 value); their scales multiply the
 fp32 partial products, per K tile for block scales (a tile never straddles a scale block) and
 once at the end for row scales.
@@ -44,12 +44,13 @@ BF16_TABLE = [
     (1 << 30, 1 << 30, dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=None, num_warps=4,
                             num_stages=4)),
 ]
-# fp8 tiles are half the bytes, so a wider tile carries the same bytes; but each element is
-# widened in registers (64-128 per thread here), which caps the tile. Block scales cap BLOCK_K
-# at the scale block (128 in every known checkpoint).
+# fp8 tiles are half the bytes: wider K steps carry the same bytes (block scales cap BLOCK_K at
+# the scale block, 128 in every known checkpoint). These are the configs measured on the H100
+# (tools/bench_gemm.py, 2026-11-24: Qwen3-8B's layers 41-86% of copy bandwidth; Qwen3-0.6B's
+# 14-31%, latency-bound like cuBLAS on them).
 FP8_TABLE = [
-    (4096, 1 << 30, dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=None, num_warps=4, num_stages=6)),
-    (1 << 30, 1 << 30, dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=None, num_warps=4,
+    (4096, 1 << 30, dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=None, num_warps=4, num_stages=4)),
+    (1 << 30, 1 << 30, dict(BLOCK_N=64, BLOCK_K=512, SPLIT_K=None, num_warps=4,
                             num_stages=4)),
 ]
 TARGET_PROGRAMS = 264  # two waves of the H100's 132 SMs
@@ -87,11 +88,9 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
     k_end = tl.minimum(k_start + k_per_split, K)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    # The tile of y^T = W @ x^T: W is the dot's first operand, read row-major as stored and
-    # widened in registers. (As the second operand, an 8-bit W tile needs a transposed load,
-    # which ldmatrix has only for 16-bit elements; that first version streamed fp8 weights at
-    # half bf16's bandwidth on an H100.)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # The tile of y = x @ W^T. (Swapped, y^T = W @ x^T with W as the first operand, measured
+    # slower on the H100: Qwen3-0.6B's LM head at batch 1 took ~40 us more.)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:  # every K tile is whole: no column mask (full-width vector loads)
@@ -104,26 +103,26 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                         other=0.0)
         if DOT_F32:  # the interpreter's bf16 tl.dot is wrong (Triton 3.9); fp32 is exact
-            part = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
+            part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             # fp8 -> x's dtype is exact (e4m3 values are a subset of bf16's and fp32's).
-            part = tl.dot(w.to(x.dtype), tl.trans(x), input_precision=DOT_PREC)
+            part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=DOT_PREC)
         if SCALE == 2:  # this K tile lies inside one scale block: one scale per W row
             s = tl.load(s_ptr + (offs_n // SCALE_BN) * stride_sn + k0 // SCALE_BK,
                         mask=mask_n, other=0.0)
-            acc += part * s[:, None]
+            acc += part * s[None, :]
         else:
             acc += part
     if SPLIT:
         # Park this split's partial; the last split of the column tile finishes it.
-        tile = part_ptr + offs_n[:, None] + offs_m[None, :] * N
-        mask = mask_n[:, None] & mask_m[None, :]
+        tile = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        mask = mask_m[:, None] & mask_n[None, :]
         tl.store(tile + pid_k * M * N, acc, mask=mask)
         # acq_rel: each split's partial stores happen before its increment, and the last
         # split's loads after its own, so it sees every partial.
         cnt = cnt_ptr + pid_m * tiles_n + pid_n
         if tl.atomic_add(cnt, 1, sem="acq_rel") == num_splits - 1:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for sp in range(num_splits):  # split order: the same sum on every call
                 acc += tl.load(tile + sp * M * N, mask=mask, other=0.0, cache_modifier=".cg")
             _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym,
@@ -137,21 +136,20 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
 @triton.jit
 def _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym,
               SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Row scales and bias in fp32 on the y^T tile acc [BLOCK_N, BLOCK_M], then one rounding
-    to y's dtype."""
+    """Row scales and bias in fp32 on the y tile acc [BLOCK_M, BLOCK_N], then one rounding to
+    y's dtype."""
     if SCALE == 1:
-        acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+        acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    tl.store(y_ptr + offs_m.to(tl.int64)[None, :] * stride_ym + offs_n[:, None],
-             acc.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 # Where it beats cuBLAS on bf16 weights at M <= 16 (H100, tools/bench_gemm.py, 2026-11-24, the
 # first kernel version): the LM heads, 1.05-1.06x (Qwen3-0.6B's 105 vs 112 us, Qwen3-8B's 413
 # vs 437 us: ~3.0 TB/s); not the layers of Qwen3-0.6B (0.65-1.02x: cuBLAS 5.4-7.1 us per layer)
 # nor of Qwen3-8B (0.83-1.01x). So: from this N up.
-# TODO(gemm): re-measure with W as the first dot operand.
 SKINNY_FROM_N = 32768
 
 

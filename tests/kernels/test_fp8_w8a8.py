@@ -77,4 +77,9 @@ def test_gpu_prefill_sizes(n, k, kind):
     bias = torch.randn(n, device="cuda")
     for m in (17, 1000):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        check(w8a8_gemm(x, w, s, block, bias), w8a8_ref(x, w, s, block, bias), torch.bfloat16)
+        y, ref = w8a8_gemm(x, w, s, block, bias), w8a8_ref(x, w, s, block, bias)
+        # Hopper's fp8 tensor cores keep ~14 bits while summing a K tile (DeepSeek-V3, 3.3.2;
+        # the kernel promotes to fp32 every 128 columns): measured ~1e-3 of the largest output
+        # (H100) besides y's bf16 rounding.
+        torch.testing.assert_close(y.float(), ref, rtol=2 ** -8,
+                                   atol=2 ** -9 * ref.abs().max().item())
