@@ -18,7 +18,9 @@ def test_greedy_rows_are_argmax():
 # One temperature: T = 1 takes the same path and would not catch a kernel that ignored T.
 @pytest.mark.parametrize("temp", [0.5])
 def test_samples_follow_softmax(temp):
-    n = 400 if DEVICE == "cpu" else 20000  # the interpreter runs each row as a program
+    # The interpreter runs each row as a program (~19 ms each). The seed is fixed, so the
+    # draw is deterministic; 160 rows still tell T = 0.5 (p0 = 0.84) from T = 1 (0.61).
+    n = 160 if DEVICE == "cpu" else 20000
     base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     logits = base.repeat(n, 1).to(DEVICE)
     out = sample_temperature(logits, torch.full((n,), temp, device=DEVICE), seed=123)
