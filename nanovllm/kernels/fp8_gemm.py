@@ -68,6 +68,13 @@ def prefill_path() -> str:
     return value
 
 
+def takes(block: tuple[int, int] | None) -> bool:
+    """Whether these kernels take a layer with these scales: row scales, or blocks whose K
+    side holds whole 16-column tiles (tl.dot's minimum; every known checkpoint uses 128).
+    Narrower blocks (a valid checkpoint) run the torch reference instead."""
+    return block is None or block[1] % 16 == 0
+
+
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              block: tuple[int, int] | None, bias: torch.Tensor | None = None,
              config: dict | None = None) -> torch.Tensor:

@@ -103,3 +103,13 @@ def test_prefill_path_switch(monkeypatch):
     finally:
         monkeypatch.delenv("NANOVLLM_FP8_PREFILL")
         fp8_gemm_module.prefill_path.cache_clear()
+
+
+def test_blocks_narrower_than_a_dot_tile_go_to_the_reference():
+    """A valid checkpoint may use K blocks of 8 columns: the kernels need whole 16-column
+    tiles, so the layer must not send it to them (it would hit their internal assert)."""
+    assert fp8_gemm_module.takes(None) and fp8_gemm_module.takes((128, 128))
+    assert fp8_gemm_module.takes((16, 48)) and not fp8_gemm_module.takes((128, 8))
+    w, s, block = make_weight(24, 48, "fp8_block", block=(16, 8))
+    with pytest.raises(AssertionError, match="too narrow"):
+        fp8_gemm(torch.randn(3, 48), w, s, block)

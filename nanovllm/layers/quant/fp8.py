@@ -150,8 +150,9 @@ class Fp8LinearMethod:
         dequantize to x's dtype, then a plain matmul."""
         scale = getattr(layer, self.scale_name)
         if x.is_cuda:  # imported here: CPU-only installs may have no triton
-            from nanovllm.kernels.fp8_gemm import fp8_gemm
+            from nanovllm.kernels import fp8_gemm
 
-            return fp8_gemm(x, layer.weight, scale, self.block, bias)
+            if fp8_gemm.takes(self.block):
+                return fp8_gemm.fp8_gemm(x, layer.weight, scale, self.block, bias)
         w = dequantize(layer.weight, scale, self.block)
         return F.linear(x, w.to(x.dtype), bias)
