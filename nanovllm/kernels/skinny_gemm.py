@@ -44,14 +44,15 @@ BF16_TABLE = [
     (1 << 30, 1 << 30, dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=None, num_warps=4,
                             num_stages=4)),
 ]
-# fp8 tiles are half the bytes: wider K steps carry the same bytes (block scales cap BLOCK_K at
-# the scale block, 128 in every known checkpoint). These are the configs measured on the H100
-# (tools/bench_gemm.py, 2026-11-24: Qwen3-8B's layers 41-86% of copy bandwidth; Qwen3-0.6B's
-# 14-31%, latency-bound like cuBLAS on them).
+# fp8 tiles: block scales cap BLOCK_K at the scale block (128 in every known checkpoint).
+# H100, tools/bench_gemm.py --sweep, 2026-11-24 (twelfth session), M = 1 and 16: 32-row tiles
+# of 256 columns (512 for the widest layers, gate_up) won on every Qwen3-8B and Qwen3-0.6B
+# layer in both scale forms; against the first guesses (64 x 512) Qwen3-8B's qkv went from 24.9
+# to 14.8 us (row scales) and gate_up from 67.7 to 42.0 us (2.40 TB/s).
 FP8_TABLE = [
-    (4096, 1 << 30, dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=None, num_warps=4, num_stages=4)),
-    (1 << 30, 1 << 30, dict(BLOCK_N=64, BLOCK_K=512, SPLIT_K=None, num_warps=4,
-                            num_stages=4)),
+    (16384, 1 << 30, dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=None, num_warps=4, num_stages=4)),
+    (1 << 30, 1 << 30, dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=None, num_warps=4,
+                            num_stages=3)),
 ]
 TARGET_PROGRAMS = 264  # two waves of the H100's 132 SMs
 MIN_K_PER_SPLIT = 512
@@ -93,6 +94,11 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
+        if SCALE == 2:  # this K tile lies inside one scale block: one scale per W row
+            # Loaded first, so its latency passes under the tile loads and the dot (the int8
+            # KV decode's row scales: 241 -> 215 us on an H100 for the same move).
+            s = tl.load(s_ptr + (offs_n // SCALE_BN) * stride_sn + k0 // SCALE_BK,
+                        mask=mask_n, other=0.0)
         if EVEN_K:  # every K tile is whole: no column mask (full-width vector loads)
             x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
@@ -107,9 +113,7 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
         else:
             # fp8 -> x's dtype is exact (e4m3 values are a subset of bf16's and fp32's).
             part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=DOT_PREC)
-        if SCALE == 2:  # this K tile lies inside one scale block: one scale per W row
-            s = tl.load(s_ptr + (offs_n // SCALE_BN) * stride_sn + k0 // SCALE_BK,
-                        mask=mask_n, other=0.0)
+        if SCALE == 2:
             acc += part * s[None, :]
         else:
             acc += part
