@@ -5,6 +5,7 @@ Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep] [--fp8 [BEST.json]] 
 --fp8: only the decode kernel, bf16 vs fp8 caches (effective KV-read bandwidth = cache bytes
 read / time, so an fp8 cache reading 2x the tokens per byte shows as the same GB/s at 2x speed).
 --int8: only the decode kernel, bf16 vs fp8 vs int8 caches (row scales), with int8 tile variants.
+--int8-mixed: fp8 vs int8 decode at mixed context lengths, int8 variants.
 Times: 'ms' = triton.testing.do_bench median (L2 flushed, Python launch overhead included);
 'graph' = do_bench_cudagraph median over calls rotating through enough distinct KV caches to
 exceed the 50 MB L2 (how the engine runs decode: inside CUDA graphs, cold cache).
@@ -309,10 +310,50 @@ def bench_decode_order():
     triton_decode.CONFIG_FP8.update(base8)
 
 
+def bench_decode_int8_mixed():
+    """int8 vs fp8 decode at mixed context lengths (the bench's spread), the engine's configs
+    (head-fast grid, longest first) and int8 variants."""
+    from nanovllm.kernels.torch_ref import quantize_rows
+
+    print("\n== decode, mixed lengths (ctx uniform in [lo, hi]): fp8 vs int8 ==", flush=True)
+    cfg0 = dict(triton_decode.CONFIG_INT8)
+    variants = [("default", {}), ("fp16-dots", dict(FP16_DOT=True)),
+                ("BN32", dict(BLOCK_N=32)), ("s3", dict(num_stages=3)), ("w8", dict(num_warps=8))]
+    for batch, lo, hi in ((256, 100, 1100), (256, 600, 600), (256, 2048, 2048), (128, 100, 2048)):
+        q, k_cache, v_cache, _, bt, scale = make_decode(batch, hi)
+        g = torch.Generator().manual_seed(batch)
+        ctx = torch.randint(lo, hi + 1, (batch,), generator=g).int().cuda()
+        order = torch.argsort(ctx, descending=True).int()
+        nbytes = int(ctx.sum()) * HKV * D * 2
+        ones = torch.ones(HKV, device="cuda")
+        kc, vc = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+        f8 = do_bench(lambda: decode_attention(q, kc, vc, ctx, bt, scale, k_scale=ones,
+                                               v_scale=ones, order=order), return_mode="median")
+        del kc, vc
+        codes = []
+        for cache in (k_cache, v_cache):
+            c, sc = quantize_rows(cache)
+            codes += [c, sc.transpose(1, 2).contiguous().transpose(1, 2)]
+        row = []
+        for name, cfg in variants:
+            triton_decode.CONFIG_INT8.update(cfg0, **cfg)
+            ms = do_bench(lambda: decode_attention(q, codes[0], codes[2], ctx, bt, scale,
+                                                   k_scale=codes[1], v_scale=codes[3],
+                                                   order=order), return_mode="median")
+            row.append(f"{name}:{ms * 1e3:.0f}us/{nbytes / ms / 1e6:.0f}GB/s")
+        triton_decode.CONFIG_INT8.update(cfg0)
+        print(f"b={batch:<4} ctx={lo}-{hi} fp8:{f8 * 1e3:.0f}us/{nbytes / f8 / 1e6:.0f}GB/s  "
+              "int8 " + "  ".join(row), flush=True)
+        del q, k_cache, v_cache, codes
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
     if "--order" in sys.argv:
         bench_decode_order()
+        sys.exit(0)
+    if "--int8-mixed" in sys.argv:
+        bench_decode_int8_mixed()
         sys.exit(0)
     if "--int8" in sys.argv:
         bench_decode_int8()
