@@ -318,7 +318,8 @@ def bench_decode_int8_mixed():
     print("\n== decode, mixed lengths (ctx uniform in [lo, hi]): fp8 vs int8 ==", flush=True)
     cfg0 = dict(triton_decode.CONFIG_INT8)
     variants = [("default", {}), ("fp16-dots", dict(FP16_DOT=True)),
-                ("BN32", dict(BLOCK_N=32)), ("s3", dict(num_stages=3)), ("w8", dict(num_warps=8))]
+                ("no-lpt", dict(LPT=False)), ("no-lpt+fp16", dict(LPT=False, FP16_DOT=True)),
+                ("BN32", dict(BLOCK_N=32))]
     for batch, lo, hi in ((256, 100, 1100), (256, 600, 600), (256, 2048, 2048), (128, 100, 2048)):
         q, k_cache, v_cache, _, bt, scale = make_decode(batch, hi)
         g = torch.Generator().manual_seed(batch)

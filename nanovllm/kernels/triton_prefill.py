@@ -106,21 +106,18 @@ def _prefill_kernel(
     # Phase 1: key tiles fully below the diagonal, no masking at all.
     for n in range(0, full_end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
-        if KV_INT8:  # the row scales first: their loads then wait under the dots (decode_tiles)
-            ks = _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
-                                  BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)
-            vs = _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
-                                  BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)
         k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         if KV_INT8:
-            qk = qk * ks[None, :]
+            qk = qk * _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                                       BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(pv_dtype)
         if KV_INT8:
-            p = p * vs[None, :]
+            p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                                     BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
 
     # Phase 2: tiles crossing the diagonal / sequence end, with causal + bounds masks.
@@ -128,23 +125,20 @@ def _prefill_kernel(
     for n in range(full_end, kv_end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        if KV_INT8:
-            ks = _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
-                                  BLOCK_SIZE, PAGE_TILE, n_mask)
-            vs = _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
-                                  BLOCK_SIZE, PAGE_TILE, n_mask)
         k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, True, n_mask).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         if KV_INT8:
-            qk = qk * ks[None, :]
+            qk = qk * _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                                       BLOCK_SIZE, PAGE_TILE, n_mask)[None, :]
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, True, n_mask).to(pv_dtype)
         if KV_INT8:
-            p = p * vs[None, :]
+            p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
+                                     BLOCK_SIZE, PAGE_TILE, n_mask)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
 
     out = acc / l_i[:, None]
