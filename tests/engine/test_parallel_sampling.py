@@ -83,8 +83,9 @@ def test_prompt_is_prefilled_once(toy_models, prefix_caching):
         if num_tokens > 0:
             prefill_tokens.append(num_tokens)
         outputs += finished
-    # 40 prompt tokens once, then each other sample's 8-token tail (in one step).
-    assert prefill_tokens == [40, 3 * 8]
+    # 40 prompt tokens once, then each other sample's 8-token tail (in one step, beside
+    # sample 0's first decode: a mixed step).
+    assert prefill_tokens == [40, 3 * 8 + 1]
     assert [o.request_id for o in outputs] == [rid] and len(outputs[0].outputs) == 4
     assert all(c.finish_reason == "length" for c in outputs[0].outputs)
     assert_all_free(llm)
