@@ -1,16 +1,20 @@
 """Mixed steps (decode rows and prompt chunks in one forward) give exactly the outputs of
 steps that are all prefill or all decode, with requests arriving while others decode: greedy
 and seeded sampling, logprobs and prompt logprobs, penalties, min_tokens, n > 1, stop strings,
-preemption, with and without async scheduling (whose decode rows then take their pending
+structured output (grammar masks; late ones with async scheduling), preemption, with and
+without async scheduling (whose decode rows then take their pending
 input token from the previous step's samples, on the device)."""
+import re
+
 import pytest
 
-from nanovllm import LLM, SamplingParams
+from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.engine import step_inputs
 from tests.support.prompts import make_prompts
 from tests.support.text import greedy_with_stop
 
 MODEL = "tied_gqa4_d16_l4"
+REGEX = r"[a-c]{2,5}x(yz)?"
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -31,7 +35,10 @@ def arrivals(stop: SamplingParams) -> list[tuple[int, list[int] | str, SamplingP
            SamplingParams(max_tokens=22, temperature=0.7, top_p=0.8, seed=3, ignore_eos=True),
            SamplingParams(max_tokens=14, **greedy)]
     steps = [0, 0, 2, 3, 5, 6, 8, 9, 12]
-    return list(zip(steps, prompts, sps)) + [(4, "abc", stop)]
+    regex = StructuredOutputsParams(regex=REGEX)
+    return list(zip(steps, prompts, sps)) + [
+        (4, "abc", stop),
+        (7, "abc", SamplingParams(max_tokens=60, temperature=0, structured_outputs=regex))]
 
 
 def summary(out) -> list:
@@ -54,12 +61,12 @@ def staggered(path, mixed: bool, async_scheduling: bool, device: str, **engine):
     llm = LLM(path, device=device, dtype="float32", kvcache_block_size=16, max_model_len=256,
               enable_mixed_steps=mixed, async_scheduling=async_scheduling, **engine)
     _, _, stop = greedy_with_stop(llm)
-    plan = sorted(arrivals(stop), key=lambda a: a[0])
+    plan = sorted(enumerate(arrivals(stop)), key=lambda a: a[1][0])
     ids, done, step = {}, {}, 0
     while plan or not llm.is_finished():
-        while plan and plan[0][0] <= step:
-            _, prompt, sp = plan.pop(0)
-            ids[llm.add_request(prompt, sp)] = len(ids)
+        while plan and plan[0][1][0] <= step:
+            i, (_, prompt, sp) = plan.pop(0)
+            ids[llm.add_request(prompt, sp)] = i  # outputs in arrivals()' order
         for out in llm.step()[0]:
             done[ids[out.request_id]] = summary(out)
         step += 1
@@ -102,6 +109,8 @@ def test_mixed_steps_give_the_same_outputs(toy_models, fed, engine, async_schedu
                                              **engine)
     assert mixed_off == 0 and mixed_on >= 5
     assert got == want
+    (_, text, reason, _), = got[-1][0]  # the structured request (arrivals()' last)
+    assert reason == "stop" and re.fullmatch(REGEX, text), (reason, text)
     if async_scheduling:
         assert fed[0] > 0  # some decode row's input token was still on the device
     if engine["num_kvcache_blocks"] == 12:
