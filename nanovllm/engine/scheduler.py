@@ -51,7 +51,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0  # a statistic, for logs and tests
-        self.num_mixed_steps = 0  # steps that decoded and computed prompt chunks (the same)
+        self.num_mixed_steps = 0  # a statistic: steps that decoded and computed prompt chunks
         self.num_in_flight = 0  # launched steps whose results have not come back
         # Speculative decoding (n-gram drafts); None: off.
         self.spec = getattr(config, "speculative_config", None)
@@ -89,6 +89,7 @@ class Scheduler:
         return self._after_preemptions()
 
     def _schedule_mixed(self) -> tuple[list[Sequence], bool]:
+        """Decodes first, then prompt chunks in the budget they leave."""
         preemptions = self.num_preemptions
         decodes = self._schedule_decode(mixed=True)
         if not decodes:
