@@ -67,6 +67,12 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     default=None, help="reuse the KV cache of shared prefixes (default: on)")
     ap.add_argument("--speculative-config", type=json_object, default=None,
                     help="speculative decoding as JSON (default: off)")
+    ap.add_argument("--enable-mixed-steps", action=argparse.BooleanOptionalAction,
+                    default=None, help="decode and compute prompt chunks in one step "
+                                       "(default: off)")
+    ap.add_argument("--max-mixed-prefill-tokens", type=int, default=None,
+                    help="most prompt tokens in a step that also decodes (default: "
+                         "--max-num-batched-tokens)")
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
@@ -146,7 +152,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 # Options left unset (None) keep the engine's default.
 _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
                              "enable_prefix_caching", "tokenizer", "generation_config",
-                             "speculative_config", "quantization")
+                             "speculative_config", "quantization", "enable_mixed_steps",
+                             "max_mixed_prefill_tokens")
 
 
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:

@@ -66,6 +66,15 @@ class Config:
     # Speculative decoding, vLLM's dict ({"method": "ngram", "num_speculative_tokens": 4,
     # ...}); parsed into a SpeculativeConfig. None: off.
     speculative_config: SpeculativeConfig | dict | None = None
+    # Mixed steps (chunked-prefill piggybacking, as vLLM V1 and SGLang schedule): a step
+    # decodes every running sequence and computes prompt chunks in the budget left over. Off by
+    # default: a mixed step runs the eager forward, whose host time (~17 ms on Qwen3-0.6B,
+    # H100) is twice a graphed decode step's wall time (docs/PERF_NOTES.md, twelfth session).
+    enable_mixed_steps: bool = False
+    # Most prompt tokens a step that also decodes computes. None: max_num_batched_tokens for
+    # batch generation (LLM.generate: throughput), 2048 for a streaming front end (AsyncLLM,
+    # the server: time per output token; engine/scheduler.py says why).
+    max_mixed_prefill_tokens: int | None = None
     hf_config: ModelConfig = field(init=False, repr=False)
     generation_defaults: GenerationDefaults = field(init=False, repr=False)
 
@@ -98,7 +107,10 @@ class Config:
                               ("kv_cache_dtype", KV_CACHE_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
-        for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init"):
+        if self.max_mixed_prefill_tokens is not None:
+            self._check_int("max_mixed_prefill_tokens", 1)
+        for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init",
+                     "enable_mixed_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.device is not None and not (

@@ -71,11 +71,11 @@ def serve_model_dir() -> str:
     return path
 
 
-def run_offline(path: str, load_format: str, work) -> dict:
+def run_offline(path: str, load_format: str, work, engine: dict) -> dict:
     """The same requests through LLM.generate (one batch): the figure to compare with."""
     from nanovllm import LLM, SamplingParams
 
-    llm = LLM(path, load_format=load_format, max_model_len=4096)
+    llm = LLM(path, load_format=load_format, max_model_len=4096, **engine)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up
     sps = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for _, m in work]
     t = time.perf_counter()
@@ -88,12 +88,13 @@ def run_offline(path: str, load_format: str, work) -> dict:
 
 
 # -- in-process AsyncLLM ---------------------------------------------------------------------
-def run_async(path: str, load_format: str, work, switch, engine_process: bool) -> dict:
+def run_async(path: str, load_format: str, work, switch, engine_process: bool,
+              engine: dict) -> dict:
     from nanovllm import SamplingParams
     from nanovllm.async_llm import AsyncLLM
 
     llm = AsyncLLM(path, load_format=load_format, max_model_len=4096,
-                   engine_process=engine_process)
+                   engine_process=engine_process, **engine)
     if switch:  # after AsyncLLM, which lowers Python's default itself
         sys.setswitchinterval(switch)
 
@@ -126,14 +127,15 @@ def free_port() -> int:
 
 
 def serve(path: str, load_format: str, port: int, switch: float | None,
-          engine_process: bool) -> None:
+          engine_process: bool, engine: dict) -> None:
     from nanovllm.server.app import run_server
 
     if switch:
         sys.setswitchinterval(switch)
 
     run_server(path, host="127.0.0.1", port=port, served_model_name="bench",
-               load_format=load_format, max_model_len=4096, engine_process=engine_process)
+               load_format=load_format, max_model_len=4096, engine_process=engine_process,
+               **engine)
 
 
 def client_proc(port: int, work, start_at: float, queue) -> None:
@@ -166,14 +168,15 @@ def client_proc(port: int, work, start_at: float, queue) -> None:
 
 
 def run_http(path: str, load_format: str, work, clients: int, switch: float | None,
-             engine_process: bool) -> dict:
+             engine_process: bool, engine_flags: list[str]) -> dict:
     import httpx
 
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-only", str(port),
                                "--model", path, "--load-format", load_format]
                               + (["--switch-interval", str(switch)] if switch else [])
-                              + ([] if engine_process else ["--engine-thread"]))
+                              + ([] if engine_process else ["--engine-thread"])
+                              + engine_flags)
     try:
         for _ in range(600):
             try:
@@ -220,26 +223,30 @@ def main():
                     help="run the engine on a thread of the serving process (AsyncLLM's "
                          "engine_process=False) instead of a process of its own")
     ap.add_argument("--serve-only", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-args", type=json.loads, default={},
+                    help="more LLM / AsyncLLM arguments as JSON, e.g. "
+                         "'{\"enable_mixed_steps\": false}'")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
+    engine = args.engine_args
     if args.model is None:
         args.model, args.load_format = serve_model_dir(), args.load_format or "dummy"
     load_format = args.load_format or "auto"
     if args.serve_only:
         serve(args.model, load_format, args.serve_only, args.switch_interval,
-              not args.engine_thread)
+              not args.engine_thread, engine)
         return
     work = workload(args.num_seqs, args.max_input_len, args.max_output_len)
     if args.mode == "offline":
-        result = run_offline(args.model, load_format, work)
+        result = run_offline(args.model, load_format, work, engine)
     elif args.mode == "async":
         result = run_async(args.model, load_format, work, args.switch_interval,
-                           not args.engine_thread)
+                           not args.engine_thread, engine)
     else:
         result = run_http(args.model, load_format, work, args.clients, args.switch_interval,
-                          not args.engine_thread)
+                          not args.engine_thread, ["--engine-args", json.dumps(engine)])
     result.update(mode=args.mode, switch_interval=args.switch_interval,
-                  engine="thread" if args.engine_thread else "process")
+                  engine="thread" if args.engine_thread else "process", **engine)
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -45,10 +45,15 @@ _ENGINE_OPTIONS = [
     ("--speculative-config", "speculative_config", json_object,
      "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
      "\"num_speculative_tokens\": 4}' (default: off)"),
+    ("--max-mixed-prefill-tokens", "max_mixed_prefill_tokens", int,
+     "most prompt tokens in a step that also decodes (default: --max-num-batched-tokens for "
+     "generate and bench, 2048 for serve and chat, which stream)"),
 ]
 _ENGINE_FLAGS = [
     ("--enforce-eager", "enforce_eager", "no CUDA graphs (eager PyTorch every step)"),
     ("--enable-prefix-caching", "enable_prefix_caching", "reuse the KV cache of shared prefixes"),
+    ("--enable-mixed-steps", "enable_mixed_steps",
+     "decode the running sequences and compute prompt chunks in the same step"),
     ("--async-scheduling", "async_scheduling",
      "overlap the host's work with the GPU's (default: on with one GPU)"),
 ]

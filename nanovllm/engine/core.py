@@ -48,7 +48,7 @@ class EngineCore:
         self._compiling = CompilingRequests()  # requests waiting for their grammar
         self._structured: set[int] = set()  # ids of the live requests with a grammar
         self.stops = TextDecoder(tokenizer)
-        self.scheduler = Scheduler(config, executor.num_kvcache_blocks, eos_ids)
+        self.scheduler = Scheduler(config, executor.num_kvcache_blocks, eos_ids, streaming=stream)
         executor.set_eos_ids(eos_ids)
         # Overlap host and device work (on by default where it pays: one GPU).
         self.async_scheduling = config.async_scheduling

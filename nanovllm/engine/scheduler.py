@@ -1,33 +1,48 @@
 """Decides which sequences run each step. No torch here.
 
 Policy (nano-vLLM's, plus chunked prefill and vLLM's priorities; README "Scheduling policy"):
-a step is all prefill or all decode; both queues are kept in (priority, arrival) order.
-Prefill goes first: partly computed prompts continue, then waiting requests are admitted while
-blocks, `max_num_seqs` and the token budget allow (a longer prompt is cut into chunks). Else
-every running sequence decodes one token (and, when speculating, verifies its drafts: see
-speculation.py); without a free block the last running sequence in that order is preempted
-(blocks freed, recomputed later in its place in the waiting queue). Parallel sampling (n > 1):
-a request's other samples are forked when its prompt is computed (forks.py).
+both queues are kept in (priority, arrival) order. Mixed steps (the default, as vLLM V1 and
+SGLang schedule): every running sequence whose prompt is computed decodes one token, then the
+token budget left (at most max_mixed_prefill_tokens while something decodes) goes to partly
+computed prompts, then to waiting requests, admitted while blocks and `max_num_seqs` allow (a
+longer prompt is cut into chunks). Without mixed steps (or while speculating: verify steps
+stay pure decode) a step is all prefill or all decode, prefill first. Without a free block
+for a decode, the last running sequence in that order is preempted (blocks freed, recomputed
+later in its place in the waiting queue); a step that preempted admits nobody. Parallel
+sampling (n > 1): a request's other samples are forked when its prompt is computed (forks.py).
 """
 from collections import deque
 
+from nanovllm.engine.admission import schedule_prompts
 from nanovllm.engine.block_manager import BlockManager
-from nanovllm.engine.forks import fork_samples, num_forks
+from nanovllm.engine.forks import fork_samples
 from nanovllm.engine.prompts import check_fits
 from nanovllm.engine.queues import insert_in_order
 from nanovllm.engine.sequence import Sequence, SequenceStatus
 from nanovllm.engine.speculation import SpecStats, Speculator, take_verified
 from nanovllm.engine.stop_rules import length_done, take_sampled
 
+# A streaming front end's default max_mixed_prefill_tokens: a chunk's compute is then about a
+# full decode step's (Qwen3-0.6B on an H100: ~8 ms each at 256 streams), so arriving prompts at
+# most double a running stream's step instead of stalling it for a 16k-token prefill.
+STREAMING_MIXED_PREFILL_TOKENS = 2048
+
 
 class Scheduler:
     """Waiting/running queues, step batches, preemption and finishing."""
 
-    def __init__(self, config, num_kvcache_blocks: int, eos_ids: set[int]):
+    def __init__(self, config, num_kvcache_blocks: int, eos_ids: set[int],
+                 streaming: bool = False):
         """config: the engine's limits; the block count and end tokens are what the engine
-        found out (the executor's cache, the tokenizer and config.json)."""
+        found out (the executor's cache, the tokenizer and config.json). streaming: a front
+        end that reports every token (its default prompt budget beside decodes is smaller)."""
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.mixed = getattr(config, "enable_mixed_steps", True)
+        cap = getattr(config, "max_mixed_prefill_tokens", None)
+        if cap is None:
+            cap = STREAMING_MIXED_PREFILL_TOKENS if streaming else self.max_num_batched_tokens
+        self.max_mixed_prefill_tokens = min(cap, self.max_num_batched_tokens)
         self.max_model_len = config.max_model_len
         # Models may name several end tokens (Qwen3: <|im_end|> and <|endoftext|>).
         self.eos_ids = set(eos_ids)
@@ -36,6 +51,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0  # a statistic, for logs and tests
+        self.num_mixed_steps = 0  # a statistic: steps that decoded and computed prompt chunks
         self.num_in_flight = 0  # launched steps whose results have not come back
         # Speculative decoding (n-gram drafts); None: off.
         self.spec = getattr(config, "speculative_config", None)
@@ -59,59 +75,44 @@ class Scheduler:
 
     # -- scheduling -------------------------------------------------------------------------
     def schedule(self) -> tuple[list[Sequence], bool]:
-        """Pick this step's sequences; returns (seqs, is_prefill)."""
-        seqs = self._schedule_prefill()
+        """Pick this step's sequences; returns (seqs, is_prefill). A prefill step computes
+        prompt chunks on the varlen path; a mixed one is a prefill step whose leading
+        sequences decode (one token each, their prompts computed)."""
+        if self.mixed and not self.wants_speculation():
+            return self._schedule_mixed()
+        seqs = self._schedule_prefill(self.max_num_batched_tokens)
         if seqs:
             return seqs, True
         seqs = self._schedule_decode()
         if seqs:
             return seqs, False
+        return self._after_preemptions()
+
+    def _schedule_mixed(self) -> tuple[list[Sequence], bool]:
+        """Decodes first, then prompt chunks in the budget they leave."""
+        preemptions = self.num_preemptions
+        decodes = self._schedule_decode(mixed=True)
+        if not decodes:
+            seqs = self._schedule_prefill(self.max_num_batched_tokens)
+            return (seqs, True) if seqs else self._after_preemptions()
+        # The decode rows wait for the chunks: a smaller budget beside them (see
+        # STREAMING_MIXED_PREFILL_TOKENS); nobody is admitted right after a preemption.
+        budget = min(self.max_num_batched_tokens - len(decodes), self.max_mixed_prefill_tokens)
+        chunks = self._schedule_prefill(budget, admit=self.num_preemptions == preemptions)
+        self.num_mixed_steps += bool(chunks)
+        return decodes + chunks, bool(chunks)
+
+    def _after_preemptions(self) -> tuple[list[Sequence], bool]:
         # Decode preempted everything it held: the freed blocks let a prefill start now.
-        seqs = self._schedule_prefill()
+        seqs = self._schedule_prefill(self.max_num_batched_tokens)
         if not seqs and not self.num_in_flight:
             raise RuntimeError("scheduler made no progress (internal error)")
         # Empty while steps are in flight: what is left waits for their results.
         return seqs, True
 
-    def _schedule_prefill(self) -> list[Sequence]:
-        budget = self.max_num_batched_tokens
-        scheduled = []
-        # Samples that requests with n > 1 fork when this step completes their prompt: each
-        # takes a running slot and one block (see forks.py), which later admissions leave free.
-        promised = 0
-        # Finish prompts that earlier steps only chunked.
-        for seq in self.running:
-            remaining = seq.num_tokens - seq.num_cached_tokens
-            if remaining > 1 and budget > 0:
-                seq.num_scheduled_tokens = min(remaining, budget)
-                budget -= seq.num_scheduled_tokens
-                scheduled.append(seq)
-                if seq.num_scheduled_tokens == remaining:
-                    promised += num_forks(seq, self.max_num_seqs)
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
-            # A sequence preempted with a token in flight is recomputed once it is known.
-            if seq.num_pending:
-                break
-            # A request with n > 1 waits for room for its samples too, unless nothing runs:
-            # then it must start alone (samples that do not fit wait, see forks.py).
-            forks = num_forks(seq, self.max_num_seqs)
-            want = promised + (forks if self.running else 0)
-            if (len(self.running) + want >= self.max_num_seqs
-                    or self.block_manager.blocks_needed(seq) + want
-                    > self.block_manager.num_free_blocks):
-                break
-            self.block_manager.allocate(seq)
-            remaining = seq.num_tokens - seq.num_cached_tokens
-            seq.num_scheduled_tokens = min(remaining, budget)
-            budget -= seq.num_scheduled_tokens
-            if seq.num_scheduled_tokens == remaining:
-                promised += forks
-            seq.status = SequenceStatus.RUNNING
-            self.waiting.popleft()
-            insert_in_order(self.running, seq)
-            scheduled.append(seq)
-        return scheduled
+    def _schedule_prefill(self, budget: int, admit: bool = True) -> list[Sequence]:
+        return schedule_prompts(self.running, self.waiting, self.block_manager, budget,
+                                self.max_num_seqs, admit)
 
     def wants_speculation(self) -> bool:
         """Whether the next decode step would verify drafts: speculation is on, few enough
@@ -120,16 +121,22 @@ class Scheduler:
         sp = self.speculator
         return sp is not None and sp.wanted(self.running) and sp.allowed(self.running, True)
 
-    def _schedule_decode(self) -> list[Sequence]:
+    def _schedule_decode(self, mixed: bool = False) -> list[Sequence]:
+        """One token for each running sequence whose prompt is computed (mixed: the others,
+        partly computed prompts, are left to _schedule_prefill)."""
         scheduled, kept = [], []
         limit = min(self.max_num_seqs, self.max_num_batched_tokens)
         # Rows a verify step may add beyond one per sequence (the token budget bounds them).
         spare = (self.max_num_batched_tokens - min(len(self.running), limit)
-                 if self.wants_speculation() and self.speculator.allowed(self.running) else 0)
+                 if not mixed and self.wants_speculation()
+                 and self.speculator.allowed(self.running) else 0)
         while self.running and len(scheduled) < limit:
             seq = self.running.popleft()
-            if seq.num_pending and length_done(seq, self.max_model_len):
-                kept.append(seq)  # its pending token is its last: it ends with its result
+            if (seq.num_pending and length_done(seq, self.max_model_len)) or (
+                    mixed and seq.num_tokens - seq.num_cached_tokens > 1):
+                # Its pending token is its last (it ends with its result), or its prompt is
+                # still being computed.
+                kept.append(seq)
                 continue
             # running is in priority order and seq came off its front: the sequences still
             # in it rank lowest, so the victim is the last of them (or seq itself).

@@ -4,15 +4,11 @@ from here (tokens, positions, slots, block tables, and on rank 0 the sampling, p
 logprob rows), so the slot and block-table arithmetic exists once and is unit-tested without a
 device; the device side uploads `device_parts()` in one host-to-device copy.
 """
-from dataclasses import dataclass
-
 import numpy as np
 
 from nanovllm.engine.block_tables import BlockTables, block_table_array
+from nanovllm.engine.mixed_rows import decode_rows, leading_decode_rows
 from nanovllm.engine.sampling_rows import (
-    LogprobPlan,
-    PenaltyRows,
-    SamplingRows,
     grammar_bitmask,
     logprob_plan,
     penalty_rows,
@@ -20,87 +16,10 @@ from nanovllm.engine.sampling_rows import (
     verify_rows,
 )
 from nanovllm.engine.sequence import PLACEHOLDER, Sequence
+from nanovllm.engine.step_arrays import DECODE_META_ROWS, StepInputs
 
-# Rows of StepInputs.decode_meta, in order; the decode graphs read them at fixed places.
-DECODE_META_ROWS = 6  # ids, positions, slots, context lens, order, feed rows
-
-
-@dataclass
-class StepInputs:
-    """Everything the model, the attention context and the sampler need for one step."""
-
-    is_prefill: bool
-    num_seqs: int
-    input_ids: np.ndarray        # [tokens] (decode: [rows], padding rows hold 0)
-    positions: np.ndarray        # [tokens]
-    slot_mapping: np.ndarray     # [tokens] cache slot each new K/V goes to; -1 = nowhere
-    block_tables: np.ndarray     # [rows, width] physical block ids, 0-padded
-    context_lens: np.ndarray | None = None  # decode: [rows] tokens attended, 0 = padding row
-    # decode: [rows] the real rows by context length, longest first, then the padding rows:
-    # the order the decode kernel may start their programs in (see triton_decode's LPT).
-    order: np.ndarray | None = None
-    cu_seqlens_q: np.ndarray | None = None  # prefill: [num_seqs + 1]
-    cu_seqlens_k: np.ndarray | None = None  # prefill: [num_seqs + 1]
-    max_seqlen_q: int = 0
-    max_seqlen_k: int = 0
-    has_cached_context: bool = False  # prefill: some sequence attends to cached tokens
-    # decode, async scheduling: [rows] row of the previous step's sampled ids that holds
-    # this row's input token (still on the device), -1 where input_ids has it; None = none.
-    feed_rows: np.ndarray | None = None
-    # prefill: rows (of the step's tokens) whose logits give prompt logprobs; None = none.
-    prompt_rows: np.ndarray | None = None
-    # decode: real rows (num_seqs, or more when a verify step gives a sequence one row per
-    # token it computes: its last token, then its drafts).
-    num_rows: int = 0
-    # verify steps: [rows] the draft each row's logits judge (-1: none, a sequence's last
-    # row), and [num_seqs + 1] each sequence's first row. None in other steps.
-    spec_drafts: np.ndarray | None = None
-    spec_starts: np.ndarray | None = None
-    # Rank 0 (the rank that samples) only; None elsewhere, and for penalties and logprobs
-    # also when no sequence uses them.
-    sampling: SamplingRows | None = None
-    penalties: PenaltyRows | None = None
-    logprobs: LogprobPlan | None = None
-    # Structured output (see sampling_rows.grammar_bitmask): [rows, words] int32, the tokens
-    # each row's grammar allows, and [rows] int32, 1 on the constrained rows; None when no
-    # sequence has a grammar, or when the step's masks come late (StepBuilder.build).
-    grammar_bitmask: np.ndarray | None = None
-    grammar_rows: np.ndarray | None = None
-
-    @property
-    def decode_meta(self) -> np.ndarray:
-        """[DECODE_META_ROWS, rows]: ids, positions, slots, context lens, order, feed rows
-        (-1: none)."""
-        feed = np.full_like(self.input_ids, -1) if self.feed_rows is None else self.feed_rows
-        return np.stack([self.input_ids, self.positions, self.slot_mapping, self.context_lens,
-                         self.order, feed])
-
-    def device_parts(self) -> dict[str, np.ndarray]:
-        """The arrays the device needs, by name, in upload order: a decode step's meta and
-        block table come first (the decode graphs read them at fixed places)."""
-        if self.is_prefill:
-            parts = dict(input_ids=self.input_ids, positions=self.positions,
-                         slot_mapping=self.slot_mapping, cu_seqlens_q=self.cu_seqlens_q,
-                         cu_seqlens_k=self.cu_seqlens_k, block_tables=self.block_tables)
-            if self.prompt_rows is not None:
-                parts["prompt_rows"] = self.prompt_rows
-        else:
-            parts = dict(decode_meta=self.decode_meta, block_tables=self.block_tables)
-            if self.spec_drafts is not None:
-                parts["spec_drafts"] = self.spec_drafts
-        sr, pr, lp = self.sampling, self.penalties, self.logprobs
-        if sr is not None:
-            optional = dict(temperatures=sr.temperatures, top_ks=sr.top_ks, top_ps=sr.top_ps,
-                            min_ps=sr.min_ps)
-            parts.update((k, v) for k, v in optional.items() if v is not None)
-        if pr is not None:
-            parts.update(penalty_ids=pr.ids, penalty_settings=pr.settings)
-        if lp is not None:
-            optional = dict(logprob_rows=lp.sample_rows, logprob_targets=lp.targets)
-            parts.update((k, v) for k, v in optional.items() if v is not None)
-        if self.grammar_bitmask is not None:
-            parts.update(grammar_bitmask=self.grammar_bitmask, grammar_rows=self.grammar_rows)
-        return parts
+__all__ = ["DECODE_META_ROWS", "StepBuilder", "StepInputs", "decode_inputs", "prefill_inputs",
+           "verify_inputs"]
 
 
 class StepBuilder:
@@ -123,7 +42,8 @@ class StepBuilder:
         the grammar masks, which the caller supplies once the matchers have accepted the
         tokens of the step still in flight (grammar_bitmask(seqs, range(len(seqs)), ...))."""
         if is_prefill:
-            inputs = prefill_inputs(seqs, self.block_size, self.width, self.tables)
+            inputs = prefill_inputs(seqs, self.block_size, self.width, self.tables,
+                                    self.prev_rows)
         elif any(s.spec_token_ids for s in seqs):
             inputs = verify_inputs(seqs, self.block_size, rows, self.tables)
         else:
@@ -156,8 +76,11 @@ class StepBuilder:
 
 
 def prefill_inputs(seqs: list[Sequence], block_size: int, width: int,
-                   tables: BlockTables | None = None) -> StepInputs:
-    """Each sequence computes tokens [num_cached_tokens, + num_scheduled_tokens)."""
+                   tables: BlockTables | None = None,
+                   prev_rows: dict[int, int] | None = None) -> StepInputs:
+    """Each sequence computes tokens [num_cached_tokens, + num_scheduled_tokens); leading
+    ones that compute just their last token are decode rows (see mixed_rows.py), whose
+    pending input tokens come from row prev_rows[seq_id] of the previous step's samples."""
     ids, pos, slots, cu_q, cu_k, prompt_rows = [], [], [], [0], [0], []
     for s in seqs:
         start, n = s.num_cached_tokens, s.num_scheduled_tokens
@@ -173,16 +96,24 @@ def prefill_inputs(seqs: list[Sequence], block_size: int, width: int,
             first, last = max(start, b * block_size), min(start + n, (b + 1) * block_size)
             base = s.block_table[b] * block_size - b * block_size
             slots += range(base + first, base + last)
-    return StepInputs(
-        is_prefill=True, num_seqs=len(seqs),
+    table = (block_table_array(seqs, width) if tables is None
+             else tables.gather(seqs, refresh=True))
+    nd = leading_decode_rows(seqs)
+    rest = seqs[nd:]  # the prefill part: what the max lengths and the table describe
+    inputs = StepInputs(
+        is_prefill=True, num_seqs=len(seqs), num_decode_rows=nd,
         input_ids=_i32(ids), positions=_i32(pos), slot_mapping=_i32(slots),
-        block_tables=(block_table_array(seqs, width) if tables is None
-                      else tables.gather(seqs, refresh=True)),
-        cu_seqlens_q=_i32(cu_q), cu_seqlens_k=_i32(cu_k),
-        max_seqlen_q=max(s.num_scheduled_tokens for s in seqs),
-        max_seqlen_k=max(s.num_cached_tokens + s.num_scheduled_tokens for s in seqs),
-        has_cached_context=any(s.num_cached_tokens for s in seqs),
+        block_tables=table[nd:], cu_seqlens_q=_i32(cu_q), cu_seqlens_k=_i32(cu_k),
+        max_seqlen_q=max((s.num_scheduled_tokens for s in rest), default=0),
+        max_seqlen_k=max((s.num_cached_tokens + s.num_scheduled_tokens for s in rest),
+                         default=0),
+        has_cached_context=any(s.num_cached_tokens for s in rest),
         prompt_rows=_i32(prompt_rows) if prompt_rows else None)
+    if nd:
+        inputs.decode_tables = table[:nd]
+        inputs.decode_rows, inputs.feed_rows = decode_rows(seqs[:nd], inputs.input_ids,
+                                                           prev_rows)
+    return inputs
 
 
 def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,

@@ -49,10 +49,25 @@ class Attention(nn.Module):
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         q, k = self.backend.rope_and_store(q, k, v, positions, rope, q_norm, k_norm,
                                            self.k_cache, self.v_cache, ctx, **scales)
+        if ctx.num_decode_rows:
+            return self._mixed(q, k, v, ctx, scales)
         if ctx.is_prefill:
             return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale,
                                         **scales)
         return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale, **scales)
+
+    def _mixed(self, q, k, v, ctx, scales: dict) -> torch.Tensor:
+        """A mixed step: the leading decode rows through the decode kernel (the prefill
+        kernel's query tiles would be one row of 64-128 there), the rest as a prefill."""
+        d = ctx.num_decode_rows
+        out = self.backend.decode(q[:d], self.k_cache, self.v_cache, ctx.decode_part,
+                                  self.scale, **scales)
+        if ctx.prefill_part is None:
+            return out
+        # k is None unless the backend's prefill reads this step's own keys (rope_and_store).
+        rest = self.backend.prefill(q[d:], None if k is None else k[d:], v[d:], self.k_cache,
+                                    self.v_cache, ctx.prefill_part, self.scale, **scales)
+        return torch.cat((out, rest))
 
 
 def calibrate_kv_scales(k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor,

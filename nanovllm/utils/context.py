@@ -19,6 +19,12 @@ class Context:
     block_tables: torch.Tensor | None = None
     decode_order: torch.Tensor | None = None  # decode: rows longest first (StepInputs.order)
     calibrate_kv: bool = False  # prefill: set the fp8 KV scales from this step's K/V first
+    # A prefill step whose first num_decode_rows rows each compute a sequence's last token
+    # (a mixed step): they attend as decode rows (decode_part), the rest as a prefill
+    # (prefill_part, None when there is no rest); cu_seqlens_q still covers every row.
+    num_decode_rows: int = 0
+    decode_part: "Context | None" = None
+    prefill_part: "Context | None" = None
 
 
 _CONTEXT = Context()

@@ -29,6 +29,7 @@ from nanovllm.worker.penalties import penalty_tensors
 from nanovllm.worker.late_sample import LateSample
 from nanovllm.worker.sampler import Sampler, SamplingTensors
 from nanovllm.worker.stager import Stager
+from nanovllm.worker.step_context import prefill_context
 from nanovllm.worker.step_output import HostBuffer, StepResult
 from nanovllm.worker.verify import verify_drafts
 from nanovllm.worker.warmup import compile_kernels, size_activations
@@ -213,12 +214,10 @@ class ModelRunner:
         if dev is None:
             dev = self.stager.upload(inputs.device_parts())
         if inputs.is_prefill:
-            set_context(is_prefill=True, cu_seqlens_q=dev["cu_seqlens_q"],
-                        cu_seqlens_k=dev["cu_seqlens_k"], max_seqlen_q=inputs.max_seqlen_q,
-                        max_seqlen_k=inputs.max_seqlen_k, slot_mapping=dev["slot_mapping"],
-                        block_tables=dev["block_tables"],
-                        has_cached_context=inputs.has_cached_context,
-                        calibrate_kv=self._calibrate_kv)
+            if inputs.feed_rows is not None:  # a mixed step's decode rows with pending tokens
+                feed_tokens(dev["input_ids"][:inputs.num_decode_rows], dev["feed_rows"],
+                            self.sampled)
+            set_context(**prefill_context(inputs, dev, self._calibrate_kv))
             self._calibrate_kv = False
             return self.model(dev["input_ids"], dev["positions"])
         n = inputs.num_rows

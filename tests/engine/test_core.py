@@ -15,8 +15,10 @@ POISON = SamplingParams(temperature=1.0, seed=POISON_SEED, max_tokens=12, ignore
 
 @pytest.fixture(scope="module")
 def llm(toy_models):
+    # Separate prefill steps: a prompt arriving while others decode then runs in a step of
+    # its own (a mixed step would hold both, and fail both).
     llm = LLM(toy_models["tied_mha_d16"], device="cpu", dtype="float32", kvcache_block_size=16,
-              max_model_len=128, num_kvcache_blocks=32)
+              max_model_len=128, num_kvcache_blocks=32, enable_mixed_steps=False)
     yield llm
     llm.shutdown()
 

@@ -14,8 +14,10 @@ BS = 16
 
 
 def scheduler(**kw) -> Scheduler:
+    # Steps all prefill or all decode, whose batches these tests spell out (mixed steps are
+    # covered by test_scheduler's random runs, n > 1 included).
     cfg = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256,
-               kvcache_block_size=BS, enable_prefix_caching=True)
+               kvcache_block_size=BS, enable_prefix_caching=True, enable_mixed_steps=False)
     blocks = kw.pop("num_kvcache_blocks", 32)
     cfg.update(kw)
     return Scheduler(SimpleNamespace(**cfg), blocks, {-1})

@@ -140,7 +140,7 @@ def test_prompt_logprobs_skip_the_prefix_cache(toy_models):
 
 @pytest.mark.parametrize("limits", [
     dict(max_num_batched_tokens=24),
-    dict(max_num_batched_tokens=24, num_kvcache_blocks=16),
+    dict(max_num_batched_tokens=24, num_kvcache_blocks=14),
 ], ids=["chunked", "chunked-preemption"])
 def test_async_and_sync_give_identical_logprobs(toy_models, limits):
     prompts = make_prompts(13, n=9, shared=SHARED, max_len=50)

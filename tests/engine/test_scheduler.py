@@ -7,13 +7,15 @@ import pytest
 from nanovllm import SamplingParams
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.stop_rules import length_done
 
 
 def sched_config(**kw):
     """The limits the Scheduler reads, without a model directory, plus what the engine would
     pass it (num_kvcache_blocks, eos)."""
     base = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, eos=-1,
-                num_kvcache_blocks=32, kvcache_block_size=16, enable_prefix_caching=True)
+                num_kvcache_blocks=32, kvcache_block_size=16, enable_prefix_caching=True,
+                enable_mixed_steps=True, max_mixed_prefill_tokens=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -68,8 +70,14 @@ def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False,
                 assert all(x.finish_reason == "abort" and not x.block_table for x in samples)
         if sched.is_finished() and in_flight is None:
             break
+        preemptions = sched.num_preemptions
+        # Running sequences whose prompts are computed: each decodes one token this step.
+        ready = [s for s in sched.running if s.num_tokens - s.num_cached_tokens == 1
+                 and not (s.num_pending and length_done(s, cfg.max_model_len))]
+        waiting = set(sched.waiting)
         batch, is_prefill = sched.schedule()
         assert batch or in_flight, "nothing scheduled and nothing to wait for"
+        check_step_shape(sched, cfg, batch, is_prefill, ready, waiting, preemptions)
         for queue in (sched.waiting, sched.running):
             keys = [s.sort_key for s in queue]
             assert keys == sorted(keys), "queues stay in (priority, arrival) order"
@@ -114,6 +122,26 @@ def simulate(sched: Scheduler, seqs, cfg, rng=None, max_steps=20000, lag=False,
     assert all(b.ref_count == 0 for b in bm.blocks)
 
 
+def check_step_shape(sched, cfg, batch, is_prefill, ready, waiting, preemptions) -> None:
+    """Mixed steps: the decodes lead, every ready sequence decodes when the limits allow, and
+    the prompt part keeps to its budget. Otherwise a prefill step holds no decode."""
+    decodes = [s for s in batch if s in ready]
+    chunks = batch[len(decodes):]
+    if not cfg.enable_mixed_steps:
+        assert not (is_prefill and decodes), "a prefill step holds no decode"
+        return
+    assert batch[:len(decodes)] == decodes, "decode rows lead the step"
+    assert is_prefill == bool(chunks) or not batch
+    if decodes:
+        cap = cfg.max_mixed_prefill_tokens or cfg.max_num_batched_tokens
+        assert sum(s.num_scheduled_tokens for s in chunks) <= cap
+        if sched.num_preemptions > preemptions:
+            assert not waiting & set(chunks), "admitted right after preempting"
+    if sched.num_preemptions == preemptions and len(ready) <= min(cfg.max_num_seqs,
+                                                                  cfg.max_num_batched_tokens):
+        assert len(decodes) == len(ready), "a ready sequence was left without a token"
+
+
 def expected_completion(prompt, max_tokens):
     s = Sequence(prompt)
     for _ in range(max_tokens):
@@ -135,10 +163,11 @@ def make_seqs(rng, n, cfg, max_prompt=100, shared_prefix=True, priorities=(0,), 
     return out
 
 
+@pytest.mark.parametrize("steps", ["mixed", "separate"])
 @pytest.mark.parametrize("lag", [False, True], ids=["sync", "lag"])
 @pytest.mark.parametrize("mix", ["fcfs", "priority+abort", "n>1+priority+abort"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_runs_keep_invariants_and_tokens(seed, mix, lag):
+def test_random_runs_keep_invariants_and_tokens(seed, mix, lag, steps):
     rng = random.Random(seed)
     cfg = sched_config(
         max_num_seqs=rng.choice([1, 3, 8]),
@@ -146,6 +175,8 @@ def test_random_runs_keep_invariants_and_tokens(seed, mix, lag):
         num_kvcache_blocks=rng.choice([12, 20, 64]),
         kvcache_block_size=16,
         enable_prefix_caching=rng.random() < 0.7,
+        enable_mixed_steps=steps == "mixed",
+        max_mixed_prefill_tokens=rng.choice([None, 1, 5, 16]),
     )
     sched = make_scheduler(cfg)
     mixed = mix != "fcfs"
@@ -174,7 +205,8 @@ def test_random_runs_keep_invariants_and_tokens(seed, mix, lag):
 
 
 def test_chunked_prefill_of_a_long_prompt_and_a_second_one():
-    cfg = sched_config(max_num_batched_tokens=16, num_kvcache_blocks=64, max_model_len=512)
+    cfg = sched_config(max_num_batched_tokens=16, num_kvcache_blocks=64, max_model_len=512,
+                       enable_mixed_steps=False)
     sched = make_scheduler(cfg)
     a = Sequence(list(range(50)), SamplingParams(max_tokens=2), block_size=16)
     b = Sequence(list(range(100, 140)), SamplingParams(max_tokens=2), block_size=16)
@@ -354,3 +386,52 @@ def test_abort_frees_blocks_of_waiting_running_and_in_flight_requests():
     sched.abort({run2.seq_id})
     bm = sched.block_manager
     assert bm.num_free_blocks == bm.num_blocks and sched.is_finished()
+
+
+def test_mixed_step_decodes_first_then_chunks_a_new_prompt_within_the_cap():
+    cfg = sched_config(max_num_batched_tokens=64, max_mixed_prefill_tokens=8)
+    sched = make_scheduler(cfg)
+    a = Sequence(list(range(10)), SamplingParams(max_tokens=5, ignore_eos=True), block_size=16)
+    sched.add(a)
+    batch, is_prefill = sched.schedule()
+    assert is_prefill and batch == [a] and a.num_scheduled_tokens == 10  # nothing decodes yet
+    run_step(sched, batch, [1])
+    b = Sequence(list(range(40)), SamplingParams(max_tokens=2), block_size=16)
+    sched.add(b)
+    chunks = []
+    while b.num_cached_tokens < 40:
+        batch, is_prefill = sched.schedule()
+        assert is_prefill and batch[-1] is b
+        if not a.is_finished:  # a decodes in every step, ahead of the chunk
+            assert batch == [a, b] and a.num_scheduled_tokens == 1
+        chunks.append(b.num_scheduled_tokens)
+        run_step(sched, batch, [1] * len(batch))
+    assert chunks == [8] * 5 and sched.num_mixed_steps == 4  # a ended after 4 of them
+    assert len(a.completion_token_ids) == 5
+
+
+def test_mixed_step_admits_nobody_right_after_a_preemption():
+    cfg = sched_config(num_kvcache_blocks=3, max_num_seqs=4)
+    sched = make_scheduler(cfg)
+    sp = SamplingParams(max_tokens=30, ignore_eos=True)
+    a, b = (Sequence(list(range(k, k + 16)), sp, block_size=16) for k in (0, 20))
+    sched.add(a)
+    sched.add(b)
+    run_step(sched, sched.schedule()[0], [1, 1])  # one block each; one left
+    c = Sequence([5, 6, 7], SamplingParams(max_tokens=2), block_size=16, priority=-1)
+    sched.add(c)
+    # a takes the free block for its 17th token; b finds none and is preempted, which frees
+    # one: c would fit, but a step that preempted admits nobody (the freed blocks are wanted
+    # back by what runs).
+    batch, is_prefill = sched.schedule()
+    assert batch == [a] and not is_prefill
+    assert list(sched.waiting) == [c, b] and sched.num_preemptions == 1
+
+
+@pytest.mark.parametrize("streaming, cap, budget, want", [
+    (False, None, 16384, 16384), (True, None, 16384, 2048), (True, None, 1000, 1000),
+    (True, 300, 16384, 300), (False, 300, 16384, 300)])
+def test_prompt_budget_beside_decodes(streaming, cap, budget, want):
+    cfg = sched_config(max_num_batched_tokens=budget, max_mixed_prefill_tokens=cap)
+    sched = Scheduler(cfg, cfg.num_kvcache_blocks, {cfg.eos}, streaming=streaming)
+    assert sched.max_mixed_prefill_tokens == want

@@ -126,3 +126,28 @@ def test_the_builder_adds_rank_0_rows_and_orders_the_parts():
         s.num_cached_tokens = len(s)
     assert list(decode.build(seqs, False, rows=4).device_parts())[:2] == ["decode_meta",
                                                                           "block_tables"]
+
+
+def test_mixed_step_decode_rows_lead_and_take_pending_tokens_from_the_device():
+    from nanovllm.engine.sequence import PLACEHOLDER
+
+    a = seq(range(9), [3, 4, 6], cached=8, scheduled=1)   # decodes its 9th token
+    b = seq([*range(4), PLACEHOLDER], [8, 2], cached=4, scheduled=1)  # its token is pending
+    c = seq(range(20, 26), [5, 1], cached=0)             # a fresh prompt: the prefill part
+    x = prefill_inputs([a, b, c], BS, width=3, prev_rows={b.seq_id: 7})
+    assert x.is_prefill and x.num_decode_rows == 2 and x.num_seqs == 3
+    assert x.input_ids.tolist() == [8, 0, 20, 21, 22, 23, 24, 25]  # b's comes from row 7
+    assert x.feed_rows.tolist() == [-1, 7]
+    assert x.positions.tolist() == [8, 4, 0, 1, 2, 3, 4, 5]
+    assert x.slot_mapping.tolist() == [6 * BS, 2 * BS, 20, 21, 22, 23, 4, 5]
+    lens, order = x.decode_rows[:, :2]
+    assert lens.tolist() == [9, 5] and order.tolist() == [0, 1]
+    assert x.decode_rows.shape[1] % 4 == 0  # the order row starts 16-byte aligned
+    assert x.decode_tables.tolist() == [[3, 4, 6], [8, 2, 0]]
+    # Every row's cu_seqlens (the LM head reads each sequence's last row); the lengths and the
+    # block table describe the prefill part.
+    assert x.cu_seqlens_q.tolist() == [0, 1, 2, 8] and x.cu_seqlens_k.tolist() == [0, 9, 14, 20]
+    assert x.block_tables.tolist() == [[5, 1, 0]]
+    assert (x.max_seqlen_q, x.max_seqlen_k, x.has_cached_context) == (6, 6, False)
+    parts = x.device_parts()
+    assert {"decode_rows", "decode_tables", "feed_rows"} <= set(parts)

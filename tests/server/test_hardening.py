@@ -15,6 +15,9 @@ from tests.server.conftest import NAME
 from tests.support.failures import fail_steps_of_seed
 
 ENGINE_PROCESS = False  # the step-failure test reaches into the engine with monkeypatch
+# Separate prefill steps: the poisoned prompt's step then holds no decode of the good request
+# (a mixed step would hold both, and fail both).
+ENGINE_OVERRIDES = dict(enable_mixed_steps=False)
 CMPL = {"model": NAME, "prompt": "Hello", "max_tokens": 2}
 CHAT = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 BIG = 2 ** 63
