@@ -1,5 +1,6 @@
 """A tensor-parallel worker process: its own ModelRunner, fed by rank 0 through the channel."""
 import logging
+import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
@@ -51,7 +52,9 @@ def worker_main(config: Config, spec: WorkerSpec, request, done) -> None:
         done.release()  # "ready"
         while True:
             while not request.acquire(timeout=PARENT_POLL_S):
-                if os.getppid() != spec.parent_pid:  # rank 0 died without shutting us down
+                # Rank 0 died without shutting us down. (Its pid is no test: under a fork
+                # server, that server is our parent.)
+                if not multiprocessing.parent_process().is_alive():
                     os._exit(0)
             message = channel.recv()
             if isinstance(message, Stop):
