@@ -96,3 +96,38 @@ def test_an_unguarded_async_llm_script_names_the_guard(toy_models, tmp_path):
     assert "EngineDeadError" in last and "exited while starting" in last and GUARD in last
     # The child's own error (printed above the parent's) names the guard too.
     assert "AsyncLLM was created while a spawned nanovllm process" in run.stderr
+
+
+
+def _cuda_report(conns: tuple) -> None:
+    """A child's body: a CUDA computation's result (or the error it raised)."""
+    import torch
+
+    inbox, outbox = conns
+    try:
+        outbox.send(torch.ones(4, device="cuda").sum().item())
+    except Exception as e:  # noqa: BLE001 - sent to the test, which names it
+        outbox.send(repr(e))
+    inbox.recv()
+
+
+@pytest.mark.gpu
+def test_fork_server_children_initialize_cuda_themselves(monkeypatch):
+    # A child forked from a process that initialized CUDA fails its first CUDA call
+    # ("initialization error"): the fork server only imported torch, so each child starts
+    # CUDA itself, also after this process (pytest, which asked torch for GPUs) and an
+    # earlier child used it.
+    import torch
+
+    torch.ones(1, device="cuda")
+    monkeypatch.setenv(START_METHOD_VAR, "forkserver")
+    ctx = start_context("a test")
+    for _ in range(2):
+        (send, recv), theirs = pipes(ctx)
+        child = Child(ctx, _cuda_report, (theirs,), "nanovllm-test-child")
+        for conn in theirs:
+            conn.close()
+        assert recv.recv() == 4.0
+        send.send(None)
+        child.stop(timeout_s=30)
+        assert child.exitcode() == 0
