@@ -14,8 +14,9 @@ from nanovllm.distributed.pool import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
-# How often an idle worker checks that rank 0 is still alive.
-PARENT_POLL_S = 1.0
+# How often an idle worker checks that rank 0 is still alive (a wake-up costs microseconds;
+# an orphaned worker exits within this).
+PARENT_POLL_S = 0.25
 
 
 @dataclass
