@@ -2,13 +2,14 @@
 tensor-parallel workers): start, pipes, death watch, stop. No torch here.
 
 How children start: NANOVLLM_WORKER_MULTIPROC_METHOD=spawn (the default: a fresh interpreter
-each, importing torch anew, ~1.3 s of CPU) or forkserver (forked from one server process that
+each, importing torch anew, 1-2 s of CPU) or forkserver (forked from one server process that
 imported torch once, at the first child; the test suite uses it). Both are safe with CUDA: the
 fork server is itself a fresh interpreter (fork + exec), so it holds none of its parent's CUDA
-state, and it only imports torch, which does not initialize CUDA; each child forked from it
-initializes CUDA for itself, as a spawned one does. A forked child gets the parent's current
-environment (set first thing), but torch was imported with the environment of the moment the
-server started: variables read at torch's import (OMP_NUM_THREADS, ...) take that value.
+state, and it only imports modules (FORKSERVER_PRELOAD), which does not initialize CUDA; each
+child forked from it initializes CUDA for itself, as a spawned one does. A forked child gets
+the parent's current environment (set first thing), but torch was imported with the
+environment of the moment the server started: variables read at torch's import
+(OMP_NUM_THREADS, ...) take that value.
 
 A spawned child re-imports the user's script before running anything of ours. Without an
 `if __name__ == "__main__":` guard, that import creates the engine again, inside the child;
@@ -30,8 +31,8 @@ logger = logging.getLogger(__name__)
 START_METHOD_VAR = "NANOVLLM_WORKER_MULTIPROC_METHOD"
 START_METHODS = ("spawn", "forkserver")
 # Imported once by the fork server, so its children start with them. Only installed packages:
-# the server starts with the default sys.path, where a nanovllm checkout added to sys.path at
-# run time may not be found.
+# the server may start with the default sys.path (Python 3.11's does), where a nanovllm
+# checkout added to sys.path at run time is not found, or another copy is.
 FORKSERVER_PRELOAD = ["torch", "transformers.configuration_utils"]
 GUARD_HINT = ('if this runs from a script, put the code that creates the engine under '
               '`if __name__ == "__main__":` (nanovllm starts spawned processes, and each one '
