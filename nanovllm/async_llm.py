@@ -30,7 +30,7 @@ from nanovllm.engine.tokenizer import TextDecoder, resolve_eos_ids
 from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.structured import validate as validate_structured
-from nanovllm.utils.process import spawn_context
+from nanovllm.utils.process import start_context
 from nanovllm.utils.tokenizer import load_tokenizer
 
 __all__ = ["AsyncLLM", "EngineDeadError", "RequestFailedError"]
@@ -55,7 +55,7 @@ class AsyncLLM:
         from nanovllm.launch import start_pipe_client
 
         if engine_process:  # an unguarded script re-imported by a spawned child: say so first
-            spawn_context("AsyncLLM")
+            start_context("AsyncLLM")
         self.config = config = Config.from_kwargs(model, **kwargs)
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
         self.text = TextDecoder(self.tokenizer)

@@ -12,7 +12,7 @@ from nanovllm.config import Config
 from nanovllm.core_builder import build_core, core_process_main, serve_and_close
 from nanovllm.engine.client import InprocClient, Sink
 from nanovllm.engine.pipe_client import PipeClient, ThreadRunner
-from nanovllm.utils.process import Child, pipes, spawn_context
+from nanovllm.utils.process import Child, pipes, start_context
 from nanovllm.utils.tokenizer import PickledTokenizer
 
 
@@ -22,7 +22,7 @@ def start_pipe_client(config: Config, eos_ids: set[int], tokenizer, stream: bool
     """A client whose core runs in a child process (or, in_process, on a thread of this
     one: built here first, so a bad start raises here); wait_ready() before use. what: the
     front end, for the error a missing __main__ guard gets."""
-    ctx = multiprocessing.get_context() if in_process else spawn_context(what)
+    ctx = multiprocessing.get_context() if in_process else start_context(what)
     ours, theirs = pipes(ctx)
     thread_name = "nanovllm-" + name.replace(" ", "-")
     if in_process:

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from nanovllm.cli import main
+from tests.support.scripts import user_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINE = ["--device", "cpu", "--dtype", "float32", "--enforce-eager", "--max-model-len", "128",
@@ -37,8 +38,8 @@ def offline(model):
 
 def cli(*args, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
     """Run `python -m nanovllm ARGS` with this checkout first on the path and no GPU."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = user_env(CUDA_VISIBLE_DEVICES="",
+                   PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     return subprocess.run([sys.executable, "-m", "nanovllm", *args], input=stdin, env=env,
                           cwd=cwd or ROOT, capture_output=True, text=True, timeout=120)
 
@@ -171,7 +172,7 @@ def test_bench_runs_a_tiny_workload_like_bench_py(model, tmp_path, capsys):
     # bench.py at the repository root runs the same workload (same seed, same lengths).
     script = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--model", model,
                              *workload], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+                            env=user_env(CUDA_VISIBLE_DEVICES=""))
     assert script.returncode == 0, script.stderr
     total = f"Total: {figures['output_tokens']}tok, "
     assert script.stdout.startswith(total) and stdout.startswith(total)

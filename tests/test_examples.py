@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from nanovllm.utils.toy import smollm2_gguf
+from tests.support.scripts import user_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,9 +28,9 @@ def demo_tmp(tmp_path_factory):
 
 
 def run_script(script: str, tmp_path, cache_home: str, tmp_dir=None, **env_vars) -> str:
-    env = dict(os.environ, HOME=str(tmp_path), TMPDIR=str(tmp_dir or tmp_path),
-               CUDA_VISIBLE_DEVICES="", XDG_CACHE_HOME=cache_home, **env_vars,
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = user_env(HOME=str(tmp_path), TMPDIR=str(tmp_dir or tmp_path),
+                   CUDA_VISIBLE_DEVICES="", XDG_CACHE_HOME=cache_home, **env_vars,
+                   PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     env.pop("NANOVLLM_MODEL", None)
     out = subprocess.run([sys.executable, os.path.join(ROOT, script)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)

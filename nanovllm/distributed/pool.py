@@ -3,15 +3,11 @@
 Workers are woken through semaphores, not Events: Event.set() waits for every sleeper to
 wake, so it would block forever on a worker killed while it waited.
 """
-import os
-import threading
 from dataclasses import dataclass
 from multiprocessing import connection
 
-from nanovllm.utils.process import Child, exit_description, reaped_exitcode, spawn_context
+from nanovllm.utils.process import Child, exit_description, start_context
 
-# How long to wait for an exited worker's status to become readable (normally microseconds).
-REAP_TIMEOUT_S = 5.0
 # How long stop() waits for workers to exit by themselves before terminating them.
 JOIN_TIMEOUT_S = 10.0
 
@@ -25,7 +21,6 @@ class WorkerSpec:
     device: str
     port: int
     shm_name: str
-    parent_pid: int
 
 
 class WorkerPool:
@@ -34,11 +29,9 @@ class WorkerPool:
     def __init__(self, target, args: tuple, specs: list[WorkerSpec]):
         """Spawn target(*args, spec, request, done) once per spec (target is the worker's
         body, passed in so that this module stays below the device side)."""
-        ctx = spawn_context("an LLM with tensor_parallel_size > 1")
+        ctx = start_context("an LLM with tensor_parallel_size > 1")
         self.children: list[Child] = []
         self.requests, self.dones = [], []
-        # Process.exitcode reaps with waitpid: the watchdog and a failed call must take turns.
-        self._reap_lock = threading.Lock()
         for spec in specs:
             request, done = ctx.Semaphore(0), ctx.Semaphore(0)
             # Not daemonic (a worker may need child processes, e.g. torch.compile's); rank 0
@@ -73,26 +66,15 @@ class WorkerPool:
 
     def dead_worker(self, wait_s: float = 0.0) -> str | None:
         """A description of the first worker that has exited, waiting up to wait_s for one."""
-        sentinels = [p.sentinel for p in self.procs]
+        sentinels = [c.sentinel for c in self.children]
         ready = set(connection.wait(sentinels, timeout=wait_s)) if sentinels else set()
-        # Two races hide a dead worker's status. A sentinel turns ready when the dying process
-        # closes its files, a moment before the kernel makes it reapable, so a non-blocking
-        # waitpid (Process.exitcode) can still say "running": join() waits for the status.
-        # And two threads reaping at once could both miss it, one of them getting ECHILD:
-        # the lock makes our own threads take turns; a reaper outside it (any caller of
-        # join() or is_alive()) stores the status in the same Process object moments later.
-        with self._reap_lock:
-            for rank, p in enumerate(self.procs, 1):
-                if p.sentinel in ready:
-                    p.join(REAP_TIMEOUT_S)
-                code = p.exitcode
-                if code is None and p.sentinel in ready:
-                    code = reaped_exitcode(p)
-                if code is None and p.sentinel not in ready:
-                    continue
-                # code None: reaped by someone else, the status is gone.
-                return (f"tensor-parallel worker rank {rank} (pid {p.pid}) died "
-                        f"({exit_description(code)}); shut this LLM down and create a new one")
+        for rank, child in enumerate(self.children, 1):
+            if child.sentinel in ready:
+                # Child reads the status one thread at a time (the watchdog, a failed call).
+                # None: reaped by someone else, the status is gone.
+                return (f"tensor-parallel worker rank {rank} (pid {child.pid}) died "
+                        f"({exit_description(child.exitcode())}); shut this LLM down and "
+                        f"create a new one")
         return None
 
     def stop(self, clean: bool) -> None:
@@ -105,5 +87,5 @@ class WorkerPool:
 
 def worker_specs(backend: str, devices: list, port: int, shm_name: str) -> list[WorkerSpec]:
     """One spec per worker rank (1..N-1)."""
-    return [WorkerSpec(rank, backend, str(devices[rank]), port, shm_name, os.getpid())
+    return [WorkerSpec(rank, backend, str(devices[rank]), port, shm_name)
             for rank in range(1, len(devices))]

@@ -39,50 +39,67 @@ async def respond(request: Request, engine: AsyncLLM, model: str, prompts: list[
         streams = [metrics.track(s, len(p["prompt_token_ids"]), sp.n)
                    for s, p in zip(streams, prompts)]
     outputs = merge(streams)
+    # Prompt logprobs come with a request's end: an echo with logprobs also sends each
+    # completion whole, in one chunk, once all have ended.
+    echo_rows = echo is not None and top_logprobs is not None
+    take = _taker(engine, prompts, choices, sp.n, echo_rows)
+    if stream:
+        chunk_kind = kind + ".chunk"
+        return await _stream(outputs, take, choices, chat, include_usage, prompt_tokens,
+                             lambda: envelope(rid, chunk_kind, model, created), echo_rows)
+    if not await _collect(request, outputs, take):
+        return Response(status_code=499)  # nobody reads it; the requests were aborted
+    body = envelope(rid, kind, model, created)
+    body["choices"] = [c.final() for c in choices]
+    body["usage"] = usage(prompt_tokens, sum(c.num_tokens for c in choices))
+    return JSONResponse(body)
 
+
+def _taker(engine: AsyncLLM, prompts: list[dict], choices: list[Choice], n: int,
+           echo_rows: bool):
+    """take((prompt index, RequestOutput)): the output folded into its prompt's choices,
+    returning each moved choice's delta part (echo_rows: the prompt's logprob rows first)."""
     def take(item) -> list[dict]:
         i, out = item
-        if echo is not None and top_logprobs is not None and out.prompt_logprobs is not None:
+        if echo_rows and out.prompt_logprobs is not None:
             ids = prompts[i]["prompt_token_ids"]
             first = engine.text.token_text(ids[0])
-            for c in choices[i * sp.n:(i + 1) * sp.n]:
+            for c in choices[i * n:(i + 1) * n]:
                 c.echo_logprobs(out.prompt_logprobs, ids,
                                 f"token_id:{ids[0]}" if first is None else first)
-        return [choices[i * sp.n + c.index].add(c) for c in out.outputs]
+        return [choices[i * n + c.index].add(c) for c in out.outputs]
 
-    if stream:
-        # The first delta before any header: a request the engine refuses gets a plain 400.
-        try:
-            first = await outputs.__anext__()
-        except Exception as e:
-            await outputs.aclose()
-            raise _as_api_error(e) from e
-        except BaseException:
-            await outputs.aclose()
-            raise
-        chunk_kind = kind + ".chunk"
-        # Prompt logprobs come with a request's end: an echo with logprobs sends each
-        # completion whole, in one chunk, once all have ended.
-        whole = echo is not None and top_logprobs is not None
-        return EventStream(_events(outputs, first, take, choices, chat, include_usage,
-                                   lambda: envelope(rid, chunk_kind, model, created),
-                                   prompt_tokens, whole))
+    return take
 
+
+async def _stream(outputs: AsyncIterator, take, choices: list[Choice], chat: bool,
+                  include_usage: bool, prompt_tokens: int, head, whole: bool) -> EventStream:
+    """The streamed answer, once the first delta is in: a request the engine refuses gets a
+    plain 400 instead of a stream that carries the error."""
+    try:
+        first = await outputs.__anext__()
+    except Exception as e:
+        await outputs.aclose()
+        raise _as_api_error(e) from e
+    except BaseException:
+        await outputs.aclose()
+        raise
+    return EventStream(_events(outputs, first, take, choices, chat, include_usage, head,
+                               prompt_tokens, whole))
+
+
+async def _collect(request: Request, outputs: AsyncIterator, take) -> bool:
+    """Fold every output in (an unstreamed answer); False if the client left first."""
     async def collect() -> None:
         async for item in outputs:
             take(item)
 
     try:
-        if not await _unless_client_leaves(request, collect()):
-            return Response(status_code=499)  # nobody reads it; the requests were aborted
+        return await _unless_client_leaves(request, collect())
     except Exception as e:
         raise _as_api_error(e) from e
     finally:
         await outputs.aclose()
-    body = envelope(rid, kind, model, created)
-    body["choices"] = [c.final() for c in choices]
-    body["usage"] = usage(prompt_tokens, sum(c.num_tokens for c in choices))
-    return JSONResponse(body)
 
 
 async def _events(outputs: AsyncIterator, first, take, choices: list[Choice], chat: bool,

@@ -1,5 +1,15 @@
 """Child processes, the one way nanovllm makes them (engine cores, data-parallel replicas,
-tensor-parallel workers): spawn, pipes, death watch, stop. No torch here.
+tensor-parallel workers): start, pipes, death watch, stop. No torch here.
+
+How children start: NANOVLLM_WORKER_MULTIPROC_METHOD=spawn (the default: a fresh interpreter
+each, importing torch anew, 1-2 s of CPU) or forkserver (forked from one server process that
+imported torch once, at the first child; the test suite uses it). Both are safe with CUDA: the
+fork server is itself a fresh interpreter (fork + exec), so it holds none of its parent's CUDA
+state, and it only imports modules (FORKSERVER_PRELOAD), which does not initialize CUDA; each
+child forked from it initializes CUDA for itself, as a spawned one does. A forked child gets
+the parent's current environment (set first thing), but torch was imported with the
+environment of the moment the server started: variables read at torch's import
+(OMP_NUM_THREADS, ...) take that value.
 
 A spawned child re-imports the user's script before running anything of ours. Without an
 `if __name__ == "__main__":` guard, that import creates the engine again, inside the child;
@@ -11,12 +21,19 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 
 logger = logging.getLogger(__name__)
 
+START_METHOD_VAR = "NANOVLLM_WORKER_MULTIPROC_METHOD"
+START_METHODS = ("spawn", "forkserver")
+# Imported once by the fork server, so its children start with them. Only installed packages:
+# the server may start with the default sys.path (Python 3.11's does), where a nanovllm
+# checkout added to sys.path at run time is not found, or another copy is.
+FORKSERVER_PRELOAD = ["torch", "transformers.configuration_utils"]
 GUARD_HINT = ('if this runs from a script, put the code that creates the engine under '
               '`if __name__ == "__main__":` (nanovllm starts spawned processes, and each one '
               're-imports the script; see examples/tensor_parallel.py)')
@@ -28,13 +45,27 @@ TERMINATE_TIMEOUT_S = 2.0
 REAP_TIMEOUT_S = 1.0
 
 
-def spawn_context(what: str):
-    """multiprocessing's spawn context; RuntimeError naming the guard when called while a
-    spawned child is still importing the main script (the engine created at top level)."""
+def start_method() -> str:
+    """How child processes start: $NANOVLLM_WORKER_MULTIPROC_METHOD, spawn by default."""
+    method = os.environ.get(START_METHOD_VAR, "spawn")
+    if method not in START_METHODS:
+        raise ValueError(f"{START_METHOD_VAR}={method!r} is not a start method nanovllm "
+                         f"supports; use one of {', '.join(START_METHODS)}")
+    return method
+
+
+def start_context(what: str):
+    """multiprocessing's context for start_method() (never plain fork: CUDA cannot be forked
+    into a child); RuntimeError naming the guard when called while a child is still importing
+    the main script (the engine created at top level)."""
     if getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(f"{what} was created while a spawned nanovllm process was importing "
                            f"the main script; {GUARD_HINT}")
-    return mp.get_context("spawn")  # CUDA cannot be forked into a child
+    method = start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # no effect once the server runs
+    return ctx
 
 
 def exit_description(code: int | None) -> str:
@@ -67,13 +98,17 @@ def reaped_exitcode(p) -> int | None:
 
 
 class Child:
-    """One spawned process: started at once, watched, and stopped (asked, then terminated,
-    then killed)."""
+    """One child process: started at once, watched, and stopped (asked, then terminated,
+    then killed). Its status is read by one thread at a time: a fork server's child reports
+    it through a pipe that only one reader can drain (a second would read 255)."""
 
     def __init__(self, ctx, target, args: tuple, name: str, group: bool = False):
         """group: the child makes a process group of its own (start_group), which stop()
         kills if the child did not exit cleanly."""
         self.group = group
+        self._lock = threading.Lock()
+        if ctx.get_start_method() == "forkserver":  # as spawned: the environment of now
+            target, args = _in_environment, (dict(os.environ), target, args)
         self.proc = ctx.Process(target=target, name=name, args=args)
         self.proc.start()
 
@@ -87,37 +122,52 @@ class Child:
         return self.proc.sentinel
 
     def is_alive(self) -> bool:
-        return self.proc.is_alive()
+        return not self._ended(0)
+
+    def _ended(self, timeout_s: float | None) -> bool:
+        """Wait up to timeout_s (None: for ever) for the process to end."""
+        ready = bool(connection.wait([self.proc.sentinel], timeout=timeout_s))
+        # A fork server's sentinel is readable while the status waits in it, and again once
+        # the server closes it: in between, a status just read is the sign.
+        with self._lock:
+            return ready or self.proc.exitcode is not None
 
     def exitcode(self, wait_s: float = 0.0) -> int | None:
         """The exit code, after waiting up to wait_s for the process to end (its pipes close
         a moment before its status is readable); None while it runs."""
-        if wait_s:
-            self.proc.join(wait_s)
-        return reaped_exitcode(self.proc)
+        if not self._ended(wait_s):
+            return None
+        with self._lock:
+            self.proc.join(REAP_TIMEOUT_S)
+            return reaped_exitcode(self.proc)
 
     def join(self, timeout_s: float | None = None) -> None:
-        self.proc.join(timeout_s)
+        self.exitcode(timeout_s)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Wait up to timeout_s for the process to exit (it was asked to), then terminate it,
         then kill it (and its process group, if it made one and did not exit cleanly)."""
         p = self.proc
-        p.join(timeout_s)
-        if p.is_alive():
+        if not self._ended(timeout_s):
             if timeout_s:
                 logger.warning("%s did not stop in %.0f s: terminating it", p.name, timeout_s)
             p.terminate()
-            p.join(TERMINATE_TIMEOUT_S)
-        if p.is_alive():
-            p.kill()
-            p.join()
-        if self.group and p.exitcode != 0:
+            if not self._ended(TERMINATE_TIMEOUT_S):
+                p.kill()
+        code = self.exitcode(wait_s=None)
+        if self.group and code != 0:
             # Killed: its own children (tensor-parallel workers) would notice only later.
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass  # none left
+
+
+def _in_environment(environment: dict, target, args: tuple):
+    """A forked child's entry: the parent's environment of the start, then target(*args)."""
+    os.environ.clear()
+    os.environ.update(environment)
+    return target(*args)
 
 
 def start_group() -> None:

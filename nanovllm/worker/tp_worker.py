@@ -1,5 +1,6 @@
 """A tensor-parallel worker process: its own ModelRunner, fed by rank 0 through the channel."""
 import logging
+import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
@@ -13,8 +14,9 @@ from nanovllm.distributed.pool import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
-# How often an idle worker checks that rank 0 is still alive.
-PARENT_POLL_S = 1.0
+# How often an idle worker checks that rank 0 is still alive (a wake-up costs microseconds;
+# an orphaned worker exits within this).
+PARENT_POLL_S = 0.25
 
 
 @dataclass
@@ -51,7 +53,9 @@ def worker_main(config: Config, spec: WorkerSpec, request, done) -> None:
         done.release()  # "ready"
         while True:
             while not request.acquire(timeout=PARENT_POLL_S):
-                if os.getppid() != spec.parent_pid:  # rank 0 died without shutting us down
+                # Rank 0 died without shutting us down. (Its pid is no test: under a fork
+                # server, that server is our parent.)
+                if not multiprocessing.parent_process().is_alive():
                     os._exit(0)
             message = channel.recv()
             if isinstance(message, Stop):

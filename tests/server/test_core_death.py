@@ -11,6 +11,7 @@ import psutil
 
 from tests.server.conftest import ENGINE_KW, MODEL
 from tests.server.test_run_server import free_port
+from tests.support.scripts import user_env
 from tests.support.server import wait_healthy
 
 
@@ -20,7 +21,7 @@ def test_server_exits_non_zero_when_the_core_dies(toy_models):
     options = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_KW.items()]
     argv = [sys.executable, "-m", "nanovllm.server", toy_models[MODEL], "--port", str(port),
             "--served-model-name", "toy", "--log-level", "warning", *options]
-    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": root}, text=True,
+    proc = subprocess.Popen(argv, env=user_env(PYTHONPATH=root), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import ENGINE_KW, MODEL
+from tests.support.scripts import user_env
 from tests.support.server import wait_healthy
 
 SCRIPT = """
@@ -39,7 +40,7 @@ def free_port() -> int:
 def test_signal_stops_server_and_engine(toy_models, sig):
     port = free_port()
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root}
+    env = user_env(PYTHONPATH=root)
     options = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_KW.items()]
     argv = [toy_models[MODEL], "--port", str(port), "--served-model-name", "toy",
             "--log-level", "warning", "--num-kvcache-blocks", "16", "--max-num-seqs", "2"]

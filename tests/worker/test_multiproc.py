@@ -15,6 +15,7 @@ from nanovllm.distributed import channel as channel_module
 from nanovllm.distributed.channel import ShmChannel
 from nanovllm.worker.multiproc import State
 from tests.support.prompts import make_prompts
+from tests.support.scripts import user_env
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 # Only rank 0 samples: penalties and min_tokens (end tokens included) are its work alone.
@@ -186,7 +187,7 @@ def test_workers_exit_when_rank0_dies(toy_models, tmp_path):
     script = tmp_path / "orphan.py"
     script.write_text(_ORPHAN_SCRIPT)
     # The script must import this checkout's nanovllm even where it is not pip-installed.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    env = user_env(PYTHONPATH=os.pathsep.join(
         filter(None, [os.path.dirname(os.path.dirname(os.path.dirname(channel_module.__file__))),
                       os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, str(script), toy_models[MODEL]], capture_output=True,
