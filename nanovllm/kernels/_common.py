@@ -58,31 +58,11 @@ def int8_row_scale(amax):
     return tl.where(amax > 0, amax * (1.0 / 127.0), 1.0)
 
 
-# A GPU widens int8 codes four at a time in PTX (int8_to_fp16); the interpreter cannot run PTX.
-INT8_ASM: tl.constexpr = tl.constexpr(not INTERPRET)
-
-
 @triton.jit
 def int8_to_fp16(x):
     """int8 codes as fp16, exactly, with integer ops instead of an int -> float conversion:
     the bits 0x6400 | (c + 128) are the fp16 number 1024 + c + 128, so subtracting 1152 leaves
     c (every step exact: fp16 holds integers up to 2048)."""
-    if INT8_ASM:
-        # Four codes (one 32-bit register) -> four fp16 (two f16x2 registers): flip the sign
-        # bits, byte-permute each code under a 0x64 high byte and subtract 1152 from both
-        # halves at once: 7 instructions per 4 codes, where an int -> float conversion per
-        # code runs at a quarter of the ALU rate on Hopper.
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 t, hi, bias;
-            xor.b32 t, $2, 0x80808080;
-            mov.b32 hi, 0x64646464;
-            mov.b32 bias, 0x64806480;
-            prmt.b32 $0, t, hi, 0x4140;
-            prmt.b32 $1, t, hi, 0x4342;
-            sub.f16x2 $0, $0, bias;
-            sub.f16x2 $1, $1, bias;
-            }""", "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
     u = x.to(tl.uint8, bitcast=True).to(tl.uint16) ^ 0x80
     return ((u | 0x6400).to(tl.float16, bitcast=True) - 1152.0).to(tl.float16)
 
