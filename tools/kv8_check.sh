@@ -11,6 +11,7 @@
 #          engine start), verbose so failing names show even if the call is cut short
 #   acc    tools/fp8_accuracy.py --gguf (needs GGUF)
 #   kern   tools/bench_kernels.py --int8: bf16 / fp8 / int8 decode kernel alone, int8 variants
+#   mixed  tools/bench_kernels.py --int8-mixed: fp8 vs int8 at the bench's spread of lengths
 # Logs land in $OUT.
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,6 +26,9 @@ if ! python3 -c "import gguf" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/cache}
 nvidia-smi --query-gpu=name --format=csv,noheader
+if has mixed; then
+  timeout 180 python3 tools/bench_kernels.py --int8-mixed 2>&1 | tee "$OUT/mixed.log" | tail -6
+fi
 if has bench; then
   for name in $BENCH; do
     case $name in

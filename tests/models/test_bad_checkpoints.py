@@ -5,7 +5,6 @@ opens it through the public `LLM(...)` and through the loader functions the engi
 """
 import json
 import logging
-import multiprocessing
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ from nanovllm import LLM
 from nanovllm.config import ModelConfig
 from nanovllm.models import model_class
 from nanovllm.models.loader import check_checkpoint, load_model
+from tests.support.scripts import tp_workers
 
 # hidden 96, 8 query / 2 KV heads of 16, intermediate 128, vocab 640, 4 layers, tied head.
 BASE = "tied_gqa4_d16_l4"
@@ -186,7 +186,7 @@ def test_shape_mismatch_under_tensor_parallelism(model_dir):
     want = f"in {re.escape(weights_file(model_dir))} has shape .*, config.json implies"
     with pytest.raises(ValueError, match=want):
         LLM(model_dir, tensor_parallel_size=2, **ENGINE)
-    assert multiprocessing.active_children() == []
+    assert tp_workers() == []
 
 
 @ENTRY_POINTS

@@ -11,3 +11,11 @@ def user_env(**extra: str) -> dict:
     env = {**os.environ, **extra}
     env.pop(START_METHOD_VAR, None)
     return env
+
+
+def tp_workers() -> list:
+    """This process's live tensor-parallel worker children. Not all of its children: other
+    test files' engines (a shared server's engine process) may still run beside the test."""
+    import multiprocessing
+
+    return [p for p in multiprocessing.active_children() if p.name.startswith("nanovllm-tp")]

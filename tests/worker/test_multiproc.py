@@ -1,5 +1,4 @@
 """Tensor parallelism: spawned worker ranks, the shared-memory call channel, failures, clean-up."""
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ from nanovllm.distributed import channel as channel_module
 from nanovllm.distributed.channel import ShmChannel
 from nanovllm.worker.multiproc import State
 from tests.support.prompts import make_prompts
-from tests.support.scripts import user_env
+from tests.support.scripts import tp_workers, user_env
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 # Only rank 0 samples: penalties and min_tokens (end tokens included) are its work alone.
@@ -44,7 +43,7 @@ def assert_cleaned_up(llm, group_released=True):
     llm.shutdown()  # idempotent
     assert time.monotonic() - t < 30
     assert all(not p.is_alive() for p in procs)
-    assert multiprocessing.active_children() == []
+    assert tp_workers() == []
     if group_released:
         assert not torch.distributed.is_initialized()
     if name is not None:
@@ -213,7 +212,7 @@ def _alive(pid: int) -> bool:
 def test_heads_not_divisible_raise_before_spawning(toy_models, name, size):
     with pytest.raises(ValueError, match="divisible by tensor_parallel_size"):
         LLM(toy_models[name], tensor_parallel_size=size, device="cpu")
-    assert multiprocessing.active_children() == []
+    assert tp_workers() == []
 
 
 @pytest.mark.gpu
