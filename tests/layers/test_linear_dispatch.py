@@ -66,9 +66,10 @@ def test_gpu_dispatch(switch, monkeypatch, enabled):
 def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
     """Real weights (SmolLM2-135M, bf16, CUDA graphs), greedy, the skinny kernel in every layer
     (whatever the rule says) vs cuBLAS: the two sum in different orders, so bf16 logits may
-    differ by a rounding. The property: while the tokens agree their log-probs agree (within
-    0.05), and where they first part the two leading tokens were a near tie (within 0.1 nats)
-    in both runs."""
+    differ by roundings that compound over 30 layers. The property: while the tokens agree
+    their log-probs agree as two bf16 runs do (bf16 against fp32 on this model: mean 0.03,
+    max 0.14-0.24 nats), and where they first part the two leading tokens were a near tie
+    (within 0.1 nats) in both runs. A wrong kernel misses all three by far."""
     from nanovllm import LLM, SamplingParams
     from nanovllm.kernels import skinny_gemm
     from tests.models.test_smollm2 import QUESTIONS
@@ -85,7 +86,7 @@ def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
                             use_tqdm=False)
         runs[value] = [o.outputs[0] for o in outs]
         llm.shutdown()
-    identical = 0
+    identical, deltas = 0, []
     for a, b in zip(runs["0"], runs["1"]):
         for step, (ta, tb) in enumerate(zip(a.token_ids, b.token_ids)):
             if ta != tb:
@@ -93,9 +94,11 @@ def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
                     top = sorted((p.logprob for p in lp.values()), reverse=True)
                     assert top[0] - top[1] < 0.1, (step, lp)
                 break
-            assert abs(a.logprobs[step][ta].logprob - b.logprobs[step][tb].logprob) < 0.05
+            deltas.append(abs(a.logprobs[step][ta].logprob - b.logprobs[step][tb].logprob))
         else:
             identical += 1
+    mean = sum(deltas) / len(deltas)
+    assert mean < 0.05 and max(deltas) < 0.35, (mean, max(deltas), len(deltas))
     assert identical >= len(QUESTIONS) // 2  # near ties are rare: most answers are the same
 
 
