@@ -17,6 +17,12 @@ logger = logging.getLogger(__name__)
 
 # Compiled grammars kept (each holds a token-mask cache: up to a few MB for a large vocab).
 CACHE_SIZE = 128
+# A step's mask fill goes to xgrammar's threads only from this many words (rows x words a
+# row) on: handing a fill to its threads costs ~60-100 us a call (2-core CPU), while a row
+# costs ~0.6 us on the calling thread at 13 words (bench.py's 400-token tokenizer) and ~5.5
+# us at 1,536 (SmolLM2's 49k): 64k words is ~250 us on one thread. NANOVLLM_PARALLEL_FILL_WORDS
+# overrides it (0: always threads), to measure the two on one machine.
+PARALLEL_FILL_WORDS = int(os.environ.get("NANOVLLM_PARALLEL_FILL_WORDS", 1 << 16))
 
 
 def _threads() -> int:
@@ -41,7 +47,9 @@ class Grammars:
         # xgrammar leaves the bits past its vocabulary in the last word as they were.
         rem = self.grammar_vocab % 32
         self._tail = np.int32((1 << rem) - 1 if rem else -1)
-        self._batch = None  # xgrammar's BatchGrammarMatcher: fills a step's rows in C++ threads
+        # xgrammar's BatchGrammarMatcher: one filling on the calling thread, one in C++
+        # threads (large fills, see PARALLEL_FILL_WORDS).
+        self._serial = self._parallel = None
         self.eos_ids = sorted(t for t in eos_ids if t < self.grammar_vocab)
         self._pool: futures.ThreadPoolExecutor | None = None  # started by the first request
         self._compiler = None  # xgrammar's, made on the pool's thread (it reads the vocab)
@@ -67,9 +75,15 @@ class Grammars:
         """Write into bitmask[rows[i]] (int32 words over the grammar's vocabulary, bit i of
         word w: token 32 w + i) the tokens grammars[i] allows next, in one batched call:
         ~4x cheaper than a matcher at a time, which matters on every step of a large batch."""
-        if self._batch is None:
-            self._batch = xgrammar().BatchGrammarMatcher(_threads())
-        self._batch.batch_fill_next_token_bitmask([g.matcher for g in grammars], bitmask, rows)
+        if len(rows) * self.words < PARALLEL_FILL_WORDS or _threads() == 1:
+            if self._serial is None:
+                self._serial = xgrammar().BatchGrammarMatcher(1)
+            batch = self._serial
+        else:
+            if self._parallel is None:
+                self._parallel = xgrammar().BatchGrammarMatcher(_threads())
+            batch = self._parallel
+        batch.batch_fill_next_token_bitmask([g.matcher for g in grammars], bitmask, rows)
         bitmask[rows, -1] &= self._tail
 
     def _compile(self, key: tuple):

@@ -2,6 +2,8 @@
 the tokens its grammar does (also the padding columns of logits wider than the tokenizer's
 vocabulary: never), the host builds one bitmask row per logits row, and the sampler's
 constrain() puts -inf on exactly the forbidden tokens without touching its input."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -127,3 +129,28 @@ def test_padding_ids_are_never_allowed_even_where_anything_goes(grammars, tokeni
     inside = allowed(mask, 1)
     assert len(inside) > len(tokenizer) // 2 and max(inside) < len(tokenizer)
     assert allowed(mask, 0) == list(range(32 * grammars.words))  # another row: as it was
+
+
+def test_large_fills_go_to_threads_and_fill_the_same(grammars, tokenizer, monkeypatch):
+    """A fill of fewer than PARALLEL_FILL_WORDS words runs on the calling thread (handing it
+    to threads costs more than it saves at small batches), a larger one on xgrammar's
+    threads; both write the same masks."""
+    from nanovllm.structured import grammars as module
+
+    monkeypatch.setattr(module, "PARALLEL_FILL_WORDS", 3 * grammars.words)
+    monkeypatch.setattr(module, "_threads", lambda: 2)
+    monkeypatch.setattr(grammars, "_serial", None)
+    monkeypatch.setattr(grammars, "_parallel", None)
+    specs = [dict(json={"type": "string"}), dict(regex="[a-c]+x"), dict(choice=["ab", "b"])]
+    gs = [ready(grammars.request(StructuredOutputsParams(**kw))) for kw in specs]
+    assert gs[0].accept(tokenizer.convert_tokens_to_ids('"'))
+    two = np.full((3, grammars.words), -1, np.int32)
+    grammars.fill(two, [2, 0], gs[:2])
+    assert grammars._serial is not None and grammars._parallel is None
+    three = np.full((3, grammars.words), -1, np.int32)
+    grammars.fill(three, [2, 0, 1], gs)
+    assert grammars._parallel is not None
+    assert np.array_equal(three[[2, 0]], two[[2, 0]])
+    first = {tokenizer.decode([t]) for t in allowed(three, 0)}  # the regex's first tokens
+    assert set("abc") <= first and all(re.fullmatch("[a-c]+x?", t) for t in first)
+    assert len(allowed(three, 2)) > len(tokenizer) // 2 and allowed(three, 1) != allowed(two, 1)
