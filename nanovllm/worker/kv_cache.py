@@ -1,5 +1,6 @@
 """Sizing and allocating the paged KV cache of one rank (and the scales of an fp8 or int8
 one)."""
+import gc
 import logging
 
 import torch
@@ -52,12 +53,23 @@ def count_blocks(config: Config, bytes_per_block: int, device: torch.device,
     if config.num_kvcache_blocks > 0:
         return config.num_kvcache_blocks
     if device.type == "cuda":
+        # Memory this process holds for nothing (an earlier engine's KV cache after its
+        # shutdown: freed once its reference cycles are collected, then cached by the
+        # allocator) would read as used by others: collect and hand it back first.
+        gc.collect()
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
         stats = torch.cuda.memory_stats(device)
         peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
         # Budget = utilisation share of the card, minus what others and our weights use
         # (total - free) and the activation peak the warm-up measured.
         budget = total * config.gpu_memory_utilization - (total - free) - (peak - current)
+        if budget < bytes_per_block:
+            gib = 2 ** 30
+            logger.warning("KV cache budget %.2f GiB = gpu_memory_utilization %.2f x %.2f GiB "
+                           "- %.2f GiB in use (weights, other processes) - %.2f GiB warm-up "
+                           "activation peak", budget / gib, config.gpu_memory_utilization,
+                           total / gib, (total - free) / gib, (peak - current) / gib)
         return int(budget) // bytes_per_block
     most = config.max_num_seqs * max_blocks_per_seq  # more could never be used
     return min(CPU_KV_CACHE_BYTES // bytes_per_block, most)
