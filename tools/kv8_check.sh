@@ -6,7 +6,9 @@
 # STEPS, run in this order:
 #   bench  python bench.py (through tools/bench_tuned.py) for each run in BENCH (default
 #          "int8 fp8 int8_fp16dots"; also "bf16", "int8_again"): int8_fp16dots sets
-#          CONFIG_INT8's FP16_DOT (decode's dots in fp16, see nanovllm/kernels/triton_decode.py)
+#          CONFIG_INT8's FP16_DOT (decode's dots in fp16, see nanovllm/kernels/triton_decode.py);
+#          int8_s1 / int8_s2 set its num_stages to 1 / 2 (fewer loads in flight; see
+#          tools/kernel_ir.py)
 #   tests  the int8 GPU tests (tests/kernels/test_int8_kv.py: stores, decode, prefill, one
 #          engine start), verbose so failing names show even if the call is cut short
 #   acc    tools/fp8_accuracy.py --gguf (needs GGUF)
@@ -36,6 +38,8 @@ if has bench; then
       fp8) args=(-- --kv-cache-dtype fp8_e4m3) ;;
       int8 | int8_again) args=(-- --kv-cache-dtype int8) ;;
       int8_fp16dots) args=(--decode-int8 '{"FP16_DOT": true}' -- --kv-cache-dtype int8) ;;
+      int8_s1) args=(--decode-int8 '{"num_stages": 1}' -- --kv-cache-dtype int8) ;;
+      int8_s2) args=(--decode-int8 '{"num_stages": 2}' -- --kv-cache-dtype int8) ;;
       *) echo "unknown BENCH run $name"; continue ;;
     esac
     timeout ${BENCH_TIMEOUT:-150} python3 tools/bench_tuned.py "${args[@]}" \
