@@ -1,8 +1,8 @@
 """Tool calling with the official openai client: tool_choice "required" and a named function
 make the toy model (random weights) call the tools with arguments valid for their parameters
 (the grammar forces them), streamed and not, finish_reason "tool_calls"; a conversation with
-earlier calls and tool results renders; "auto" parses Hermes/Qwen <tool_call> blocks; bad
-tools are a 400."""
+earlier calls and tool results renders; "auto" parses Hermes/Qwen <tool_call> blocks (end
+to end too: a regex makes the toy model write one); bad tools are a 400."""
 import json
 
 import jsonschema
@@ -79,6 +79,26 @@ def test_a_conversation_with_earlier_calls_renders(client, live_server):
     resp = client.chat.completions.create(model=NAME, messages=messages, tools=TOOLS,
                                           max_tokens=5, temperature=0)
     assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    live_server.wait_idle()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_round_trips_a_call_the_model_writes(client, live_server, stream):
+    """tool_choice "auto" end to end: the toy model is made to write a Hermes call (a regex
+    through the structured_outputs extra, which "auto" allows), and the client gets it back
+    as tool_calls with finish_reason "tool_calls", streamed and not."""
+    regex = (r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", '
+             r'"unit": "celsius"\}\}</tool_call>')
+    kw = dict(model=NAME, messages=MESSAGES, tools=TOOLS, tool_choice="auto", max_tokens=200,
+              temperature=1.0, seed=5, extra_body={"structured_outputs": {"regex": regex}})
+    if stream:
+        content, calls, reason = streamed(client.chat.completions.create(stream=True, **kw))
+    else:
+        c = client.chat.completions.create(**kw).choices[0]
+        content, calls, reason = c.message.content, c.message.tool_calls, c.finish_reason
+    assert reason == "tool_calls" and not content
+    check_calls(calls)
+    assert [call.function.name for call in calls] == ["get_weather"]
     live_server.wait_idle()
 
 
