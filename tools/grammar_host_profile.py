@@ -7,7 +7,7 @@ the same prompts unconstrained to the same lengths, both with async scheduling (
 On CPU the model is tiny and its attention returns zeros (the reference attention would take
 most of the time), so what is timed is the host. Prints ms per step of both runs and, for
 the structured one, cProfile's heaviest functions and the grammar's own ones per step.
-NANOVLLM_GRAMMAR_STEP=fused runs the opt-in fused grammar step (structured/grammars.py).
+NANOVLLM_PARALLEL_FILL_WORDS=0 sends every mask fill to xgrammar's threads (structured/grammars.py).
 """
 import argparse
 import cProfile
@@ -105,7 +105,7 @@ def main():
     prof = cProfile.Profile()
     timed(llm, prompts, params, prof)
     print(f"{args.seqs} seqs, {sum(lengths)} tokens (lengths {min(lengths)}..{max(lengths)}), "
-          f"NANOVLLM_GRAMMAR_STEP={os.environ.get('NANOVLLM_GRAMMAR_STEP', 'unfused')}")
+          f"NANOVLLM_PARALLEL_FILL_WORDS={os.environ.get('NANOVLLM_PARALLEL_FILL_WORDS', 'default')}")
     print(f"structured: {constrained * 1e3 / steps:.3f} ms/step ({steps} steps); "
           f"unconstrained, same lengths: {plain * 1e3 / plain_steps:.3f} ms/step "
           f"({plain_steps} steps); ratio of tok/s {plain / constrained:.1%}")
