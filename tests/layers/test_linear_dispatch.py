@@ -63,13 +63,41 @@ def test_gpu_dispatch(switch, monkeypatch, enabled):
 
 
 @pytest.mark.gpu
+def test_gpu_skinny_kernel_is_as_close_to_fp32_as_cublas(switch, monkeypatch, smollm2_path):
+    """Real weights (SmolLM2-135M), teacher-forced over English text, the skinny kernel in
+    every layer of the decode steps (whatever the rule says): bf16 with it is as close to
+    our fp32 model as bf16 with cuBLAS is. (The two bf16 runs sum in different orders, so
+    they differ from each other by bf16 noise, up to ~0.13 nats at a position on an H100;
+    against fp32 each is ~0.03 nats off on average. A wrong kernel would be far off.)"""
+    from nanovllm import LLM
+    from nanovllm.kernels import skinny_gemm
+    from tools.fp8_accuracy import context_logits, logprob_errors, text_ids
+
+    monkeypatch.setattr(skinny_gemm, "beats_cublas", lambda n, k: True)
+
+    def logits(value, dtype):
+        switch(value)
+        llm = LLM(smollm2_path, dtype=dtype, device="cuda", enforce_eager=True,
+                  kvcache_block_size=256, max_model_len=512, num_kvcache_blocks=4)
+        try:
+            ids = text_ids(llm.tokenizer)
+            return context_logits(llm, ids, len(ids) // 2), ids
+        finally:
+            llm.shutdown()
+
+    ref, ids = logits("0", "float32")
+    cublas = logprob_errors(ref, logits("0", "bfloat16")[0], ids, len(ids) // 2)
+    skinny = logprob_errors(ref, logits("1", "bfloat16")[0], ids, len(ids) // 2)
+    assert skinny["decode_mean"] <= 1.25 * cublas["decode_mean"] + 0.005, (skinny, cublas)
+    assert skinny["decode_max"] <= 2 * cublas["decode_max"] + 0.05, (skinny, cublas)
+
+
+@pytest.mark.gpu
 def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
     """Real weights (SmolLM2-135M, bf16, CUDA graphs), greedy, the skinny kernel in every layer
-    (whatever the rule says) vs cuBLAS: the two sum in different orders, so bf16 logits may
-    differ by roundings that compound over 30 layers. The property: while the tokens agree
-    their log-probs agree as two bf16 runs do (bf16 against fp32 on this model: mean 0.03,
-    max 0.14-0.24 nats), and where they first part the two leading tokens were a near tie
-    (within 0.1 nats) in both runs. A wrong kernel misses all three by far."""
+    (whatever the rule says) vs cuBLAS: where two answers first part, the two leading tokens
+    were a near tie (within 0.1 nats) in both runs, and most answers are the same. (How
+    close their log-probs are: the teacher-forced test above, against fp32.)"""
     from nanovllm import LLM, SamplingParams
     from nanovllm.kernels import skinny_gemm
     from tests.models.test_smollm2 import QUESTIONS
@@ -88,7 +116,7 @@ def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
                             use_tqdm=False)
         runs[value] = [o.outputs[0] for o in outs]
         llm.shutdown()
-    identical, deltas = 0, []
+    identical = 0
     for a, b in zip(runs["0"], runs["1"]):
         for step, (ta, tb) in enumerate(zip(a.token_ids, b.token_ids)):
             if ta != tb:
@@ -96,11 +124,8 @@ def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
                     top = sorted((p.logprob for p in lp.values()), reverse=True)
                     assert top[0] - top[1] < 0.1, (step, lp)
                 break
-            deltas.append(abs(a.logprobs[step][ta].logprob - b.logprobs[step][tb].logprob))
         else:
             identical += 1
-    mean = sum(deltas) / len(deltas)
-    assert mean < 0.05 and max(deltas) < 0.35, (mean, max(deltas), len(deltas))
     assert identical >= len(QUESTIONS) // 2  # near ties are rare: most answers are the same
 
 
