@@ -160,6 +160,9 @@ def main():
     ap.add_argument("--weights", default=",".join(KINDS), help=f"from: {', '.join(KINDS)}")
     ap.add_argument("--m", default="1,2,4,8,16")
     ap.add_argument("--sweep", action="store_true", help="try candidate configs (slow)")
+    ap.add_argument("--compare-widen", action="store_true",
+                    help="fp8: also time the table config with Triton's cast to bf16 instead "
+                         "of the integer widening (_common.e4m3_to_bf16)")
     ap.add_argument("--sweep-m", default="1,16")
     ap.add_argument("--large-m", default="", help="fp8: also time these M with tall tiles")
     args = ap.parse_args()
@@ -185,6 +188,14 @@ def main():
                 print(f"  M={m:2d}  skinny {t * 1e3:8.1f} us {gbs:6.0f} GB/s "
                       f"({gbs * 1e9 / copy_bw:4.0%} copy)   cuBLAS bf16 {tc * 1e3:8.1f} us "
                       f"{gbc:6.0f} GB/s   speed-up {tc / t:4.2f}x")
+                if args.compare_widen and kind != "bf16":
+                    tcast = time_skinny(x, weights, dict(cfg, BITS_TO_BF16=False))
+                    w, s, b = weights[0]
+                    same = torch.equal(skinny_gemm.gemm(x, w, None, s, b),
+                                       skinny_gemm.gemm(x, w, None, s, b, config=dict(
+                                           cfg, BITS_TO_BF16=False)))
+                    print(f"        cast to bf16 {tcast * 1e3:8.1f} us: widening "
+                          f"{tcast / t:4.2f}x faster, same result: {same}")
             if args.sweep:
                 for m in (int(v) for v in args.sweep_m.split(",")):
                     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

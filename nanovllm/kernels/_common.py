@@ -38,6 +38,42 @@ def online_softmax_step(m_i, l_i, qk):
 
 
 
+def bits_to_bf16(w_dtype: torch.dtype, x_dtype: torch.dtype) -> bool:
+    """Whether a GEMM widens its e4m3 weights for bf16 dots with e4m3_to_bf16 (a GPU only:
+    the interpreter cannot run PTX)."""
+    return not INTERPRET and w_dtype == torch.float8_e4m3fn and x_dtype == torch.bfloat16
+
+
+@triton.jit
+def e4m3_to_bf16(w):
+    """e4m3 values as bf16, exactly, with integer ops. Triton's own cast goes through fp16
+    (cvt e4m3x2 -> f16x2, then one cvt per element to bf16): three conversions per two
+    values, and Hopper converts at a quarter of its integer rate, which caps a weight-streaming
+    GEMM below copy speed. Here, four values a time: each byte goes to the top of a 16-bit
+    half (prmt), its exponent and mantissa move down 4 bits to bf16's places (bf16 keeps the
+    sign bit where it is), and one bf16x2 multiply by 2^120 turns e4m3's exponent bias (7)
+    into bf16's (127). e4m3's subnormals land on bf16 subnormals of the same pattern, which
+    the multiply scales exactly; e4m3 has no infinities and its NaN (S.1111.111) is never a
+    stored weight."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 a, b, s, c;
+        mov.b32 c, 0x7B807B80;
+        prmt.b32 a, $2, 0, 0x1404;
+        prmt.b32 b, $2, 0, 0x3424;
+        and.b32 s, a, 0x80008000;
+        and.b32 a, a, 0x7F007F00;
+        shr.b32 a, a, 4;
+        or.b32 a, a, s;
+        and.b32 s, b, 0x80008000;
+        and.b32 b, b, 0x7F007F00;
+        shr.b32 b, b, 4;
+        or.b32 b, b, s;
+        mul.rn.bf16x2 $0, a, c;
+        mul.rn.bf16x2 $1, b, c;
+        }""", "=r,=r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
 # fp8 cache formats: (largest finite value, mantissa bits, exponent bias).
 FP8_FORMATS = {torch.float8_e4m3fn: (448.0, 3, 7), torch.float8_e5m2: (57344.0, 2, 15)}
 

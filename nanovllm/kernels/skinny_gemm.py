@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import INTERPRET, dot_precision
+from nanovllm.kernels._common import INTERPRET, bits_to_bf16, dot_precision, e4m3_to_bf16
 
 # Most rows this kernel is meant for (the callers' dispatch bound).
 MAX_M = 16
@@ -73,7 +73,7 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
                  SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
+                 DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, BITS_TO_BF16: tl.constexpr):
     # Program ids: M tiles fastest, so programs of one column tile run side by side and read
     # its W tile from HBM once (larger M); then column tiles; then K splits.
     pid = tl.program_id(0)
@@ -110,6 +110,8 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
                         other=0.0)
         if DOT_F32:  # the interpreter's bf16 tl.dot is wrong (Triton 3.9); fp32 is exact
             part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        elif BITS_TO_BF16:  # e4m3 weights, bf16 x: widened with integer ops (_common)
+            part = tl.dot(x, tl.trans(e4m3_to_bf16(w)), input_precision=DOT_PREC)
         else:
             # fp8 -> x's dtype is exact (e4m3 values are a subset of bf16's and fp32's).
             part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=DOT_PREC)
@@ -252,6 +254,8 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         scale.stride(0) if mode == BLOCK_SCALE else 0,
         SCALE=mode, SCALE_BN=s_bn, SCALE_BK=s_bk, HAS_BIAS=bias is not None, SPLIT=split > 1,
         EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-        DOT_PREC=dot_precision(x.dtype), DOT_F32=INTERPRET, num_warps=cfg["num_warps"],
+        DOT_PREC=dot_precision(x.dtype), DOT_F32=INTERPRET,
+        BITS_TO_BF16=cfg.get("BITS_TO_BF16", True) and bits_to_bf16(weight.dtype, x.dtype),
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return y.view(*x.shape[:-1], n)

@@ -144,3 +144,25 @@ def test_gpu_graph_replay_matches_eager():
         graph.replay()
         torch.testing.assert_close(y, gemm(x, w), rtol=0, atol=0)
     assert not torch.equal(y, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", ["row", "block"])
+def test_gpu_e4m3_widening_is_exact(scale):
+    """e4m3_to_bf16 (integer widening, the default for e4m3 weights and bf16 x) gives the
+    cast path's result bit for bit: a weight holding every finite e4m3 pattern (subnormals,
+    both zeros), one x row of powers of two so each product is exact, and random rows."""
+    patterns = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    n, k = 64, 1024
+    w = patterns[torch.arange(n * k) % patterns.numel()].view(n, k).view(FP8).cuda()
+    if scale == "row":
+        s, block = torch.rand(n, device="cuda") + 0.5, None
+    else:
+        s, block = torch.rand(1, k // 128, device="cuda") + 0.5, (128, 128)
+    x = torch.randn(5, k, device="cuda").to(torch.bfloat16)
+    x[0] = 2.0 ** torch.randint(-4, 4, (k,), device="cuda")
+    fast = gemm(x, w, None, s, block)
+    cast = gemm(x, w, None, s, block, config=dict(
+        skinny_gemm.choose_config(n, k, w.dtype), BITS_TO_BF16=False))
+    assert torch.equal(fast, cast)
+    check(fast, reference(x, w, s, block, None), torch.bfloat16)
