@@ -1,6 +1,7 @@
 """Where does bench.py's time go? Per-phase step timing plus a kernel profile of decode steps.
 
     python tools/profile_bench.py [--num-seqs 256] [--kv-cache-dtype fp8_e4m3]
+    python tools/profile_bench.py --single --model-shape qwen3-8b --quantization fp8
 """
 import argparse
 import time
@@ -24,8 +25,12 @@ def main():
     ap.add_argument("--single", action="store_true",
                     help="instead: kernel profile of bs=1 decode (GPU time vs wall per step)")
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--model-shape", default="qwen3-0.6b", help="a shape from "
+                    "nanovllm/utils/model_shapes.py (random weights), e.g. qwen3-8b")
+    ap.add_argument("--quantization", default=None, help="e.g. fp8 (weights quantized at load)")
     args = ap.parse_args()
-    llm = LLM(dummy_model_dir(), load_format="dummy", kv_cache_dtype=args.kv_cache_dtype)
+    llm = LLM(dummy_model_dir(args.model_shape), load_format="dummy",
+              kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
     if args.single:
         return profile_single(llm)
     seed(0)

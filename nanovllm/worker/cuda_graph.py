@@ -1,6 +1,7 @@
 """Decode CUDA graphs: captured once per batch size, replayed with inputs staged in place."""
 import torch
 
+from nanovllm.utils.compile_ahead import compile_ahead
 from nanovllm.utils.context import reset_context, set_context
 
 
@@ -33,14 +34,21 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._capture()
 
+    def _set_batch(self, bs: int) -> tuple:
+        """The decode context of a bs-row graph; returns the model's inputs."""
+        set_context(is_prefill=False, slot_mapping=self.meta[2, :bs],
+                    context_lens=self.meta[3, :bs], block_tables=self.table[:bs],
+                    decode_order=self.meta[4, :bs])
+        return self.meta[0, :bs], self.meta[1, :bs]
+
     @torch.inference_mode()
     def _capture(self) -> None:
+        with compile_ahead() as ahead:  # every size's kernel variants, compiled in parallel
+            for bs in self.batch_sizes if ahead else ():
+                self.model(*self._set_batch(bs))
         pool = None
         for bs in reversed(self.batch_sizes):
-            set_context(is_prefill=False, slot_mapping=self.meta[2, :bs],
-                        context_lens=self.meta[3, :bs], block_tables=self.table[:bs],
-                        decode_order=self.meta[4, :bs])
-            args = self.meta[0, :bs], self.meta[1, :bs]
+            args = self._set_batch(bs)
             self.outputs[:bs] = self.model(*args)  # warm-up (compiles, autotunes)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool):

@@ -1,9 +1,11 @@
 """Start-up passes of a ModelRunner: the activation peak that sizes the KV cache, and one
-run of every kernel variant so none compiles in the middle of a user's generate."""
+run of every kernel variant so none compiles in the middle of a user's generate. Each pass
+runs once compile-only first (utils/compile_ahead.py), so its kernels compile in parallel."""
 import torch
 
 from nanovllm.engine.sequence import Sequence
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.compile_ahead import compile_ahead
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.sampler import SamplingTensors
 
@@ -15,8 +17,17 @@ def size_activations(runner) -> None:
         # Only the GPU sizes its KV cache from this peak; on a CPU the same 16k-token
         # prefill would cost minutes of start-up for nothing.
         return
+    with compile_ahead() as ahead:
+        if ahead:
+            _largest_prefill(runner)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    _largest_prefill(runner)
+    torch.cuda.synchronize()
+
+
+def _largest_prefill(runner) -> None:
+    """The largest prefill the token budget allows, its logits, and sampling its batch."""
     cfg = runner.config
     seq_len = min(cfg.max_model_len, cfg.max_num_batched_tokens)
     num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
@@ -30,7 +41,6 @@ def size_activations(runner) -> None:
     reset_context()
     if runner.rank == 0:
         warm_sampler(runner, min(cfg.max_num_seqs, 512), 1.0, torch.float32)
-    torch.cuda.synchronize()
 
 
 def compile_kernels(runner) -> None:
@@ -38,6 +48,12 @@ def compile_kernels(runner) -> None:
     before the first request, not in the middle of someone's generate."""
     if runner.device.type != "cuda":
         return
+    with compile_ahead() as ahead:
+        if ahead:
+            warm_prefills(runner)
+            if runner.rank == 0:
+                for rows in (1, 64):
+                    warm_sampler(runner, rows, 0.6, runner.dtype)
     warm_prefills(runner)
     if runner.rank == 0:
         for rows in (1, 64):
