@@ -34,9 +34,9 @@ class Attention(nn.Module):
         ctx = get_context()
         if self.k_cache.numel() == 0:
             # Warm-up before the cache exists (sizing the activations): attention is skipped,
-            # but the rotated K and the V copy an fp8 prefill attends to (exact_chunk) are
-            # alive with its output, as in a real step.
-            q, k = norm_and_rotate(q, k, positions, rope, q_norm, k_norm)
+            # but the rotated q and K the fused RoPE kernel returns and the V copy an fp8
+            # prefill attends to (exact_chunk) are alive with its output, as in a real step.
+            q, k = torch.empty_like(q), torch.empty_like(k)
             v = v.contiguous()
             return torch.zeros_like(q)
         if ctx.calibrate_kv and self.k_scale is not None:

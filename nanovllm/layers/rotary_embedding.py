@@ -5,10 +5,10 @@ import math
 import torch
 from torch import nn
 
-from nanovllm.utils.compile import compile_on_cuda
 
-
-@compile_on_cuda
+# Eager on every device: the GPU runs RoPE in the fused Triton kernel, and this path there
+# only for the fp8 cache's one-time calibration and the torch backend (a test oracle).
+# torch.compile here made a fresh start import and run inductor (seconds, docs/PERF_NOTES.md).
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.float().chunk(2, -1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).to(x.dtype)
