@@ -33,6 +33,21 @@ class RotaryEmbedding(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
+_ROPES: dict = {}
+
+
+def get_rope(head_dim: int, max_position: int, base: float,
+             scaling: dict | None = None) -> RotaryEmbedding:
+    """The RotaryEmbedding for these settings on the current default device, made once: every
+    layer of a model shares its cos/sin table (Qwen3-0.6B: 28 tables of 21 MB were 0.57 GB of
+    GPU memory, ~20 KV blocks, and 2.2 s of a CPU start-up). The table is never written."""
+    key = (head_dim, max_position, base, repr(sorted((scaling or {}).items())),
+           str(torch.get_default_device()))
+    if key not in _ROPES:
+        _ROPES[key] = RotaryEmbedding(head_dim, max_position, base, scaling)
+    return _ROPES[key]
+
+
 def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     """The frequencies of a scaled RoPE (ModelConfig.rope_scaling, already validated)."""
     factor = scaling["factor"]

@@ -9,7 +9,7 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanovllm.layers.rotary_embedding import RotaryEmbedding
+from nanovllm.layers.rotary_embedding import get_rope
 from nanovllm.models.quantization import linear_method
 
 
@@ -29,8 +29,8 @@ class DecoderAttention(nn.Module):
         self.head_dim = d
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size, bias=o_bias,
                                         quant_method=linear_method(cfg, prefix, ["o_proj"]))
-        self.rotary_emb = RotaryEmbedding(d, cfg.max_position_embeddings, cfg.rope_theta,
-                                          cfg.rope_scaling)
+        self.rotary_emb = get_rope(d, cfg.max_position_embeddings, cfg.rope_theta,
+                                   cfg.rope_scaling)
         self.attn = Attention(self.num_heads, d, d ** -0.5, self.num_kv_heads)
         if qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
