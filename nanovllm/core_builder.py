@@ -7,16 +7,19 @@ import signal
 from nanovllm.config import Config
 from nanovllm.engine.core import EngineCore
 from nanovllm.engine.core_loop import picklable, serve_core
+from nanovllm.engine.executor import Executor
 from nanovllm.engine.messages import Dead
 from nanovllm.structured.grammars import Grammars
 from nanovllm.utils.process import exit_at_once, start_group
 from nanovllm.worker import create_executor
 
 
-def build_core(config: Config, eos_ids: set[int], tokenizer, stream: bool) -> EngineCore:
-    """An EngineCore on this process's device(s), with a grammar service for structured
-    output when there is a tokenizer (it compiles nothing until a request asks)."""
-    executor = create_executor(config)
+def build_core(config: Config, eos_ids: set[int], tokenizer, stream: bool,
+               executor: Executor | None = None) -> EngineCore:
+    """An EngineCore on this process's device(s) (on `executor` when one was made
+    already), with a grammar service for structured output when there is a tokenizer (it
+    compiles nothing until a request asks)."""
+    executor = executor or create_executor(config)
     grammars = (None if tokenizer is None
                 else Grammars(tokenizer, config.hf_config.vocab_size, eos_ids))
     return EngineCore(config, executor, eos_ids, tokenizer, stream, grammars)

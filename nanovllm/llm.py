@@ -10,6 +10,7 @@ import atexit
 import itertools
 import queue
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from time import perf_counter
 
@@ -26,6 +27,22 @@ from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.structured import validate as validate_structured
 from nanovllm.utils.tokenizer import load_tokenizer
+
+
+def _tokenizer_beside_executor(config: Config):
+    """(tokenizer, executor): the tokenizer loads on a thread while this one builds the
+    executor (weights, KV cache, warm-up). Both take seconds on a fresh machine (importing
+    transformers; compiling kernels), and they need nothing from each other."""
+    from nanovllm.worker import create_executor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="nanovllm-tokenizer") as pool:
+        job = pool.submit(load_tokenizer, config.tokenizer)
+        executor = create_executor(config)
+        try:
+            return job.result(), executor
+        except BaseException:
+            executor.shutdown()
+            raise
 
 
 class State(Enum):
@@ -45,17 +62,23 @@ class LLM:
         single core in a process of its own, as each data-parallel replica runs."""
         # Here, not at the top: building a core brings in the device side (torch), which
         # importing nanovllm must not.
-        from nanovllm.launch import start_clients
+        from nanovllm.launch import in_process, start_clients
 
         config = Config.from_kwargs(model, **kwargs)
         self.config = config
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
+        executor = None
+        if config.skip_tokenizer_init:
+            self.tokenizer = None
+        elif in_process(config, engine_process):
+            self.tokenizer, executor = _tokenizer_beside_executor(config)
+        else:
+            self.tokenizer = load_tokenizer(config.tokenizer)
         self.text = TextDecoder(self.tokenizer)
         self.state, self.failure = State.READY, None
         self._messages: queue.Queue = queue.Queue()  # (client, Outputs | Dead) from cores
         self.clients = start_clients(config, resolve_eos_ids(config, self.tokenizer),
                                      self.tokenizer, lambda c, m: self._messages.put((c, m)),
-                                     engine_process)
+                                     engine_process, executor)
         self._inproc = isinstance(self.clients[0], InprocClient)
         self.inputs = InputProcessor(config, self.tokenizer,
                                      min(c.num_kvcache_blocks for c in self.clients),
