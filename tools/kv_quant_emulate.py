@@ -62,15 +62,24 @@ def patch(backend, scheme: str, mix: bool) -> None:
         v = v.float() if fv is None else fv(v.float())
         store(k, v, k_cache, v_cache, ctx)
 
-    def prefill(q, k, v, k_cache, v_cache, ctx, scale, k_scale=None, v_scale=None):
-        tables = ctx.block_tables
-        if not ctx.has_cached_context:  # own K/V unquantized
-            k_cache, v_cache, tables = attention_backend.chunk_as_cache(k, v, ctx)
-        return torch_ref.prefill_attention_torch(q, k_cache, v_cache, ctx.cu_seqlens_q,
-                                                 ctx.cu_seqlens_k, tables, scale)
-
     backend.store_kv = store_kv
-    backend.prefill = prefill
+    backend.prefill = own_kv_prefill
+
+
+def own_kv_prefill(q, k, v, k_cache, v_cache, ctx, scale, k_scale=None, v_scale=None):
+    """The torch backend's prefill as the fp8 path runs it: a prefill without cached tokens
+    attends to its own K/V unquantized."""
+    tables = ctx.block_tables
+    if not ctx.has_cached_context:
+        k_cache, v_cache, tables = attention_backend.chunk_as_cache(k, v, ctx)
+    return torch_ref.prefill_attention_torch(q, k_cache, v_cache, ctx.cu_seqlens_q,
+                                             ctx.cu_seqlens_k, tables, scale)
+
+
+def report(path: str, name: str, err: dict) -> None:
+    """One line of logprob_errors' figures."""
+    print(f"{path} {name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in err.items()), flush=True)
 
 
 def run(model: str, ids: list[int], scheme: str | None, mix: bool, kv: str = "auto"):
@@ -109,10 +118,8 @@ def main() -> None:
             runs.append((None, not args.no_mix, "fp8_e4m3"))
         for scheme, mix, kv in runs:
             got = run(args.gguf, ids, scheme, mix, kv)
-            err = logprob_errors(ref, got, ids, len(ids) // 2)
-            print(f"{path} {scheme or 'engine ' + kv} mix={mix}: " + ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                for k, v in err.items()), flush=True)
+            report(path, f"{scheme or 'engine ' + kv} mix={mix}",
+                   logprob_errors(ref, got, ids, len(ids) // 2))
 
 
 if __name__ == "__main__":
