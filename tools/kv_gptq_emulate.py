@@ -6,8 +6,9 @@ Plain rounding (RTN) makes each element's error independent, so a score q.k errs
 sum_i q_i d_i. Rounding the elements of a row in turn, each time pushing the error made so far
 onto the elements not yet rounded, weighted by the queries' second moments H = E[q q^T] (per
 layer and kv head, from the first prefill's queries as the engine calibrates its fp8 scales),
-minimizes E[(q.d)^2] instead of sum d_i^2 (GPTQ's update, with H^-1's Cholesky factor). Only
-the store would change; the decode kernel reads the same e4m3 values.
+minimizes E[(q.d)^2] instead of sum d_i^2 (GPTQ's update, with H^-1's Cholesky factor:
+nanovllm/kernels/kv_feedback.py). Only the store would change; the decode kernel reads the
+same e4m3 values.
 
 The engine runs an fp32 model with an fp32 cache; the torch backend's rope_and_store is
 patched to round K (and V, plain) through e4m3 with the engine's per-kv-head scales
@@ -23,6 +24,7 @@ import torch
 
 from nanovllm import LLM
 from nanovllm.kernels import torch_ref
+from nanovllm.kernels.kv_feedback import DAMP, feedback_factor, quantize_feedback
 from nanovllm.layers import attention_backend
 from nanovllm.layers.attention import KV_SCALE_MARGIN, Attention
 from tools.fp8_accuracy import context_logits, logprob_errors, text_ids
@@ -34,27 +36,6 @@ FP8 = torch.float8_e4m3fn
 def e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [..., Hkv, D] rounded to e4m3 with per-kv-head scales [Hkv], back in fp32."""
     return torch_ref.dequantize(torch_ref.quantize(x, scale, FP8), scale)
-
-
-def gptq_round(k: torch.Tensor, scale: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
-    """k [T, Hkv, D] rounded to e4m3 column by column with error feedback: chol [Hkv, D, D]
-    is the upper Cholesky factor of H^-1 per kv head."""
-    w = k.float().clone()
-    out = torch.empty_like(w)
-    for i in range(w.shape[-1]):
-        col = w[:, :, i]
-        q = (col / scale).clamp(-448, 448).to(FP8).float() * scale
-        out[:, :, i] = q
-        err = (col - q) / chol[:, i, i]  # [T, Hkv]
-        w[:, :, i + 1:] -= err[:, :, None] * chol[None, :, i, i + 1:]
-    return out
-
-
-def inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
-    """Upper Cholesky factor of (H + damp * mean(diag H) * I)^-1 per kv head, h [Hkv, D, D]."""
-    d = h.shape[-1]
-    h = h + damp * h.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * torch.eye(d)
-    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
 def patch(runner, mode: str, damp: float) -> None:
@@ -71,15 +52,12 @@ def patch(runner, mode: str, damp: float) -> None:
         layer = state["call"] % len(layers)
         state["call"] += 1
         if layer not in state["calib"]:  # the first prefill calibrates this layer
-            hkv = k.shape[1]
-            qf = q.float().view(q.shape[0], hkv, -1, q.shape[-1])  # [T, Hkv, G, D]
-            rows = qf.permute(1, 0, 2, 3).reshape(hkv, -1, q.shape[-1])
-            h = rows.transpose(1, 2) @ rows / rows.shape[1]
             ks = k.float().abs().amax(dim=(0, 2)) * KV_SCALE_MARGIN / 448.0
             vs = v.float().abs().amax(dim=(0, 2)) * KV_SCALE_MARGIN / 448.0
-            state["calib"][layer] = (ks, vs, inverse_factor(h, damp))
-        ks, vs, chol = state["calib"][layer]
-        kq = gptq_round(k, ks, chol) if mode == "gptq" else e4m3(k.float(), ks)
+            state["calib"][layer] = (ks, vs, feedback_factor(q, k.shape[1], damp))
+        ks, vs, factor = state["calib"][layer]
+        kq = (torch_ref.dequantize(quantize_feedback(k, ks, factor), ks) if mode == "gptq"
+              else e4m3(k.float(), ks))
         store(kq, e4m3(v.float(), vs), k_cache, v_cache, ctx)
         return q, k
 
@@ -87,7 +65,7 @@ def patch(runner, mode: str, damp: float) -> None:
     backend.prefill = own_kv_prefill
 
 
-def run(model: str, ids: list[int], mode: str | None, damp: float = 0.01):
+def run(model: str, ids: list[int], mode: str | None, damp: float = DAMP):
     """context_logits of ids (first half prefilled), fp32 model: the fp32 cache (mode None)
     or K rounded by `mode`."""
     llm = LLM(model, dtype="float32", device="cpu", enforce_eager=True, kvcache_block_size=64,
