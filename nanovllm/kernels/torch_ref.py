@@ -10,6 +10,8 @@ block_size, num_kv_heads], fp32, any strides: the engine's is a head-major view)
 """
 import torch
 
+from nanovllm.kernels.kv_feedback import quantize_feedback
+
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 INT8_MAX = 127
 # A row's scale is max|x| times fp32(1 / 127), a multiply rather than a division: torch on a
@@ -52,9 +54,10 @@ def dequantize(x, scale):
 
 
 def store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping, k_scale=None,
-                        v_scale=None) -> None:
+                        v_scale=None, k_feedback=None) -> None:
     """Write new tokens' K/V [T, Hkv, D] into the paged cache at slot_mapping (-1 = skip);
-    an int8 cache's row scales go to k_scale / v_scale at the same slots."""
+    an int8 cache's row scales go to k_scale / v_scale at the same slots. k_feedback (an fp8
+    cache): K rounded with error feedback through it (kv_feedback.quantize_feedback)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
@@ -64,6 +67,8 @@ def store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping, k_scale=None,
             codes, row_scales = quantize_rows(x[keep])
             rows[slots] = codes
             scale[slots // cache.shape[1], slots % cache.shape[1]] = row_scales
+        elif k_feedback is not None and x is k:
+            rows[slots] = quantize_feedback(x[keep], scale, k_feedback, cache.dtype)
         else:
             rows[slots] = quantize(x[keep], scale, cache.dtype)
 

@@ -59,15 +59,50 @@ def _mix(x1, x2, OUT_DTYPE: tl.constexpr, HALF: tl.constexpr, LOG2_HALF: tl.cons
 
 
 @triton.jit
+def _round_fp8(y, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """y (fp32) rounded to the nearest fp8 value (ties to even, clamped to +-FMAX), as fp32:
+    the step is 2^(exponent - MANT), the exponent floored at the smallest normal's."""
+    y = tl.clamp(y, -FMAX, FMAX)
+    e = ((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, 1 - BIAS)
+    step = ((e - MANT + 127) << 23).to(tl.float32, bitcast=True)
+    # 1.5 * 2^23 rounds |x| < 2^22 to an integer, ties to even (torch_ref.ROUND_MAGIC).
+    return ((y / step + 12582912.0) - 12582912.0) * step
+
+
+@triton.jit
+def _feedback_round(y1, y2, fb_ptr, hk, mk, offs, HALF: tl.constexpr, FMAX: tl.constexpr,
+                    MANT: tl.constexpr, BIAS: tl.constexpr):
+    """K halves in units of their scales ([HKV_PAD, HALF] fp32; kv heads hk [HKV_PAD, 1],
+    mask mk) rounded to fp8 column by column, each column's error pushed onto the columns
+    after it through the kv head's factor fb [Hkv, D, D] (kernels/kv_feedback.py, whose
+    reference takes the same steps)."""
+    rows = fb_ptr + hk * (4 * HALF * HALF)
+    for i in range(2 * HALF):
+        first = i < HALF
+        sel = offs[None, :] == (i % HALF)
+        col = tl.sum(tl.where(sel, tl.where(first, y1, y2), 0.0), axis=1, keep_dims=True)
+        r = _round_fp8(col, FMAX, MANT, BIAS)
+        row = rows + i * (2 * HALF)
+        err = (col - r) / tl.load(row + i, mask=mk, other=1.0)
+        u1 = tl.load(row + offs[None, :], mask=mk, other=0.0)
+        u2 = tl.load(row + HALF + offs[None, :], mask=mk, other=0.0)
+        # Columns before i get err * 0; column i becomes its rounded value.
+        y1 = tl.where(sel & first, r, y1 - err * u1)
+        y2 = tl.where(sel & (i >= HALF), r, y2 - err * u2)
+    return y1, y2
+
+
+@triton.jit
 def _norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, slot_ptr,
-    q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+    q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, fb_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pos,
     stride_cslot, stride_ch, stride_sblk, stride_sslot, stride_sh, SCALE_BS, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
     HALF: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_K: tl.constexpr,
     MIX: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-    SOFT: tl.constexpr, KV_INT8: tl.constexpr,
+    SOFT: tl.constexpr, KV_INT8: tl.constexpr, FEEDBACK: tl.constexpr,
 ):
     # One program per token: all its heads at once (a few KB), so a decode step is one wave.
     t = tl.program_id(0)
@@ -111,8 +146,15 @@ def _norm_rope_store_kernel(
         if KV_FP8:
             ks = tl.load(k_scale_ptr + hk, mask=mk, other=1.0)
             vs = tl.load(v_scale_ptr + hk, mask=mk, other=1.0)
-            c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
-            c2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+            if FEEDBACK:  # K rounded with error feedback, in units of its scale
+                y1, y2 = _feedback_round(tl.div_rn(k1.to(tl.float32), ks),
+                                         tl.div_rn(k2.to(tl.float32), ks), fb_ptr, hk, mk,
+                                         offs, HALF, FMAX, MANT, BIAS)
+                c1 = quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT)
+                c2 = quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT)
+            else:
+                c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+                c2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
             c3 = quantize_fp8(v1.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
             c4 = quantize_fp8(v2.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
         elif KV_INT8:
@@ -139,14 +181,15 @@ def _norm_rope_store_kernel(
 
 def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
                     k_cache, v_cache, slot_mapping, return_k: bool = False, k_scale=None,
-                    v_scale=None, mix: bool = False):
+                    v_scale=None, mix: bool = False, k_feedback=None):
     """q [T, Hq, D], k/v [T, Hkv, D] (strided views of the qkv output are fine) -> rotated q
     [T, Hq, D] (and rotated k when return_k); stores rotated k and v at slot_mapping (-1 skips).
     cos_sin_cache is [max_position, ..., D] float32 (cos half, then sin half); the norm
     weights are [D] or both None (no q/k norm). An fp8 cache needs k_scale / v_scale (fp32
     [Hkv]): it stores k / k_scale and v / v_scale; an int8 cache writes each row's scale into
     k_scale / v_scale (fp32 [blocks, block_size, Hkv]). mix: q and k times the Hadamard matrix
-    after RoPE (attention_backend.hadamard_mix)."""
+    after RoPE (attention_backend.hadamard_mix). k_feedback (fp32 [Hkv, D, D], an fp8 cache
+    only): K rounded with error feedback through it (kernels/kv_feedback.py)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim % 2 or head_dim & (head_dim - 1):
@@ -166,13 +209,15 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     _norm_rope_store_kernel[(num_tokens,)](
         q, k, v, positions, cos_sin, q_norm_weight if has_norm else q,
         k_norm_weight if has_norm else k, slot_mapping, q_out, k_out, kc, vc, ks, vs,
+        k_feedback.contiguous() if k_feedback is not None else ks,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos_sin.stride(0), k_cache.stride(1), k_cache.stride(2),
         *row_scale_strides(k_cache, ks, vs), eps,
         HQ=num_heads, HKV=num_kv_heads, HQ_PAD=_pad(num_heads, mix),
         HKV_PAD=_pad(num_kv_heads, mix), HALF=head_dim // 2, HAS_NORM=has_norm,
         WRITE_K=return_k, MIX=mix, LOG2_HALF=(head_dim // 2).bit_length() - 1,
-        DOT_PREC=dot_precision(q.dtype), **meta, num_warps=4,
+        DOT_PREC=dot_precision(q.dtype), **meta, FEEDBACK=k_feedback is not None,
+        num_warps=4,
     )
     return (q_out, k_out) if return_k else q_out
 

@@ -2,6 +2,7 @@
 import torch
 from torch import nn
 
+from nanovllm.kernels.kv_feedback import feedback_factor
 from nanovllm.layers.attention_backend import TorchBackend, norm_and_rotate
 from nanovllm.utils.context import get_context
 
@@ -25,6 +26,9 @@ class Attention(nn.Module):
         # Dequantization scales (None: a cache in the model dtype): fp32 [num_kv_heads] for
         # fp8; for int8 one per cached row, [num_blocks, block_size, num_kv_heads].
         self.k_scale = self.v_scale = None
+        # fp32 [num_kv_heads, D, D] or None: an fp8 cache's K rounded with error feedback
+        # through it (kernels/kv_feedback.py; NANOVLLM_KV_FEEDBACK=1, an experiment).
+        self.k_feedback = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                 rope: nn.Module, q_norm: nn.Module | None = None,
@@ -42,13 +46,16 @@ class Attention(nn.Module):
         if ctx.calibrate_kv and self.k_scale is not None:
             # Once, on the first prefill (ModelRunner's call): the unfused path yields the
             # rotated keys the cache will hold.
-            _, k_rot = norm_and_rotate(q, k, positions, rope, q_norm, k_norm,
-                                       self.backend.mix_kv)
+            q_rot, k_rot = norm_and_rotate(q, k, positions, rope, q_norm, k_norm,
+                                           self.backend.mix_kv)
             fmax = torch.finfo(self.k_cache.dtype).max
             calibrate_kv_scales(k_rot, v, self.k_scale, self.v_scale, fmax)
+            if self.k_feedback is not None:  # weighed by this prefill's queries
+                self.k_feedback.copy_(feedback_factor(q_rot, self.num_kv_heads))
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         q, k = self.backend.rope_and_store(q, k, v, positions, rope, q_norm, k_norm,
-                                           self.k_cache, self.v_cache, ctx, **scales)
+                                           self.k_cache, self.v_cache, ctx, **scales,
+                                           k_feedback=self.k_feedback)
         if ctx.num_decode_rows:
             return self._mixed(q, k, v, ctx, scales)
         if ctx.is_prefill:

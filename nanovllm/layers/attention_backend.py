@@ -28,16 +28,16 @@ class TorchBackend:
     mix_kv = False
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
-                       ctx: Context, k_scale=None, v_scale=None):
+                       ctx: Context, k_scale=None, v_scale=None, k_feedback=None):
         """Per-head q/k norm (when given), RoPE, then the K/V store; returns (q, k)."""
         q, k = norm_and_rotate(q, k, positions, rope, q_norm, k_norm, self.mix_kv)
-        self.store_kv(k, v, k_cache, v_cache, ctx, k_scale, v_scale)
+        self.store_kv(k, v, k_cache, v_cache, ctx, k_scale, v_scale, k_feedback)
         return q, k
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,
-                 v_scale=None) -> None:
+                 v_scale=None, k_feedback=None) -> None:
         torch_ref.store_kvcache_torch(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale,
-                                      v_scale)
+                                      v_scale, k_feedback)
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
@@ -75,7 +75,7 @@ class TritonBackend:
         self._decode = triton_decode.decode_attention
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
-                       ctx: Context, k_scale=None, v_scale=None):
+                       ctx: Context, k_scale=None, v_scale=None, k_feedback=None):
         """The same as the torch path in one kernel (returned k is None unless prefill
         needs it)."""
         weights = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight,
@@ -84,7 +84,8 @@ class TritonBackend:
         new_k = self.needs_new_k or (self.exact_prefill and exact_chunk(ctx, k_scale))
         out = self._rope_store(q, k, v, positions, rope.cos_sin_cache, *weights, k_cache,
                                v_cache, ctx.slot_mapping, return_k=new_k,
-                               k_scale=k_scale, v_scale=v_scale, mix=self.mix_kv)
+                               k_scale=k_scale, v_scale=v_scale, mix=self.mix_kv,
+                               k_feedback=k_feedback)
         return out if new_k else (out, None)
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,

@@ -1,9 +1,13 @@
 """kernels/kv_feedback.py: K rounded to e4m3 with GPTQ's error feedback against the queries'
 second moments."""
+import os
+
+import pytest
 import torch
 
 from nanovllm.kernels.kv_feedback import feedback_factor, quantize_feedback
-from nanovllm.kernels.torch_ref import dequantize, quantize
+from nanovllm.kernels.torch_ref import dequantize, quantize, store_kvcache_torch
+from nanovllm.layers.rotary_embedding import RotaryEmbedding
 
 FP8 = torch.float8_e4m3fn
 
@@ -46,3 +50,64 @@ def test_scores_err_less_on_anisotropic_queries():
         return torch.einsum("qkgd,tkd->qtkg", q, delta).pow(2).mean()
 
     assert score_err(fed) < 0.6 * score_err(plain)
+
+
+def rope_case(mix: bool, device="cpu", dtype=torch.float32):
+    """Inputs of the fused RoPE-store kernel with an fp8 cache, and a factor from
+    anisotropic queries."""
+    g = torch.Generator().manual_seed(3)
+    t, hq, hkv, d, bs = 7, 4, 2, 32, 8
+    q, v = torch.randn(t, hq, d, generator=g), torch.randn(t, hkv, d, generator=g)
+    k = torch.randn(t, hkv, d, generator=g) * 2
+    rope = RotaryEmbedding(d, 64, 1e4)
+    slots = torch.randperm(4 * bs, generator=g)[:t].int()
+    slots[2] = -1  # a padding row writes nowhere
+    queries = torch.randn(64, hq, 4, generator=g) @ torch.randn(4, d, generator=g)
+    factor = feedback_factor(queries, hkv)
+    scales = torch.tensor([0.06, 0.03]), torch.tensor([0.02, 0.05])
+    caches = [torch.zeros(4, bs, hkv, d, dtype=FP8) for _ in range(2)]
+    return [x.to(device) if isinstance(x, torch.Tensor) else x
+            for x in (q.to(dtype), k.to(dtype), v.to(dtype), torch.arange(t), rope, slots,
+                      factor, *scales, *caches)]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter (CPU)")
+@pytest.mark.parametrize("mix", [False, True])
+def test_fused_store_rounds_as_the_reference(mix):
+    """The fused RoPE-store kernel's K codes with feedback equal quantize_feedback's of its
+    rotated K, bit for bit (the interpreter rounds as torch does); V stays plain."""
+    from nanovllm.kernels.triton_rope import norm_rope_store
+
+    q, k, v, pos, rope, slots, factor, ks, vs, kc, vc = rope_case(mix)
+    _, k_rot = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, None, None, 0.0, kc, vc,
+                               slots, return_k=True, k_scale=ks, v_scale=vs, mix=mix,
+                               k_feedback=factor)
+    ref_kc, ref_vc = torch.zeros_like(kc), torch.zeros_like(vc)
+    store_kvcache_torch(k_rot, v, ref_kc, ref_vc, slots, ks, vs, k_feedback=factor)
+    assert torch.equal(kc.view(torch.uint8), ref_kc.view(torch.uint8))
+    assert torch.equal(vc.view(torch.uint8), ref_vc.view(torch.uint8))
+    plain = torch.zeros_like(kc)
+    store_kvcache_torch(k_rot, v, plain, torch.zeros_like(vc), slots, ks, vs)
+    assert not torch.equal(plain.view(torch.uint8), kc.view(torch.uint8))  # it did feed back
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mix", [False, True])
+def test_gpu_fused_store_rounds_as_the_reference(mix):
+    """On a GPU the kernel contracts multiply-adds, so a rare code may differ by one step
+    from the reference's; nearly all are equal."""
+    from nanovllm.kernels.triton_rope import norm_rope_store
+
+    q, k, v, pos, rope, slots, factor, ks, vs, kc, vc = rope_case(mix, "cuda")
+    _, k_rot = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, None, None, 0.0, kc, vc,
+                               slots, return_k=True, k_scale=ks, v_scale=vs, mix=mix,
+                               k_feedback=factor)
+    ref_kc = torch.zeros_like(kc)
+    store_kvcache_torch(k_rot, v, ref_kc, torch.zeros_like(vc), slots, ks, vs,
+                        k_feedback=factor)
+    same = (kc.view(torch.uint8) == ref_kc.view(torch.uint8)).float().mean().item()
+    assert same > 0.98
+    got, want = kc.float(), ref_kc.float()
+    # A differing code is a neighbour: one step is 1/8 of its binade (2^-9 below 2^-6).
+    step = 0.125 * torch.maximum(got.abs(), want.abs()).clamp(min=2.0 ** -6)
+    assert ((got - want).abs() <= step).all()

@@ -268,3 +268,31 @@ def test_blocks_count_the_memory_weights_leave(monkeypatch):
         blocks[name] = count_blocks(cfg, block, torch.device("cuda"), 64)
     assert blocks["fp8"] - blocks["bf16"] in (int(0.44 * gib) // block,
                                               int(0.44 * gib) // block + 1)
+
+
+def test_fp8_feedback_calibrates_its_factor_and_stays_close(toy_models, monkeypatch):
+    """NANOVLLM_KV_FEEDBACK=1: each layer's factor is the identity (plain rounding) until the
+    first prefill sets it from its queries, once; K is rounded through it from then on, and
+    the logits stay as close to the plain cache's as plain fp8's are."""
+    monkeypatch.setenv("NANOVLLM_KV_FEEDBACK", "1")
+    path = toy_models["untied_gqa4_d64"]
+    rng = random.Random(0)
+    ctx = [rng.randrange(400) for _ in range(300)]
+    llm = LLM(path, kv_cache_dtype="fp8_e4m3", **CPU)
+    runner = llm.clients[0].core.executor.runner
+    factors = [layer.k_feedback for layer in runner.attn_layers]
+    assert all(torch.equal(f, torch.eye(64).expand(2, -1, -1)) for f in factors)
+    llm.generate([ctx[:50]], SamplingParams(max_tokens=2), use_tqdm=False)
+    calibrated = [f.clone() for f in factors]
+    assert all(not torch.equal(f, torch.eye(64).expand(2, -1, -1)) for f in calibrated)
+    assert all(torch.equal(f.triu(), f) for f in calibrated)  # upper triangular
+    got = context_logits(llm, ctx, 150)
+    assert all(torch.equal(f, c) for f, c in zip(factors, calibrated))  # set once
+    llm.shutdown()
+    monkeypatch.delenv("NANOVLLM_KV_FEEDBACK")
+    llm = LLM(path, **CPU)
+    ref = context_logits(llm, ctx, 150)
+    llm.shutdown()
+    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
+    assert rel.mean() < 0.1
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.75
