@@ -3,6 +3,7 @@ device side (create_executor), so engine/ and the front ends above it import no 
 import logging
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 from nanovllm.config import Config
 from nanovllm.engine.core import EngineCore
@@ -11,7 +12,22 @@ from nanovllm.engine.executor import Executor
 from nanovllm.engine.messages import Dead
 from nanovllm.structured.grammars import Grammars
 from nanovllm.utils.process import exit_at_once, start_group
+from nanovllm.utils.tokenizer import load_tokenizer
 from nanovllm.worker import create_executor
+
+
+def tokenizer_beside_executor(config: Config):
+    """(tokenizer, executor): the tokenizer loads on a thread while this one builds the
+    executor (weights, KV cache, warm-up). Both take seconds on a fresh machine (importing
+    transformers; compiling kernels), and they need nothing from each other."""
+    with ThreadPoolExecutor(1, thread_name_prefix="nanovllm-tokenizer") as pool:
+        job = pool.submit(load_tokenizer, config.tokenizer)
+        executor = create_executor(config)
+        try:
+            return job.result(), executor
+        except BaseException:
+            executor.shutdown()
+            raise
 
 
 def build_core(config: Config, eos_ids: set[int], tokenizer, stream: bool,

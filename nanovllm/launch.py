@@ -42,7 +42,7 @@ def start_pipe_client(config: Config, eos_ids: set[int], tokenizer, stream: bool
     return client
 
 
-def in_process(config: Config, processes: bool = False) -> bool:
+def steps_in_process(config: Config, processes: bool = False) -> bool:
     """Whether start_clients steps one core in this process (no Ray, one replica)."""
     return (config.distributed_executor_backend != "ray" and config.data_parallel_size == 1
             and not processes)
@@ -54,13 +54,13 @@ def start_clients(config: Config, eos_ids: set[int], tokenizer, sink: Sink,
     (data_parallel_size > 1, or processes), or one core stepped in this process (on
     `executor`, when the caller made it already). Each is ready; if one fails to start,
     those started are stopped and its error raised."""
-    assert executor is None or in_process(config, processes)
+    assert executor is None or steps_in_process(config, processes)
     if config.distributed_executor_backend == "ray":
         from nanovllm.ray_client import start_ray_clients
 
         return start_ray_clients(config, eos_ids, tokenizer, sink)
     dp = config.data_parallel_size
-    if in_process(config, processes):
+    if steps_in_process(config, processes):
         return [InprocClient(build_core(config, eos_ids, tokenizer, stream=False,
                                         executor=executor))]
     gpus = None

@@ -10,7 +10,6 @@ import atexit
 import itertools
 import queue
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from time import perf_counter
 
@@ -27,22 +26,6 @@ from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.structured import validate as validate_structured
 from nanovllm.utils.tokenizer import load_tokenizer
-
-
-def _tokenizer_beside_executor(config: Config):
-    """(tokenizer, executor): the tokenizer loads on a thread while this one builds the
-    executor (weights, KV cache, warm-up). Both take seconds on a fresh machine (importing
-    transformers; compiling kernels), and they need nothing from each other."""
-    from nanovllm.worker import create_executor
-
-    with ThreadPoolExecutor(1, thread_name_prefix="nanovllm-tokenizer") as pool:
-        job = pool.submit(load_tokenizer, config.tokenizer)
-        executor = create_executor(config)
-        try:
-            return job.result(), executor
-        except BaseException:
-            executor.shutdown()
-            raise
 
 
 class State(Enum):
@@ -62,15 +45,16 @@ class LLM:
         single core in a process of its own, as each data-parallel replica runs."""
         # Here, not at the top: building a core brings in the device side (torch), which
         # importing nanovllm must not.
-        from nanovllm.launch import in_process, start_clients
+        from nanovllm.core_builder import tokenizer_beside_executor
+        from nanovllm.launch import start_clients, steps_in_process
 
         config = Config.from_kwargs(model, **kwargs)
         self.config = config
         executor = None
         if config.skip_tokenizer_init:
             self.tokenizer = None
-        elif in_process(config, engine_process):
-            self.tokenizer, executor = _tokenizer_beside_executor(config)
+        elif steps_in_process(config, engine_process):
+            self.tokenizer, executor = tokenizer_beside_executor(config)
         else:
             self.tokenizer = load_tokenizer(config.tokenizer)
         self.text = TextDecoder(self.tokenizer)
