@@ -38,7 +38,18 @@ def e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch_ref.dequantize(torch_ref.quantize(x, scale, FP8), scale)
 
 
-def patch(runner, mode: str, damp: float) -> None:
+def block_diagonal(factor: torch.Tensor, block: int) -> torch.Tensor:
+    """The factor of H with its entries across `block`-channel groups dropped (feedback only
+    within a group: groups could then be rounded side by side)."""
+    d = factor.shape[-1]
+    group = torch.arange(d) // block
+    h = torch.linalg.inv(factor.transpose(1, 2) @ factor)  # back to H + damp
+    h = h * (group[:, None] == group[None, :])
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)),
+                                 upper=True).contiguous()
+
+
+def patch(runner, mode: str, damp: float, block: int = 0) -> None:
     """Make every layer's store round K by `mode` ("rtn" or "gptq") and V plainly."""
     layers = [m for m in runner.model.modules() if isinstance(m, Attention)]
     backend = layers[0].backend
@@ -47,14 +58,17 @@ def patch(runner, mode: str, damp: float) -> None:
     store = backend.store_kv
 
     def rope_and_store(q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache, ctx,
-                       k_scale=None, v_scale=None):
+                       k_scale=None, v_scale=None, k_feedback=None):
         q, k = attention_backend.norm_and_rotate(q, k, positions, rope, q_norm, k_norm, True)
         layer = state["call"] % len(layers)
         state["call"] += 1
         if layer not in state["calib"]:  # the first prefill calibrates this layer
             ks = k.float().abs().amax(dim=(0, 2)) * KV_SCALE_MARGIN / 448.0
             vs = v.float().abs().amax(dim=(0, 2)) * KV_SCALE_MARGIN / 448.0
-            state["calib"][layer] = (ks, vs, feedback_factor(q, k.shape[1], damp))
+            factor = feedback_factor(q, k.shape[1], damp)
+            if block:
+                factor = block_diagonal(factor, block)
+            state["calib"][layer] = (ks, vs, factor)
         ks, vs, factor = state["calib"][layer]
         kq = (torch_ref.dequantize(quantize_feedback(k, ks, factor), ks) if mode == "gptq"
               else e4m3(k.float(), ks))
@@ -65,14 +79,14 @@ def patch(runner, mode: str, damp: float) -> None:
     backend.prefill = own_kv_prefill
 
 
-def run(model: str, ids: list[int], mode: str | None, damp: float = DAMP):
+def run(model: str, ids: list[int], mode: str | None, damp: float = DAMP, block: int = 0):
     """context_logits of ids (first half prefilled), fp32 model: the fp32 cache (mode None)
     or K rounded by `mode`."""
     llm = LLM(model, dtype="float32", device="cpu", enforce_eager=True, kvcache_block_size=64,
               max_model_len=len(ids) + 8, num_kvcache_blocks=-(-len(ids) // 64) + 1)
     try:
         if mode is not None:
-            patch(llm.clients[0].core.executor.runner, mode, damp)
+            patch(llm.clients[0].core.executor.runner, mode, damp, block)
         return context_logits(llm, ids, len(ids) // 2)
     finally:
         llm.shutdown()
@@ -83,16 +97,20 @@ def main() -> None:
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--text", action="append", default=[])
     ap.add_argument("--max-tokens", type=int, default=400)
-    ap.add_argument("--damp", type=float, nargs="+", default=[0.01, 0.1])
+    ap.add_argument("--damp", type=float, nargs="*", default=[0.01, 0.1])
+    ap.add_argument("--blocks", type=int, nargs="*", default=[],
+                    help="also: feedback only within groups of this many channels (damp 0.1)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for path in args.text or ["tools/fp8_text.txt"]:
         ids = text_ids(args.gguf, path)[:args.max_tokens]
         ref = run(args.gguf, ids, None)
-        runs = [("rtn", 0.0)] + [("gptq", d) for d in args.damp]
-        for mode, damp in runs:
-            report(path, f"{mode} damp={damp}",
-                   logprob_errors(ref, run(args.gguf, ids, mode, damp), ids, len(ids) // 2))
+        runs = ([("rtn", 0.0, 0)] + [("gptq", d, 0) for d in args.damp]
+                + [("gptq", DAMP, b) for b in args.blocks])
+        for mode, damp, block in runs:
+            got = run(args.gguf, ids, mode, damp, block)
+            report(path, f"{mode} damp={damp}" + (f" block={block}" if block else ""),
+                   logprob_errors(ref, got, ids, len(ids) // 2))
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def patch(backend, scheme: str, mix: bool) -> None:
     backend.mix_kv = mix
     store = backend.store_kv
 
-    def store_kv(k, v, k_cache, v_cache, ctx, k_scale=None, v_scale=None):
+    def store_kv(k, v, k_cache, v_cache, ctx, k_scale=None, v_scale=None, k_feedback=None):
         k = k.float() if fk is None else fk(k.float())
         v = v.float() if fv is None else fv(v.float())
         store(k, v, k_cache, v_cache, ctx)
