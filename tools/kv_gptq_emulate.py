@@ -22,13 +22,12 @@ import argparse
 
 import torch
 
-from nanovllm import LLM
 from nanovllm.kernels import torch_ref
 from nanovllm.kernels.kv_feedback import DAMP, feedback_factor, quantize_feedback
 from nanovllm.layers import attention_backend
 from nanovllm.layers.attention import KV_SCALE_MARGIN, Attention
-from tools.fp8_accuracy import context_logits, logprob_errors, text_ids
-from tools.kv_quant_emulate import own_kv_prefill, report
+from tools.fp8_accuracy import logprob_errors, text_ids
+from tools.kv_quant_emulate import own_kv_prefill, report, teacher_forced
 
 FP8 = torch.float8_e4m3fn
 
@@ -80,16 +79,9 @@ def patch(runner, mode: str, damp: float, block: int = 0) -> None:
 
 
 def run(model: str, ids: list[int], mode: str | None, damp: float = DAMP, block: int = 0):
-    """context_logits of ids (first half prefilled), fp32 model: the fp32 cache (mode None)
-    or K rounded by `mode`."""
-    llm = LLM(model, dtype="float32", device="cpu", enforce_eager=True, kvcache_block_size=64,
-              max_model_len=len(ids) + 8, num_kvcache_blocks=-(-len(ids) // 64) + 1)
-    try:
-        if mode is not None:
-            patch(llm.clients[0].core.executor.runner, mode, damp, block)
-        return context_logits(llm, ids, len(ids) // 2)
-    finally:
-        llm.shutdown()
+    """teacher_forced logits with the fp32 cache (mode None) or K rounded by `mode`."""
+    return teacher_forced(model, ids, None if mode is None else
+                          lambda runner: patch(runner, mode, damp, block))
 
 
 def main() -> None:

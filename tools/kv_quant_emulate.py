@@ -82,22 +82,31 @@ def report(path: str, name: str, err: dict) -> None:
                                          for k, v in err.items()), flush=True)
 
 
-def run(model: str, ids: list[int], scheme: str | None, mix: bool, kv: str = "auto"):
-    """context_logits of ids (first half prefilled) with an fp32 model: the plain fp32 cache
-    (scheme None, kv "auto"), an emulated scheme, or the engine's own kv_cache_dtype `kv`."""
+def teacher_forced(model: str, ids: list[int], setup=None, kv: str = "auto") -> torch.Tensor:
+    """context_logits of ids (first half prefilled) with an fp32 model on the CPU and a
+    `kv` cache; setup(runner), when given, patches the runner first."""
     llm = LLM(model, dtype="float32", kv_cache_dtype=kv, device="cpu", enforce_eager=True,
               kvcache_block_size=64, max_model_len=len(ids) + 8,
               num_kvcache_blocks=-(-len(ids) // 64) + 1)
     try:
-        runner = llm.clients[0].core.executor.runner
+        if setup is not None:
+            setup(llm.clients[0].core.executor.runner)
+        return context_logits(llm, ids, len(ids) // 2)
+    finally:
+        llm.shutdown()
+
+
+def run(model: str, ids: list[int], scheme: str | None, mix: bool, kv: str = "auto"):
+    """teacher_forced with the plain fp32 cache (scheme None, kv "auto"), an emulated scheme,
+    or the engine's own kv_cache_dtype `kv`."""
+    def setup(runner):
         if scheme is not None:
             layer = next(m for m in runner.model.modules() if isinstance(m, Attention))
             patch(layer.backend, scheme, mix)
         elif kv != "auto":
             runner.attn_layers[0].backend.mix_kv = mix
-        return context_logits(llm, ids, len(ids) // 2)
-    finally:
-        llm.shutdown()
+
+    return teacher_forced(model, ids, setup, kv)
 
 
 def main() -> None:
