@@ -37,17 +37,6 @@ def e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch_ref.dequantize(torch_ref.quantize(x, scale, FP8), scale)
 
 
-def block_diagonal(factor: torch.Tensor, block: int) -> torch.Tensor:
-    """The factor of H with its entries across `block`-channel groups dropped (feedback only
-    within a group: groups could then be rounded side by side)."""
-    d = factor.shape[-1]
-    group = torch.arange(d) // block
-    h = torch.linalg.inv(factor.transpose(1, 2) @ factor)  # back to H + damp
-    h = h * (group[:, None] == group[None, :])
-    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)),
-                                 upper=True).contiguous()
-
-
 def patch(runner, mode: str, damp: float, block: int = 0) -> None:
     """Make every layer's store round K by `mode` ("rtn" or "gptq") and V plainly."""
     layers = [m for m in runner.model.modules() if isinstance(m, Attention)]
@@ -64,9 +53,7 @@ def patch(runner, mode: str, damp: float, block: int = 0) -> None:
         if layer not in state["calib"]:  # the first prefill calibrates this layer
             ks = k.float().abs().amax(dim=(0, 2)) * KV_SCALE_MARGIN / 448.0
             vs = v.float().abs().amax(dim=(0, 2)) * KV_SCALE_MARGIN / 448.0
-            factor = feedback_factor(q, k.shape[1], damp)
-            if block:
-                factor = block_diagonal(factor, block)
+            factor = feedback_factor(q, k.shape[1], damp, group=block or k.shape[-1])
             state["calib"][layer] = (ks, vs, factor)
         ks, vs, factor = state["calib"][layer]
         kq = (torch_ref.dequantize(quantize_feedback(k, ks, factor), ks) if mode == "gptq"

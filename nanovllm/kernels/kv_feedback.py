@@ -4,9 +4,11 @@ Plain rounding gives each element of a key row its own error d_i, so a score q.k
 sum_i q_i d_i. Rounding the row's elements in turn and pushing each one's error onto those not
 yet rounded, weighted by the queries' second moments H = E[q q^T] (GPTQ's update), minimizes
 E[(q.d)^2] instead of sum_i d_i^2. H comes from the queries of the prefill that calibrates the
-fp8 scales. Emulated on SmolLM2 (tools/kv_gptq_emulate.py, docs/PERF_NOTES.md): decode error
-0.0549 -> 0.0373 nats. The torch path and the fused RoPE-store kernel (triton_rope) round
-this way when NANOVLLM_KV_FEEDBACK=1; off by default until a GPU measures its cost.
+fp8 scales. The feedback stays within groups of GROUP channels (H's entries across groups
+dropped), so a store rounds the D / GROUP groups side by side in GROUP sequential steps rather
+than D: emulated on SmolLM2 (tools/kv_gptq_emulate.py, docs/PERF_NOTES.md) groups of 32 keep
+the dense feedback's gain (decode error 0.0549 -> 0.0378 nats vs 0.0373). The torch path and
+the fused RoPE-store kernel (triton_rope) round this way when NANOVLLM_KV_FEEDBACK=1.
 """
 import os
 
@@ -14,6 +16,8 @@ import torch
 
 # Added to H's diagonal, times its mean: best of 0.01-1.0 on both emulated texts.
 DAMP = 0.1
+# Channels per feedback group (at most half a head: the store kernel's tiles are halves).
+GROUP = 32
 
 
 def feedback_wanted() -> bool:
@@ -22,31 +26,56 @@ def feedback_wanted() -> bool:
     return os.environ.get("NANOVLLM_KV_FEEDBACK", "0") == "1"
 
 
-def feedback_factor(q: torch.Tensor, num_kv_heads: int, damp: float = DAMP) -> torch.Tensor:
-    """The upper Cholesky factor [Hkv, D, D] of (H + damp * mean(diag H) * I)^-1 per kv head,
-    H = E[q q^T] over the rotated queries q [T, Hq, D] of that kv head's group."""
+def group_size(head_dim: int) -> int:
+    """Channels per feedback group for this head size."""
+    return min(GROUP, head_dim // 2)
+
+
+def identity_feedback(num_kv_heads: int, head_dim: int, device=None) -> torch.Tensor:
+    """The feedback matrix that pushes no error anywhere (plain rounding), [Hkv, D, G]."""
+    g = group_size(head_dim)
+    rows = torch.arange(head_dim, device=device)
+    eye = (rows[:, None] % g == torch.arange(g, device=device)).half()
+    return eye.expand(num_kv_heads, -1, -1).contiguous()
+
+
+def feedback_factor(q: torch.Tensor, num_kv_heads: int, damp: float = DAMP,
+                    group: int | None = None) -> torch.Tensor:
+    """The feedback matrix [Hkv, D, G] per kv head from the rotated queries q [T, Hq, D] of
+    that kv head's group: row r holds, over the G channels of r's group, the upper Cholesky
+    factor U of (H + damp * mean(diag H) * I)^-1 (H block-diagonal in groups of G) divided
+    by U[r, r], so a rounding error e at r takes e * row off the channels after r. In fp16:
+    the store reads a row per step, and the rows stay near the SM (L1) at half the bytes."""
     t, hq, d = q.shape
+    g = group or group_size(d)
+    assert d % g == 0, (d, g)
     rows = q.float().view(t, num_kv_heads, hq // num_kv_heads, d).permute(1, 0, 2, 3)
     rows = rows.reshape(num_kv_heads, -1, d)
     h = rows.transpose(1, 2) @ rows / rows.shape[1]
     eye = torch.eye(d, device=q.device)
     h = h + damp * h.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * eye
-    factor = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    return factor.contiguous()  # the store kernel reads rows of it
+    blocks = h.view(num_kv_heads, d // g, g, d // g, g).diagonal(dim1=1, dim2=3)
+    blocks = blocks.permute(0, 3, 1, 2)  # [Hkv, groups, G, G]
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(blocks)),
+                              upper=True)
+    u = u / u.diagonal(dim1=-2, dim2=-1)[..., None]
+    return u.reshape(num_kv_heads, d, g).half().contiguous()
 
 
-def quantize_feedback(k: torch.Tensor, scale: torch.Tensor, factor: torch.Tensor,
+def quantize_feedback(k: torch.Tensor, scale: torch.Tensor, feedback: torch.Tensor,
                       dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
-    """k [T, Hkv, D] as `dtype` codes of k / scale[kv head], rounded column by column with
-    GPTQ's error feedback through factor (feedback_factor's [Hkv, D, D]). Works in units of
-    the scale, in the order the fused store kernel does (triton_rope._feedback_round)."""
+    """k [T, Hkv, D] as `dtype` codes of k / scale[kv head], each group's channels rounded in
+    turn with GPTQ's error feedback through `feedback` (feedback_factor's [Hkv, D, G]).
+    Works in units of the scale, in the order the fused store kernel does
+    (triton_rope._feedback_round)."""
     fmax = torch.finfo(dtype).max
-    y = k.float() / scale.float()[:, None]
-    codes = torch.empty(y.shape, dtype=dtype, device=y.device)
-    for i in range(y.shape[-1]):
-        col = y[:, :, i]
-        codes[:, :, i] = col.clamp(-fmax, fmax).to(dtype)
-        err = (col - codes[:, :, i].float()) / factor[:, i, i]
-        # Column i itself is its rounded value now; the rest take the error's share.
-        y[:, :, i + 1:] -= err[:, :, None] * factor[None, :, i, i + 1:]
-    return codes
+    t, hkv, d = k.shape
+    g = feedback.shape[-1]
+    y = (k.float() / scale.float()[:, None]).view(t, hkv, d // g, g)
+    rows = feedback.float().view(hkv, d // g, g, g)
+    for i in range(g):
+        col = y[..., i:i + 1]
+        err = col - col.clamp(-fmax, fmax).to(dtype).float()
+        # Row i is 1 at i: channel i becomes its rounded value, exactly (Sterbenz).
+        y = y - err * rows[:, :, i]
+    return y.view(t, hkv, d).clamp(-fmax, fmax).to(dtype)

@@ -66,31 +66,78 @@ def _round_fp8(y, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
     e = ((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     e = tl.maximum(e, 1 - BIAS)
     step = ((e - MANT + 127) << 23).to(tl.float32, bitcast=True)
+    inv_step = ((MANT - e + 127) << 23).to(tl.float32, bitcast=True)  # exact: a power of two
     # 1.5 * 2^23 rounds |x| < 2^22 to an integer, ties to even (torch_ref.ROUND_MAGIC).
-    return ((y / step + 12582912.0) - 12582912.0) * step
+    return ((y * inv_step + 12582912.0) - 12582912.0) * step
 
 
 @triton.jit
-def _feedback_round(y1, y2, fb_ptr, hk, mk, offs, HALF: tl.constexpr, FMAX: tl.constexpr,
+def _col(t, j, i):
+    """Column i of t [rows, groups, G] (j: arange(G) as [1, 1, G]), as [rows, groups, 1]."""
+    return tl.sum(tl.where(j == i, t, 0.0), axis=2, keep_dims=True)
+
+
+@triton.jit
+def _top_rows(t, R: tl.constexpr):
+    """The first R rows of t [P, C] (P a multiple of R): the mixing's dots pad the kv heads
+    to 16 rows, which the feedback loop would otherwise carry through every step."""
+    P: tl.constexpr = t.shape[0]
+    C: tl.constexpr = t.shape[1]
+    first = tl.arange(0, P // R)[:, None, None] == 0
+    return tl.sum(tl.where(first, tl.reshape(t, [P // R, R, C]), 0.0), axis=0)
+
+
+@triton.jit
+def _feedback_round(y1, y2, fb_ptr, hk, mk, G: tl.constexpr, FMAX: tl.constexpr,
                     MANT: tl.constexpr, BIAS: tl.constexpr):
-    """K halves in units of their scales ([HKV_PAD, HALF] fp32; kv heads hk [HKV_PAD, 1],
-    mask mk) rounded to fp8 column by column, each column's error pushed onto the columns
-    after it through the kv head's factor fb [Hkv, D, D] (kernels/kv_feedback.py, whose
-    reference takes the same steps)."""
-    rows = fb_ptr + hk * (4 * HALF * HALF)
-    for i in range(2 * HALF):
-        first = i < HALF
-        sel = offs[None, :] == (i % HALF)
-        col = tl.sum(tl.where(sel, tl.where(first, y1, y2), 0.0), axis=1, keep_dims=True)
-        r = _round_fp8(col, FMAX, MANT, BIAS)
-        row = rows + i * (2 * HALF)
-        err = (col - r) / tl.load(row + i, mask=mk, other=1.0)
-        u1 = tl.load(row + offs[None, :], mask=mk, other=0.0)
-        u2 = tl.load(row + HALF + offs[None, :], mask=mk, other=0.0)
-        # Columns before i get err * 0; column i becomes its rounded value.
-        y1 = tl.where(sel & first, r, y1 - err * u1)
-        y2 = tl.where(sel & (i >= HALF), r, y2 - err * u2)
-    return y1, y2
+    """K's halves in units of its scale ([R, HALF] fp32; kv heads hk [R, 1], mask mk), their
+    groups of G channels rounded to fp8 side by side, channel by channel, each channel's
+    error times its row of the feedback matrix fb [Hkv, D, G] (fp16) taken off the rest of
+    its group (kernels/kv_feedback.py, whose reference takes the same steps)."""
+    R: tl.constexpr = y1.shape[0]
+    NG: tl.constexpr = y1.shape[1] // G
+    y1 = tl.reshape(y1, [R, NG, G])
+    y2 = tl.reshape(y2, [R, NG, G])
+    j = tl.arange(0, G)[None, None, :]
+    m3 = mk[:, :, None]
+    # Row 0 of each group: half 1 holds groups 0..NG-1, half 2 the next NG.
+    base1 = fb_ptr + (hk[:, :, None] * (2 * NG) + tl.arange(0, NG)[None, :, None]) * (G * G)
+    base2 = base1 + NG * G * G
+    w1 = tl.load(base1 + j, mask=m3, other=0.0)
+    w2 = tl.load(base2 + j, mask=m3, other=0.0)
+    a1 = tl.load(base1 + 1, mask=m3, other=0.0)  # row i's entries at channels i+1 and i+2
+    a2 = tl.load(base2 + 1, mask=m3, other=0.0)
+    b1 = tl.load(base1 + 2, mask=m3 & (G > 2), other=0.0)
+    b2 = tl.load(base2 + 2, mask=m3 & (G > 2), other=0.0)
+    # The chain a step waits on is channel i's rounding and one multiply-add: channels i+1
+    # (c) and i+2 (d) are carried ahead, each brought up to date as an error comes, while
+    # the tile's update and the next extraction (a cross-lane sum) run beside the chain.
+    c1, c2 = _col(y1, j, 0), _col(y2, j, 0)
+    d1, d2 = _col(y1, j, 1), _col(y2, j, 1)
+    for i in range(G):
+        # Next step's row, prefetched (the loads do not wait on the chain).
+        nxt = base1 + (i + 1) * (G + 1)
+        m_a = m3 & (i + 2 < G)
+        m_b = m3 & (i + 3 < G)
+        w1_n = tl.load(nxt - (i + 1) + j, mask=m3 & (i + 1 < G), other=0.0)
+        a1_n = tl.load(nxt + 1, mask=m_a, other=0.0)
+        b1_n = tl.load(nxt + 2, mask=m_b, other=0.0)
+        nxt += NG * G * G
+        w2_n = tl.load(nxt - (i + 1) + j, mask=m3 & (i + 1 < G), other=0.0)
+        a2_n = tl.load(nxt + 1, mask=m_a, other=0.0)
+        b2_n = tl.load(nxt + 2, mask=m_b, other=0.0)
+        x1, x2 = _col(y1, j, i + 2), _col(y2, j, i + 2)  # zero past the group's end
+        e1 = c1 - _round_fp8(c1, FMAX, MANT, BIAS)
+        e2 = c2 - _round_fp8(c2, FMAX, MANT, BIAS)
+        # Row i is 1 at channel i: it becomes its rounded value, exactly (Sterbenz).
+        y1 = y1 - e1 * w1.to(tl.float32)
+        y2 = y2 - e2 * w2.to(tl.float32)
+        c1 = d1 - e1 * a1.to(tl.float32)
+        c2 = d2 - e2 * a2.to(tl.float32)
+        d1 = x1 - e1 * b1.to(tl.float32)
+        d2 = x2 - e2 * b2.to(tl.float32)
+        w1, a1, b1, w2, a2, b2 = w1_n, a1_n, b1_n, w2_n, a2_n, b2_n
+    return tl.reshape(y1, [R, NG * G]), tl.reshape(y2, [R, NG * G])
 
 
 @triton.jit
@@ -102,7 +149,8 @@ def _norm_rope_store_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
     HALF: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_K: tl.constexpr,
     MIX: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-    SOFT: tl.constexpr, KV_INT8: tl.constexpr, FEEDBACK: tl.constexpr,
+    SOFT: tl.constexpr, KV_INT8: tl.constexpr, FEEDBACK: tl.constexpr, GROUP: tl.constexpr,
+    KV_ROWS: tl.constexpr,
 ):
     # One program per token: all its heads at once (a few KB), so a decode step is one wave.
     t = tl.program_id(0)
@@ -147,11 +195,17 @@ def _norm_rope_store_kernel(
             ks = tl.load(k_scale_ptr + hk, mask=mk, other=1.0)
             vs = tl.load(v_scale_ptr + hk, mask=mk, other=1.0)
             if FEEDBACK:  # K rounded with error feedback, in units of its scale
-                y1, y2 = _feedback_round(tl.div_rn(k1.to(tl.float32), ks),
-                                         tl.div_rn(k2.to(tl.float32), ks), fb_ptr, hk, mk,
-                                         offs, HALF, FMAX, MANT, BIAS)
-                c1 = quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT)
-                c2 = quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT)
+                hr = tl.arange(0, KV_ROWS)[:, None]
+                mr = hr < HKV
+                y1 = _top_rows(tl.div_rn(k1.to(tl.float32), ks), KV_ROWS)
+                y2 = _top_rows(tl.div_rn(k2.to(tl.float32), ks), KV_ROWS)
+                y1, y2 = _feedback_round(y1, y2, fb_ptr, hr, mr, GROUP, FMAX, MANT, BIAS)
+                r_off = slot * stride_cslot + hr * stride_ch + offs[None, :]
+                tl.store(k_cache_ptr + r_off,
+                         quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
+                tl.store(k_cache_ptr + r_off + HALF,
+                         quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
+                c1, c2 = None, None
             else:
                 c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
                 c2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
@@ -173,8 +227,9 @@ def _norm_rope_store_kernel(
             tl.store(v_scale_ptr + s_off, vs, mask=mk)
         else:
             c1, c2, c3, c4 = k1.to(cache_ty), k2.to(cache_ty), v1.to(cache_ty), v2.to(cache_ty)
-        tl.store(k_cache_ptr + c_off, c1, mask=mk)
-        tl.store(k_cache_ptr + c_off + HALF, c2, mask=mk)
+        if not FEEDBACK:  # (stored above)
+            tl.store(k_cache_ptr + c_off, c1, mask=mk)
+            tl.store(k_cache_ptr + c_off + HALF, c2, mask=mk)
         tl.store(v_cache_ptr + c_off, c3, mask=mk)
         tl.store(v_cache_ptr + c_off + HALF, c4, mask=mk)
 
@@ -188,14 +243,16 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     weights are [D] or both None (no q/k norm). An fp8 cache needs k_scale / v_scale (fp32
     [Hkv]): it stores k / k_scale and v / v_scale; an int8 cache writes each row's scale into
     k_scale / v_scale (fp32 [blocks, block_size, Hkv]). mix: q and k times the Hadamard matrix
-    after RoPE (attention_backend.hadamard_mix). k_feedback (fp32 [Hkv, D, D], an fp8 cache
-    only): K rounded with error feedback through it (kernels/kv_feedback.py)."""
+    after RoPE (attention_backend.hadamard_mix). k_feedback (fp16 [Hkv, D, G], an fp8 cache
+    only, G a power of two dividing D / 2): K rounded with error feedback through it
+    (kernels/kv_feedback.py)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim % 2 or head_dim & (head_dim - 1):
         raise ValueError(f"the fused RoPE kernel needs a power-of-two head_dim, got {head_dim}")
     assert q.stride(2) == k.stride(2) == v.stride(2) == 1 and k_cache.stride(3) == 1
     assert k_cache.stride() == v_cache.stride()
+    assert k_feedback is None or (head_dim // 2) % k_feedback.shape[-1] == 0, k_feedback.shape
     assert k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
     has_norm = q_norm_weight is not None
     q_out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
@@ -217,6 +274,8 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         HKV_PAD=_pad(num_kv_heads, mix), HALF=head_dim // 2, HAS_NORM=has_norm,
         WRITE_K=return_k, MIX=mix, LOG2_HALF=(head_dim // 2).bit_length() - 1,
         DOT_PREC=dot_precision(q.dtype), **meta, FEEDBACK=k_feedback is not None,
+        GROUP=k_feedback.shape[-1] if k_feedback is not None else 1,
+        KV_ROWS=triton.next_power_of_2(num_kv_heads),
         num_warps=4,
     )
     return (q_out, k_out) if return_k else q_out

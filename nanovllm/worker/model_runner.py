@@ -9,7 +9,7 @@ import torch
 from nanovllm.config import Config
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import DECODE_META_ROWS, StepBuilder, StepInputs
-from nanovllm.kernels.kv_feedback import feedback_wanted
+from nanovllm.kernels.kv_feedback import feedback_wanted, identity_feedback
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend, mix_kv_wanted
 from nanovllm.models.loader import build_model
@@ -139,9 +139,8 @@ class ModelRunner:
         backend.mix_kv = loaded is None and mix_kv_wanted(head_dim)
         if loaded is None and self.kv_dtype == torch.float8_e4m3fn and feedback_wanted():
             # Identity until the first prefill calibrates it: plain rounding meanwhile.
-            eye = torch.eye(head_dim, device=self.device)
             for layer in self.attn_layers:
-                layer.k_feedback = eye.expand(layer.num_kv_heads, -1, -1).contiguous()
+                layer.k_feedback = identity_feedback(layer.num_kv_heads, head_dim, self.device)
         return loaded is None
 
     def _capture_graphs(self) -> None:

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from nanovllm.kernels.kv_feedback import feedback_factor, quantize_feedback
+from nanovllm.kernels.kv_feedback import feedback_factor, identity_feedback, quantize_feedback
 from nanovllm.kernels.torch_ref import dequantize, quantize, store_kvcache_torch
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 
@@ -20,11 +20,14 @@ def make(t=64, hkv=2, d=32, seed=0):
 
 
 def test_no_feedback_without_correlations():
-    """A diagonal factor pushes no error anywhere: plain rounding, code for code."""
-    k, scale, _ = make()
-    factor = torch.eye(k.shape[-1]).expand(k.shape[1], -1, -1) * 0.7
-    assert torch.equal(quantize_feedback(k, scale, factor).view(torch.uint8),
-                       quantize(k, scale, FP8).view(torch.uint8))
+    """The identity pushes no error anywhere: plain rounding, code for code; so does the
+    factor of uncorrelated queries with equal variances."""
+    k, scale, g = make()
+    plain = quantize(k, scale, FP8).view(torch.uint8)
+    assert torch.equal(quantize_feedback(k, scale, identity_feedback(2, 32)).view(torch.uint8),
+                       plain)
+    factor = feedback_factor(torch.eye(32).repeat(1, 2, 1), num_kv_heads=2)
+    assert torch.equal(factor, identity_feedback(2, 32))
 
 
 def test_scores_err_less_on_anisotropic_queries():
@@ -39,17 +42,20 @@ def test_scores_err_less_on_anisotropic_queries():
         return (torch.einsum("tkgr,krd->tkgd", z, basis)
                 + 0.05 * torch.randn(n, 2, 2, d, generator=g)).reshape(n, hq, d)
 
-    factor = feedback_factor(queries(512), num_kv_heads=2)
-    fb = quantize_feedback(k, scale, factor)
-    assert torch.isfinite(fb.float()).all()
+    fit = queries(512)
     q = queries(512).view(512, 2, 2, d)
-    plain = dequantize(quantize(k, scale, FP8), scale) - k
-    fed = dequantize(fb, scale) - k
 
     def score_err(delta):  # mean over queries, keys and heads of (q . delta)^2
         return torch.einsum("qkgd,tkd->qtkg", q, delta).pow(2).mean()
 
-    assert score_err(fed) < 0.6 * score_err(plain)
+    plain = score_err(dequantize(quantize(k, scale, FP8), scale) - k)
+    errs = {}
+    for group in (8, 16, 32):  # 32: one group, the dense feedback
+        fb = quantize_feedback(k, scale, feedback_factor(fit, 2, group=group))
+        assert torch.isfinite(fb.float()).all()
+        errs[group] = score_err(dequantize(fb, scale) - k)
+    assert errs[32] < errs[8] < 0.8 * plain
+    assert errs[16] < 0.7 * plain
 
 
 def rope_case(mix: bool, device="cpu", dtype=torch.float32):
@@ -66,7 +72,7 @@ def rope_case(mix: bool, device="cpu", dtype=torch.float32):
     factor = feedback_factor(queries, hkv)
     scales = torch.tensor([0.06, 0.03]), torch.tensor([0.02, 0.05])
     caches = [torch.zeros(4, bs, hkv, d, dtype=FP8) for _ in range(2)]
-    return [x.to(device) if isinstance(x, torch.Tensor) else x
+    return [x.to(device) if isinstance(x, (torch.Tensor, torch.nn.Module)) else x
             for x in (q.to(dtype), k.to(dtype), v.to(dtype), torch.arange(t), rope, slots,
                       factor, *scales, *caches)]
 

@@ -8,6 +8,7 @@ from safetensors.torch import save_file
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
+from nanovllm.kernels.kv_feedback import identity_feedback
 from nanovllm.layers import attention_backend
 from nanovllm.layers.attention import KV_SCALE_MARGIN, calibrate_kv_scales
 from tests.support.markers import on_gpu
@@ -281,11 +282,15 @@ def test_fp8_feedback_calibrates_its_factor_and_stays_close(toy_models, monkeypa
     llm = LLM(path, kv_cache_dtype="fp8_e4m3", **CPU)
     runner = llm.clients[0].core.executor.runner
     factors = [layer.k_feedback for layer in runner.attn_layers]
-    assert all(torch.equal(f, torch.eye(64).expand(2, -1, -1)) for f in factors)
+    eye = identity_feedback(2, 64)
+    assert all(torch.equal(f, eye) for f in factors)
     llm.generate([ctx[:50]], SamplingParams(max_tokens=2), use_tqdm=False)
     calibrated = [f.clone() for f in factors]
-    assert all(not torch.equal(f, torch.eye(64).expand(2, -1, -1)) for f in calibrated)
-    assert all(torch.equal(f.triu(), f) for f in calibrated)  # upper triangular
+    assert all(not torch.equal(f, eye) for f in calibrated)
+    # Within each group: upper triangular with a unit diagonal.
+    blocks = [f.view(2, 2, 32, 32) for f in calibrated]
+    assert all(torch.equal(b.triu(), b) for b in blocks)
+    assert all(torch.equal(b.diagonal(dim1=-2, dim2=-1), torch.ones(2, 2, 32)) for b in blocks)
     got = context_logits(llm, ctx, 150)
     assert all(torch.equal(f, c) for f, c in zip(factors, calibrated))  # set once
     llm.shutdown()
