@@ -2,7 +2,7 @@
 feedback (kernels/kv_feedback.py), Qwen3-0.6B shapes (16 q / 8 kv heads, d=128, q/k norm,
 Hadamard mix), as a decode step (graph-replayed) and a prefill chunk would run it.
 
-    PYTHONPATH=. python tools/bench_kv_feedback.py [--groups 16 32]
+    PYTHONPATH=. python tools/bench_kv_feedback.py [--groups 16 32] [--warps 1 2 4]
 """
 import argparse
 
@@ -10,6 +10,7 @@ import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
 from nanovllm.kernels.kv_feedback import feedback_factor
+from nanovllm.kernels import triton_rope
 from nanovllm.kernels.triton_rope import norm_rope_store
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 
@@ -36,16 +37,20 @@ def case(tokens: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--groups", type=int, nargs="*", default=[32])
+    ap.add_argument("--warps", type=int, nargs="*", default=[4],
+                    help="num_warps of the store with feedback (triton_rope.FEEDBACK_WARPS)")
     ap.add_argument("--tokens", type=int, nargs="*", default=[1, 64, 256, 2048, 16384])
     args = ap.parse_args()
     queries = torch.randn(4096, H, 8, device="cuda") @ torch.randn(8, D, device="cuda")
+    variants = [(g, w) for g in args.groups for w in args.warps]
     print(f"{'tokens':>7} " + " ".join(f"{n:>12}" for n in ["plain us"] + [
-        f"G={g} us" for g in args.groups]))
+        f"G={g} w={w} us" for g, w in variants]))
     for tokens in args.tokens:
         *inputs, slots, (ks, vs) = case(tokens)
         times = []
-        for g in [None] + args.groups:
+        for g, w in [(None, None)] + variants:
             fb = None if g is None else feedback_factor(queries, HKV, group=g)
+            triton_rope.FEEDBACK_WARPS = w
 
             def step():
                 norm_rope_store(*inputs, slots, k_scale=ks, v_scale=vs, mix=True,

@@ -35,7 +35,7 @@ def identity_feedback(num_kv_heads: int, head_dim: int, device=None) -> torch.Te
     """The feedback matrix that pushes no error anywhere (plain rounding), [Hkv, D, G]."""
     g = group_size(head_dim)
     rows = torch.arange(head_dim, device=device)
-    eye = (rows[:, None] % g == torch.arange(g, device=device)).half()
+    eye = (rows[:, None] % g == torch.arange(g, device=device)).float()
     return eye.expand(num_kv_heads, -1, -1).contiguous()
 
 
@@ -44,8 +44,7 @@ def feedback_factor(q: torch.Tensor, num_kv_heads: int, damp: float = DAMP,
     """The feedback matrix [Hkv, D, G] per kv head from the rotated queries q [T, Hq, D] of
     that kv head's group: row r holds, over the G channels of r's group, the upper Cholesky
     factor U of (H + damp * mean(diag H) * I)^-1 (H block-diagonal in groups of G) divided
-    by U[r, r], so a rounding error e at r takes e * row off the channels after r. In fp16:
-    the store reads a row per step, and the rows stay near the SM (L1) at half the bytes."""
+    by U[r, r], so a rounding error e at r takes e * row off the channels after r."""
     t, hq, d = q.shape
     g = group or group_size(d)
     assert d % g == 0, (d, g)
@@ -59,7 +58,7 @@ def feedback_factor(q: torch.Tensor, num_kv_heads: int, damp: float = DAMP,
     u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(blocks)),
                               upper=True)
     u = u / u.diagonal(dim1=-2, dim2=-1)[..., None]
-    return u.reshape(num_kv_heads, d, g).half().contiguous()
+    return u.reshape(num_kv_heads, d, g).contiguous()
 
 
 def quantize_feedback(k: torch.Tensor, scale: torch.Tensor, feedback: torch.Tensor,

@@ -88,56 +88,41 @@ def _top_rows(t, R: tl.constexpr):
 
 
 @triton.jit
-def _feedback_round(y1, y2, fb_ptr, hk, mk, G: tl.constexpr, FMAX: tl.constexpr,
-                    MANT: tl.constexpr, BIAS: tl.constexpr):
+def _feedback_round(y1, y2, fb_ptr, hk, mk, G: tl.constexpr, UNROLL: tl.constexpr,
+                    FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
     """K's halves in units of its scale ([R, HALF] fp32; kv heads hk [R, 1], mask mk), their
     groups of G channels rounded to fp8 side by side, channel by channel, each channel's
-    error times its row of the feedback matrix fb [Hkv, D, G] (fp16) taken off the rest of
-    its group (kernels/kv_feedback.py, whose reference takes the same steps)."""
+    error times its row of the feedback matrix fb [Hkv, D, G] taken off the rest of its
+    group (kernels/kv_feedback.py, whose reference takes the same steps)."""
     R: tl.constexpr = y1.shape[0]
-    NG: tl.constexpr = y1.shape[1] // G
-    y1 = tl.reshape(y1, [R, NG, G])
-    y2 = tl.reshape(y2, [R, NG, G])
+    HALF: tl.constexpr = y1.shape[1]
+    NG: tl.constexpr = 2 * HALF // G
+    # One [R, groups, G] tile over both halves: a step's rounding chain is then one value
+    # per thread, not one per half.
+    y = tl.reshape(tl.permute(tl.join(y1, y2), (0, 2, 1)), [R, NG, G])
     j = tl.arange(0, G)[None, None, :]
     m3 = mk[:, :, None]
-    # Row 0 of each group: half 1 holds groups 0..NG-1, half 2 the next NG.
-    base1 = fb_ptr + (hk[:, :, None] * (2 * NG) + tl.arange(0, NG)[None, :, None]) * (G * G)
-    base2 = base1 + NG * G * G
-    w1 = tl.load(base1 + j, mask=m3, other=0.0)
-    w2 = tl.load(base2 + j, mask=m3, other=0.0)
-    a1 = tl.load(base1 + 1, mask=m3, other=0.0)  # row i's entries at channels i+1 and i+2
-    a2 = tl.load(base2 + 1, mask=m3, other=0.0)
-    b1 = tl.load(base1 + 2, mask=m3 & (G > 2), other=0.0)
-    b2 = tl.load(base2 + 2, mask=m3 & (G > 2), other=0.0)
+    base = fb_ptr + (hk[:, :, None] * NG + tl.arange(0, NG)[None, :, None]) * (G * G)
     # The chain a step waits on is channel i's rounding and one multiply-add: channels i+1
     # (c) and i+2 (d) are carried ahead, each brought up to date as an error comes, while
     # the tile's update and the next extraction (a cross-lane sum) run beside the chain.
-    c1, c2 = _col(y1, j, 0), _col(y2, j, 0)
-    d1, d2 = _col(y1, j, 1), _col(y2, j, 1)
-    for i in range(G):
-        # Next step's row, prefetched (the loads do not wait on the chain).
-        nxt = base1 + (i + 1) * (G + 1)
-        m_a = m3 & (i + 2 < G)
-        m_b = m3 & (i + 3 < G)
-        w1_n = tl.load(nxt - (i + 1) + j, mask=m3 & (i + 1 < G), other=0.0)
-        a1_n = tl.load(nxt + 1, mask=m_a, other=0.0)
-        b1_n = tl.load(nxt + 2, mask=m_b, other=0.0)
-        nxt += NG * G * G
-        w2_n = tl.load(nxt - (i + 1) + j, mask=m3 & (i + 1 < G), other=0.0)
-        a2_n = tl.load(nxt + 1, mask=m_a, other=0.0)
-        b2_n = tl.load(nxt + 2, mask=m_b, other=0.0)
-        x1, x2 = _col(y1, j, i + 2), _col(y2, j, i + 2)  # zero past the group's end
-        e1 = c1 - _round_fp8(c1, FMAX, MANT, BIAS)
-        e2 = c2 - _round_fp8(c2, FMAX, MANT, BIAS)
-        # Row i is 1 at channel i: it becomes its rounded value, exactly (Sterbenz).
-        y1 = y1 - e1 * w1.to(tl.float32)
-        y2 = y2 - e2 * w2.to(tl.float32)
-        c1 = d1 - e1 * a1.to(tl.float32)
-        c2 = d2 - e2 * a2.to(tl.float32)
-        d1 = x1 - e1 * b1.to(tl.float32)
-        d2 = x2 - e2 * b2.to(tl.float32)
-        w1, a1, b1, w2, a2, b2 = w1_n, a1_n, b1_n, w2_n, a2_n, b2_n
-    return tl.reshape(y1, [R, NG * G]), tl.reshape(y2, [R, NG * G])
+    # Unrolled by UNROLL steps inside a loop: the loads need not wait on the chain, and the
+    # compiler's coalescing pass, quadratic in a body's loads, stays fast (fully unrolled,
+    # 32 steps took it 90 s).
+    c = _col(y, j, 0)
+    d = _col(y, j, 1)
+    zero = hk[:, :, None] * 0  # the masks past a group's end: tensors, as the interpreter's are
+    for start in range(0, G, UNROLL):
+        for k in tl.static_range(UNROLL):
+            i = start + k
+            row = base + i * G
+            x = _col(y, j, i + 2)  # zero past the group's end
+            e = c - _round_fp8(c, FMAX, MANT, BIAS)
+            # Row i is 1 at channel i: it becomes its rounded value, exactly (Sterbenz).
+            y = y - e * tl.load(row + j, mask=m3, other=0.0)
+            c = d - e * tl.load(row + (i + 1), mask=m3 & (zero + (i + 1) < G), other=0.0)
+            d = x - e * tl.load(row + (i + 2), mask=m3 & (zero + (i + 2) < G), other=0.0)
+    return tl.split(tl.permute(tl.reshape(y, [R, 2, HALF]), (0, 2, 1)))
 
 
 @triton.jit
@@ -199,7 +184,8 @@ def _norm_rope_store_kernel(
                 mr = hr < HKV
                 y1 = _top_rows(tl.div_rn(k1.to(tl.float32), ks), KV_ROWS)
                 y2 = _top_rows(tl.div_rn(k2.to(tl.float32), ks), KV_ROWS)
-                y1, y2 = _feedback_round(y1, y2, fb_ptr, hr, mr, GROUP, FMAX, MANT, BIAS)
+                y1, y2 = _feedback_round(y1, y2, fb_ptr, hr, mr, GROUP, min(GROUP, 4), FMAX, MANT,
+                                         BIAS)
                 r_off = slot * stride_cslot + hr * stride_ch + offs[None, :]
                 tl.store(k_cache_ptr + r_off,
                          quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
@@ -243,7 +229,7 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     weights are [D] or both None (no q/k norm). An fp8 cache needs k_scale / v_scale (fp32
     [Hkv]): it stores k / k_scale and v / v_scale; an int8 cache writes each row's scale into
     k_scale / v_scale (fp32 [blocks, block_size, Hkv]). mix: q and k times the Hadamard matrix
-    after RoPE (attention_backend.hadamard_mix). k_feedback (fp16 [Hkv, D, G], an fp8 cache
+    after RoPE (attention_backend.hadamard_mix). k_feedback (fp32 [Hkv, D, G], an fp8 cache
     only, G a power of two dividing D / 2): K rounded with error feedback through it
     (kernels/kv_feedback.py)."""
     num_tokens, num_heads, head_dim = q.shape
@@ -276,9 +262,14 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         DOT_PREC=dot_precision(q.dtype), **meta, FEEDBACK=k_feedback is not None,
         GROUP=k_feedback.shape[-1] if k_feedback is not None else 1,
         KV_ROWS=triton.next_power_of_2(num_kv_heads),
-        num_warps=4,
+        # The feedback loop's tile is small: more warps would each repeat its chain.
+        num_warps=4 if k_feedback is None else FEEDBACK_WARPS,
     )
     return (q_out, k_out) if return_k else q_out
+
+
+# Warps of a program whose store rounds K with feedback (tools/bench_kv_feedback.py).
+FEEDBACK_WARPS = 4
 
 
 def _pad(heads: int, mix: bool) -> int:
