@@ -25,6 +25,7 @@ dtype pair of --runs against the first (fp32, fp32 cache): mean and max |delta l
 the prefill and the decode positions, and the mean KL divergence of the whole distribution.
     PYTHONPATH=. python tools/fp8_accuracy.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
         --json fp8_smollm2.json
+--calibrate "Hi": a short first prompt calibrates the cache instead (a server's first request).
 """
 import argparse
 import json
@@ -152,6 +153,9 @@ def run_logprobs(model_dir: str, args) -> dict:
                   kvcache_block_size=args.block_size, max_model_len=len(ids) + 8,
                   num_kvcache_blocks=-(-len(ids) // args.block_size) + 1, enforce_eager=True)
         try:
+            if args.calibrate:  # a first prompt of its own sets the scales (and feedback)
+                first = llm.tokenizer.encode(args.calibrate)
+                llm.generate([first], SamplingParams(max_tokens=1), use_tqdm=False)
             logits = context_logits(llm, ids, prefill_len).cpu()
         finally:
             llm.shutdown()
@@ -183,6 +187,8 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=256, help="KV blocks (same for every kind)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--calibrate", help="real weights: a first prompt (text) run before the "
+                    "measured one, so it, not the text, calibrates the fp8 cache")
     args = ap.parse_args()
 
     if args.hf_dir or args.gguf:
