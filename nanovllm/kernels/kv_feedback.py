@@ -18,6 +18,10 @@ import torch
 DAMP = 0.1
 # Channels per feedback group (at most half a head: the store kernel's tiles are halves).
 GROUP = 32
+# Prefill tokens whose queries fit the feedback: the calibrating prefill's alone may be a
+# short chat turn, whose few query directions say little about the rest (SmolLM2, first
+# prompt "Hi": the gain was gone). The matrix is refitted on every prefill until then.
+FIT_TOKENS = 2048
 
 
 def feedback_wanted() -> bool:
@@ -39,26 +43,42 @@ def identity_feedback(num_kv_heads: int, head_dim: int, device=None) -> torch.Te
     return eye.expand(num_kv_heads, -1, -1).contiguous()
 
 
+def query_moments(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """Sum over rows of q q^T per kv head [Hkv, D, D] for the rotated queries q [T, Hq, D]
+    (each kv head's group of query heads pooled): H times its row count."""
+    t, hq, d = q.shape
+    rows = q.float().view(t, num_kv_heads, hq // num_kv_heads, d).permute(1, 0, 2, 3)
+    rows = rows.reshape(num_kv_heads, -1, d)
+    return rows.transpose(1, 2) @ rows
+
+
+def factor_from_moments(h: torch.Tensor, damp: float = DAMP,
+                        group: int | None = None) -> torch.Tensor:
+    """The feedback matrix [Hkv, D, G] for second moments h [Hkv, D, D] (see
+    feedback_factor). No host sync: the damping keeps every block positive definite."""
+    hkv, d, _ = h.shape
+    g = group or group_size(d)
+    assert d % g == 0, (d, g)
+    eye = torch.eye(d, device=h.device)
+    h = h + damp * h.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * eye
+    blocks = h.view(hkv, d // g, g, d // g, g).diagonal(dim1=1, dim2=3)
+    blocks = blocks.permute(0, 3, 1, 2)  # [Hkv, groups, G, G]
+    low = torch.linalg.cholesky_ex(blocks).L
+    u = torch.linalg.cholesky_ex(torch.cholesky_inverse(low), upper=True).L
+    u = u / u.diagonal(dim1=-2, dim2=-1)[..., None]
+    return u.reshape(hkv, d, g).contiguous()  # the store kernel reads rows of it
+
+
 def feedback_factor(q: torch.Tensor, num_kv_heads: int, damp: float = DAMP,
                     group: int | None = None) -> torch.Tensor:
     """The feedback matrix [Hkv, D, G] per kv head from the rotated queries q [T, Hq, D] of
     that kv head's group: row r holds, over the G channels of r's group, the upper Cholesky
-    factor U of (H + damp * mean(diag H) * I)^-1 (H block-diagonal in groups of G) divided
-    by U[r, r], so a rounding error e at r takes e * row off the channels after r."""
-    t, hq, d = q.shape
-    g = group or group_size(d)
-    assert d % g == 0, (d, g)
-    rows = q.float().view(t, num_kv_heads, hq // num_kv_heads, d).permute(1, 0, 2, 3)
-    rows = rows.reshape(num_kv_heads, -1, d)
-    h = rows.transpose(1, 2) @ rows / rows.shape[1]
-    eye = torch.eye(d, device=q.device)
-    h = h + damp * h.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * eye
-    blocks = h.view(num_kv_heads, d // g, g, d // g, g).diagonal(dim1=1, dim2=3)
-    blocks = blocks.permute(0, 3, 1, 2)  # [Hkv, groups, G, G]
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(blocks)),
-                              upper=True)
-    u = u / u.diagonal(dim1=-2, dim2=-1)[..., None]
-    return u.reshape(num_kv_heads, d, g).contiguous()
+    factor U of (H + damp * mean(diag H) * I)^-1 (H = E[q q^T], block-diagonal in groups
+    of G) divided by U[r, r], so a rounding error e at r takes e * row off the channels
+    after r."""
+    h = query_moments(q, num_kv_heads)
+    return factor_from_moments(h / (h.new_tensor(q.shape[0] * q.shape[1] / num_kv_heads)),
+                               damp, group)
 
 
 def quantize_feedback(k: torch.Tensor, scale: torch.Tensor, feedback: torch.Tensor,

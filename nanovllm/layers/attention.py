@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from nanovllm.kernels.kv_feedback import feedback_factor
+from nanovllm.kernels.kv_feedback import factor_from_moments, query_moments
 from nanovllm.layers.attention_backend import TorchBackend, norm_and_rotate
 from nanovllm.utils.context import get_context
 
@@ -26,9 +26,12 @@ class Attention(nn.Module):
         # Dequantization scales (None: a cache in the model dtype): fp32 [num_kv_heads] for
         # fp8; for int8 one per cached row, [num_blocks, block_size, num_kv_heads].
         self.k_scale = self.v_scale = None
-        # fp32 [num_kv_heads, D, D] or None: an fp8 cache's K rounded with error feedback
-        # through it (kernels/kv_feedback.py; NANOVLLM_KV_FEEDBACK=1, an experiment).
+        # fp32 [num_kv_heads, D, G] or None: an fp8 cache's K rounded with error feedback
+        # through it (kernels/kv_feedback.py; NANOVLLM_KV_FEEDBACK=1, an experiment), fitted
+        # to the queries' second moments summed so far ([num_kv_heads, D, D], over rows).
         self.k_feedback = None
+        self.feedback_moments = None
+        self.feedback_rows = 0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                 rope: nn.Module, q_norm: nn.Module | None = None,
@@ -50,8 +53,11 @@ class Attention(nn.Module):
                                            self.backend.mix_kv)
             fmax = torch.finfo(self.k_cache.dtype).max
             calibrate_kv_scales(k_rot, v, self.k_scale, self.v_scale, fmax)
-            if self.k_feedback is not None:  # weighed by this prefill's queries
-                self.k_feedback.copy_(feedback_factor(q_rot, self.num_kv_heads))
+        if ctx.fit_feedback and self.k_feedback is not None:
+            if not ctx.calibrate_kv:
+                q_rot = norm_and_rotate(q, k, positions, rope, q_norm, k_norm,
+                                        self.backend.mix_kv)[0]
+            self.fit_feedback(q_rot)
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         q, k = self.backend.rope_and_store(q, k, v, positions, rope, q_norm, k_norm,
                                            self.k_cache, self.v_cache, ctx, **scales,
@@ -62,6 +68,13 @@ class Attention(nn.Module):
             return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale,
                                         **scales)
         return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale, **scales)
+
+    def fit_feedback(self, q_rot: torch.Tensor) -> None:
+        """Add rotated queries [T, H, D] to the K feedback's moments and refit its matrix in
+        place (captured graphs read the same buffer)."""
+        self.feedback_moments += query_moments(q_rot, self.num_kv_heads)
+        self.feedback_rows += q_rot.shape[0] * (self.num_heads // self.num_kv_heads)
+        self.k_feedback.copy_(factor_from_moments(self.feedback_moments / self.feedback_rows))
 
     def _mixed(self, q, k, v, ctx, scales: dict) -> torch.Tensor:
         """A mixed step: the leading decode rows through the decode kernel (the prefill

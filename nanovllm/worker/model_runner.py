@@ -9,7 +9,7 @@ import torch
 from nanovllm.config import Config
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import DECODE_META_ROWS, StepBuilder, StepInputs
-from nanovllm.kernels.kv_feedback import feedback_wanted, identity_feedback
+from nanovllm.kernels.kv_feedback import FIT_TOKENS, feedback_wanted, identity_feedback
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend, mix_kv_wanted
 from nanovllm.models.loader import build_model
@@ -78,6 +78,7 @@ class ModelRunner:
         self._turn = 0
         self._verify_host = HostBuffer()  # a verify step's results, on their way back
         self._calibrate_kv = False  # see _allocate_kv: after the kernel warm-up
+        self._feedback_fit_left = 0  # prefill tokens the K feedback still fits (finish_cache)
         self.kv_scales = None
         self.stager = Stager(self.device)
         self.mask_stager = Stager(self.device)  # LateSample's masks: their own buffers
@@ -105,8 +106,11 @@ class ModelRunner:
         self._clock.lap("KV cache")
         compile_kernels(self)
         self._clock.lap("kernel warm-up")
-        # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch).
+        # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch);
+        # an fp8 K feedback is fitted to the first FIT_TOKENS prefill tokens' queries.
         self._calibrate_kv = calibrate
+        if self.attn_layers[0].k_feedback is not None:
+            self._feedback_fit_left = FIT_TOKENS
         if self.device.type == "cuda" and not self.config.enforce_eager:
             self._capture_graphs()
             self._clock.lap("decode graphs")
@@ -141,6 +145,8 @@ class ModelRunner:
             # Identity until the first prefill calibrates it: plain rounding meanwhile.
             for layer in self.attn_layers:
                 layer.k_feedback = identity_feedback(layer.num_kv_heads, head_dim, self.device)
+                layer.feedback_moments = torch.zeros(layer.num_kv_heads, head_dim, head_dim,
+                                                     device=self.device)
         return loaded is None
 
     def _capture_graphs(self) -> None:
@@ -222,8 +228,11 @@ class ModelRunner:
             if inputs.feed_rows is not None:  # a mixed step's decode rows with pending tokens
                 feed_tokens(dev["input_ids"][:inputs.num_decode_rows], dev["feed_rows"],
                             self.sampled)
-            set_context(**prefill_context(inputs, dev, self._calibrate_kv))
+            fit = self._feedback_fit_left > 0
+            set_context(**prefill_context(inputs, dev, self._calibrate_kv, fit))
             self._calibrate_kv = False
+            if fit:
+                self._feedback_fit_left -= len(inputs.input_ids)
             return self.model(dev["input_ids"], dev["positions"])
         n = inputs.num_rows
         ids, pos, slots, lens, order, feed = dev["decode_meta"][:, :n]

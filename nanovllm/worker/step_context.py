@@ -8,7 +8,7 @@ from nanovllm.utils.context import Context
 
 
 def prefill_context(inputs: StepInputs, dev: dict[str, torch.Tensor],
-                    calibrate_kv: bool = False) -> dict:
+                    calibrate_kv: bool = False, fit_feedback: bool = False) -> dict:
     """set_context's arguments for the staged prefill step `inputs` (device tensors `dev`)."""
     cu_q, cu_k, slots = dev["cu_seqlens_q"], dev["cu_seqlens_k"], dev["slot_mapping"]
     common = dict(is_prefill=True, max_seqlen_q=inputs.max_seqlen_q,
@@ -16,7 +16,8 @@ def prefill_context(inputs: StepInputs, dev: dict[str, torch.Tensor],
     d = inputs.num_decode_rows
     if not d:
         return dict(common, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, slot_mapping=slots,
-                    block_tables=dev["block_tables"], calibrate_kv=calibrate_kv)
+                    block_tables=dev["block_tables"], calibrate_kv=calibrate_kv,
+                    fit_feedback=fit_feedback)
     lens, order = dev["decode_rows"][:, :d]
     decode = Context(slot_mapping=slots[:d], context_lens=lens,
                      block_tables=dev["decode_tables"], decode_order=order)
@@ -28,4 +29,5 @@ def prefill_context(inputs: StepInputs, dev: dict[str, torch.Tensor],
     # The whole step's: every row's slot (one K/V store) and cu_seqlens_q (the LM head takes
     # each sequence's last row); attention reads the parts.
     return dict(common, cu_seqlens_q=cu_q, slot_mapping=slots, calibrate_kv=calibrate_kv,
-                num_decode_rows=d, decode_part=decode, prefill_part=prefill)
+                fit_feedback=fit_feedback, num_decode_rows=d, decode_part=decode,
+                prefill_part=prefill)

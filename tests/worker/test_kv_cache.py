@@ -10,6 +10,7 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
 from nanovllm.kernels.kv_feedback import identity_feedback
 from nanovllm.layers import attention_backend
+from nanovllm.worker import model_runner
 from nanovllm.layers.attention import KV_SCALE_MARGIN, calibrate_kv_scales
 from tests.support.markers import on_gpu
 from tools.fp8_accuracy import context_logits, logprob_errors, text_ids
@@ -273,9 +274,11 @@ def test_blocks_count_the_memory_weights_leave(monkeypatch):
 
 def test_fp8_feedback_calibrates_its_factor_and_stays_close(toy_models, monkeypatch):
     """NANOVLLM_KV_FEEDBACK=1: each layer's factor is the identity (plain rounding) until the
-    first prefill sets it from its queries, once; K is rounded through it from then on, and
-    the logits stay as close to the plain cache's as plain fp8's are."""
+    first prefill fits it to its queries; later prefills refit it until FIT_TOKENS prompt
+    tokens were seen, then it stays; K is rounded through it, and the logits stay as close
+    to the plain cache's as plain fp8's are."""
     monkeypatch.setenv("NANOVLLM_KV_FEEDBACK", "1")
+    monkeypatch.setattr(model_runner, "FIT_TOKENS", 80)
     path = toy_models["untied_gqa4_d64"]
     rng = random.Random(0)
     ctx = [rng.randrange(400) for _ in range(300)]
@@ -285,14 +288,17 @@ def test_fp8_feedback_calibrates_its_factor_and_stays_close(toy_models, monkeypa
     eye = identity_feedback(2, 64)
     assert all(torch.equal(f, eye) for f in factors)
     llm.generate([ctx[:50]], SamplingParams(max_tokens=2), use_tqdm=False)
-    calibrated = [f.clone() for f in factors]
-    assert all(not torch.equal(f, eye) for f in calibrated)
+    first = [f.clone() for f in factors]
+    assert all(not torch.equal(f, eye) for f in first)
     # Within each group: upper triangular with a unit diagonal.
-    blocks = [f.view(2, 2, 32, 32) for f in calibrated]
+    blocks = [f.view(2, 2, 32, 32) for f in first]
     assert all(torch.equal(b.triu(), b) for b in blocks)
     assert all(torch.equal(b.diagonal(dim1=-2, dim2=-1), torch.ones(2, 2, 32)) for b in blocks)
+    llm.generate([ctx[100:140]], SamplingParams(max_tokens=2), use_tqdm=False)  # 50 + 40
+    calibrated = [f.clone() for f in factors]
+    assert all(not torch.equal(f, c) for f, c in zip(first, calibrated))  # refitted
     got = context_logits(llm, ctx, 150)
-    assert all(torch.equal(f, c) for f, c in zip(factors, calibrated))  # set once
+    assert all(torch.equal(f, c) for f, c in zip(factors, calibrated))  # fitted: it stays
     llm.shutdown()
     monkeypatch.delenv("NANOVLLM_KV_FEEDBACK")
     llm = LLM(path, **CPU)
