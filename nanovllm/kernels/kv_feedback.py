@@ -86,7 +86,7 @@ def quantize_feedback(k: torch.Tensor, scale: torch.Tensor, feedback: torch.Tens
     """k [T, Hkv, D] as `dtype` codes of k / scale[kv head], each group's channels rounded in
     turn with GPTQ's error feedback through `feedback` (feedback_factor's [Hkv, D, G]).
     Works in units of the scale, in the order the fused store kernel does
-    (triton_rope._feedback_round)."""
+    (triton_feedback.feedback_round)."""
     fmax = torch.finfo(dtype).max
     t, hkv, d = k.shape
     g = feedback.shape[-1]
