@@ -36,7 +36,7 @@ def top_rows(t, R: tl.constexpr):
 
 @triton.jit
 def feedback_round(y1, y2, fb_ptr, hk, mk, G: tl.constexpr, UNROLL: tl.constexpr,
-                    FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
+                   FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
     """K's halves in units of its scale ([R, HALF] fp32; kv heads hk [R, 1], mask mk), their
     groups of G channels rounded to fp8 side by side, channel by channel, each channel's
     error times its row of the feedback matrix fb [Hkv, D, G] taken off the rest of its
@@ -44,8 +44,8 @@ def feedback_round(y1, y2, fb_ptr, hk, mk, G: tl.constexpr, UNROLL: tl.constexpr
     R: tl.constexpr = y1.shape[0]
     HALF: tl.constexpr = y1.shape[1]
     NG: tl.constexpr = 2 * HALF // G
-    # One [R, groups, G] tile over both halves: a step's rounding chain is then one value
-    # per thread, not one per half.
+    # One [R, groups, G] tile over both halves: a step rounds one [R, groups] column, not
+    # one per half (each thread's share of the chain halves).
     y = tl.reshape(tl.permute(tl.join(y1, y2), (0, 2, 1)), [R, NG, G])
     j = tl.arange(0, G)[None, None, :]
     m3 = mk[:, :, None]

@@ -118,8 +118,8 @@ def _norm_rope_store_kernel(
                 mr = hr < HKV
                 y1 = top_rows(tl.div_rn(k1.to(tl.float32), ks), KV_ROWS)
                 y2 = top_rows(tl.div_rn(k2.to(tl.float32), ks), KV_ROWS)
-                y1, y2 = feedback_round(y1, y2, fb_ptr, hr, mr, GROUP, min(GROUP, 4), FMAX, MANT,
-                                         BIAS)
+                y1, y2 = feedback_round(y1, y2, fb_ptr, hr, mr, GROUP, min(GROUP, 4), FMAX,
+                                        MANT, BIAS)
                 r_off = slot * stride_cslot + hr * stride_ch + offs[None, :]
                 tl.store(k_cache_ptr + r_off,
                          quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
