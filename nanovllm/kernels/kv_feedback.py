@@ -3,12 +3,13 @@
 Plain rounding gives each element of a key row its own error d_i, so a score q.k errs by
 sum_i q_i d_i. Rounding the row's elements in turn and pushing each one's error onto those not
 yet rounded, weighted by the queries' second moments H = E[q q^T] (GPTQ's update), minimizes
-E[(q.d)^2] instead of sum_i d_i^2. H comes from the queries of the prefill that calibrates the
-fp8 scales. The feedback stays within groups of GROUP channels (H's entries across groups
+E[(q.d)^2] instead of sum_i d_i^2. H comes from the queries of the first FIT_TOKENS prefill
+tokens (Attention.fit_feedback refits after each prefill until then). The feedback stays within groups of GROUP channels (H's entries across groups
 dropped), so a store rounds the D / GROUP groups side by side in GROUP sequential steps rather
 than D: emulated on SmolLM2 (tools/kv_gptq_emulate.py, docs/PERF_NOTES.md) groups of 32 keep
 the dense feedback's gain (decode error 0.0549 -> 0.0378 nats vs 0.0373). The torch path and
-the fused RoPE-store kernel (triton_rope) round this way when NANOVLLM_KV_FEEDBACK=1.
+the fused RoPE-store kernel (triton_rope, through triton_feedback) round this way when
+NANOVLLM_KV_FEEDBACK=1.
 """
 import os
 
@@ -26,7 +27,7 @@ FIT_TOKENS = 2048
 
 def feedback_wanted() -> bool:
     """Whether an fp8_e4m3 cache with calibrated scales rounds K this way:
-    NANOVLLM_KV_FEEDBACK=1 (off by default until measured on a GPU)."""
+    NANOVLLM_KV_FEEDBACK=1 (off by default: the store costs 3-6% of bench.py on an H100)."""
     return os.environ.get("NANOVLLM_KV_FEEDBACK", "0") == "1"
 
 
@@ -76,9 +77,8 @@ def feedback_factor(q: torch.Tensor, num_kv_heads: int, damp: float = DAMP,
     factor U of (H + damp * mean(diag H) * I)^-1 (H = E[q q^T], block-diagonal in groups
     of G) divided by U[r, r], so a rounding error e at r takes e * row off the channels
     after r."""
-    h = query_moments(q, num_kv_heads)
-    return factor_from_moments(h / (h.new_tensor(q.shape[0] * q.shape[1] / num_kv_heads)),
-                               damp, group)
+    rows = q.shape[0] * (q.shape[1] // num_kv_heads)
+    return factor_from_moments(query_moments(q, num_kv_heads) / rows, damp, group)
 
 
 def quantize_feedback(k: torch.Tensor, scale: torch.Tensor, feedback: torch.Tensor,
