@@ -2,7 +2,13 @@
 feedback (kernels/kv_feedback.py), Qwen3-0.6B shapes (16 q / 8 kv heads, d=128, q/k norm,
 Hadamard mix), as a decode step (graph-replayed) and a prefill chunk would run it.
 
-    PYTHONPATH=. python tools/bench_kv_feedback.py [--groups 16 32] [--warps 1 2 4]
+    PYTHONPATH=. python tools/bench_kv_feedback.py [--variants plain tile engine ...]
+
+Variants: plain (no feedback), tile (the fused kernel's register tile at every size), chains
+(a thread per chain at every size, triton_feedback.feedback_chains), engine (as the engine
+runs: the tile up to FUSED_FEEDBACK_MAX_TOKENS, then chains); each with q and k/v in one
+program per token ("-one"), in two ("-two") or as the engine picks (no suffix,
+triton_rope.SPLIT_QK_MAX_TOKENS).
 """
 import argparse
 
@@ -15,6 +21,10 @@ from nanovllm.kernels.triton_rope import norm_rope_store
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 
 H, HKV, D, BS = 16, 8, 128, 256
+ENGINE_MAX = triton_rope.FUSED_FEEDBACK_MAX_TOKENS
+# variant -> (feedback on, FEEDBACK_CHAINS, FUSED_FEEDBACK_MAX_TOKENS)
+KINDS = {"plain": (False, True, ENGINE_MAX), "tile": (True, False, ENGINE_MAX),
+         "chains": (True, True, 0), "engine": (True, True, ENGINE_MAX)}
 
 
 def case(tokens: int):
@@ -36,21 +46,25 @@ def case(tokens: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--groups", type=int, nargs="*", default=[32])
-    ap.add_argument("--warps", type=int, nargs="*", default=[4],
+    ap.add_argument("--variants", nargs="*",
+                    default=["plain", "tile", "chains", "engine"])
+    ap.add_argument("--warps", type=int, default=4,
                     help="num_warps of the store with feedback (triton_rope.FEEDBACK_WARPS)")
     ap.add_argument("--tokens", type=int, nargs="*", default=[1, 64, 256, 2048, 16384])
     args = ap.parse_args()
     queries = torch.randn(4096, H, 8, device="cuda") @ torch.randn(8, D, device="cuda")
-    variants = [(g, w) for g in args.groups for w in args.warps]
-    print(f"{'tokens':>7} " + " ".join(f"{n:>12}" for n in ["plain us"] + [
-        f"G={g} w={w} us" for g, w in variants]))
+    factor = feedback_factor(queries, HKV)
+    triton_rope.FEEDBACK_WARPS = args.warps
+    split_max = triton_rope.SPLIT_QK_MAX_TOKENS
+    print(f"{'tokens':>7} " + " ".join(f"{n:>11}" for n in args.variants) + "  (us)")
     for tokens in args.tokens:
         *inputs, slots, (ks, vs) = case(tokens)
         times = []
-        for g, w in [(None, None)] + variants:
-            fb = None if g is None else feedback_factor(queries, HKV, group=g)
-            triton_rope.FEEDBACK_WARPS = w
+        for name in args.variants:
+            kind, _, one = name.partition("-")
+            on, triton_rope.FEEDBACK_CHAINS, triton_rope.FUSED_FEEDBACK_MAX_TOKENS = KINDS[kind]
+            triton_rope.SPLIT_QK_MAX_TOKENS = {"one": 0, "two": 1 << 30}.get(one, split_max)
+            fb = factor if on else None
 
             def step():
                 norm_rope_store(*inputs, slots, k_scale=ks, v_scale=vs, mix=True,
@@ -60,7 +74,7 @@ def main() -> None:
             # Decode-sized steps run inside CUDA graphs in the engine.
             ms = do_bench_cudagraph(step) if tokens <= 512 else do_bench(step)
             times.append(ms * 1e3)
-        print(f"{tokens:>7} " + " ".join(f"{t:>12.1f}" for t in times), flush=True)
+        print(f"{tokens:>7} " + " ".join(f"{t:>11.1f}" for t in times), flush=True)
 
 
 if __name__ == "__main__":

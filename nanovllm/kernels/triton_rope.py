@@ -15,13 +15,14 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import (
+    INTERPRET,
     dot_precision,
     fp8_meta,
     int8_codes,
     int8_row_scale,
     quantize_fp8,
 )
-from nanovllm.kernels.triton_feedback import feedback_round, top_rows
+from nanovllm.kernels.triton_feedback import feedback_chains, feedback_round, top_rows
 from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides
 
 
@@ -67,11 +68,13 @@ def _norm_rope_store_kernel(
     stride_cslot, stride_ch, stride_sblk, stride_sslot, stride_sh, SCALE_BS, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
     HALF: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_K: tl.constexpr,
-    MIX: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    MIX: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
+    FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
     SOFT: tl.constexpr, KV_INT8: tl.constexpr, FEEDBACK: tl.constexpr, GROUP: tl.constexpr,
-    KV_ROWS: tl.constexpr,
+    KV_ROWS: tl.constexpr, CHAINS: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    # One program per token: all its heads at once (a few KB), so a decode step is one wave.
+    # One program per token (two with SPLIT): all its heads at once (a few KB), so a decode
+    # step is one wave.
     t = tl.program_id(0)
     out_dtype = q_out_ptr.dtype.element_ty
     offs = tl.arange(0, HALF)
@@ -79,79 +82,87 @@ def _norm_rope_store_kernel(
     cos = tl.load(cos_sin_ptr + pos * stride_pos + offs)[None, :]
     sin = tl.load(cos_sin_ptr + pos * stride_pos + HALF + offs)[None, :]
 
-    hq = tl.arange(0, HQ_PAD)[:, None]
-    mq = hq < HQ
-    src = q_ptr + t * stride_qt + hq * stride_qh + offs[None, :]
-    o1, o2 = _norm_rotate(tl.load(src, mask=mq).to(tl.float32),
-                          tl.load(src + HALF, mask=mq).to(tl.float32),
-                          qw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
-    if MIX:
-        o1, o2 = _mix(o1, o2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
-    q_dst = q_out_ptr + t * (HQ * 2 * HALF) + hq * (2 * HALF) + offs[None, :]
-    tl.store(q_dst, o1.to(out_dtype), mask=mq)
-    tl.store(q_dst + HALF, o2.to(out_dtype), mask=mq)
+    # SPLIT: q in programs (t, 0), k and v in (t, 1), side by side: a small decode step's
+    # kernel then lasts the longer half, not both.
+    part = tl.program_id(1) if SPLIT else -1
+    if part != 1:
+        hq = tl.arange(0, HQ_PAD)[:, None]
+        mq = hq < HQ
+        src = q_ptr + t * stride_qt + hq * stride_qh + offs[None, :]
+        o1, o2 = _norm_rotate(tl.load(src, mask=mq).to(tl.float32),
+                              tl.load(src + HALF, mask=mq).to(tl.float32),
+                              qw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
+        if MIX:
+            o1, o2 = _mix(o1, o2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
+        q_dst = q_out_ptr + t * (HQ * 2 * HALF) + hq * (2 * HALF) + offs[None, :]
+        tl.store(q_dst, o1.to(out_dtype), mask=mq)
+        tl.store(q_dst + HALF, o2.to(out_dtype), mask=mq)
 
-    hk = tl.arange(0, HKV_PAD)[:, None]
-    mk = hk < HKV
-    k_src = k_ptr + t * stride_kt + hk * stride_kh + offs[None, :]
-    k1, k2 = _norm_rotate(tl.load(k_src, mask=mk).to(tl.float32),
-                          tl.load(k_src + HALF, mask=mk).to(tl.float32),
-                          kw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
-    if MIX:
-        k1, k2 = _mix(k1, k2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
-    k1, k2 = k1.to(out_dtype), k2.to(out_dtype)
-    if WRITE_K:
-        k_dst = k_out_ptr + t * (HKV * 2 * HALF) + hk * (2 * HALF) + offs[None, :]
-        tl.store(k_dst, k1, mask=mk)
-        tl.store(k_dst + HALF, k2, mask=mk)
-    slot = tl.load(slot_ptr + t).to(tl.int64)  # int64: slot * stride can exceed 2**31
-    if slot >= 0:
-        cache_ty = k_cache_ptr.dtype.element_ty
-        c_off = slot * stride_cslot + hk * stride_ch + offs[None, :]
-        v_src = v_ptr + t * stride_vt + hk * stride_vh + offs[None, :]
-        v1, v2 = tl.load(v_src, mask=mk), tl.load(v_src + HALF, mask=mk)
-        if KV_FP8:
-            ks = tl.load(k_scale_ptr + hk, mask=mk, other=1.0)
-            vs = tl.load(v_scale_ptr + hk, mask=mk, other=1.0)
-            if FEEDBACK:  # K rounded with error feedback, in units of its scale
-                hr = tl.arange(0, KV_ROWS)[:, None]
-                mr = hr < HKV
-                y1 = top_rows(tl.div_rn(k1.to(tl.float32), ks), KV_ROWS)
-                y2 = top_rows(tl.div_rn(k2.to(tl.float32), ks), KV_ROWS)
-                y1, y2 = feedback_round(y1, y2, fb_ptr, hr, mr, GROUP, min(GROUP, 4), FMAX,
-                                        MANT, BIAS)
-                r_off = slot * stride_cslot + hr * stride_ch + offs[None, :]
-                tl.store(k_cache_ptr + r_off,
-                         quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
-                tl.store(k_cache_ptr + r_off + HALF,
-                         quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
-                c1, c2 = None, None
+    if part != 0:
+        hk = tl.arange(0, HKV_PAD)[:, None]
+        mk = hk < HKV
+        k_src = k_ptr + t * stride_kt + hk * stride_kh + offs[None, :]
+        k1, k2 = _norm_rotate(tl.load(k_src, mask=mk).to(tl.float32),
+                              tl.load(k_src + HALF, mask=mk).to(tl.float32),
+                              kw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
+        if MIX:
+            k1, k2 = _mix(k1, k2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
+        k1, k2 = k1.to(out_dtype), k2.to(out_dtype)
+        k_row = k_out_ptr + t * (HKV * 2 * HALF)
+        if WRITE_K:  # (also what feedback_chains reads: see CHAINS)
+            k_dst = k_row + hk * (2 * HALF) + offs[None, :]
+            tl.store(k_dst, k1, mask=mk)
+            tl.store(k_dst + HALF, k2, mask=mk)
+        slot = tl.load(slot_ptr + t).to(tl.int64)  # int64: slot * stride can exceed 2**31
+        if slot >= 0:
+            cache_ty = k_cache_ptr.dtype.element_ty
+            c_off = slot * stride_cslot + hk * stride_ch + offs[None, :]
+            v_src = v_ptr + t * stride_vt + hk * stride_vh + offs[None, :]
+            v1, v2 = tl.load(v_src, mask=mk), tl.load(v_src + HALF, mask=mk)
+            if KV_FP8:
+                ks = tl.load(k_scale_ptr + hk, mask=mk, other=1.0)
+                vs = tl.load(v_scale_ptr + hk, mask=mk, other=1.0)
+                if CHAINS:  # feedback_chains_kernel rounds and stores K next, from k_out
+                    c1, c2 = None, None
+                elif FEEDBACK:  # K rounded with error feedback, in units of its scale
+                    hr = tl.arange(0, KV_ROWS)[:, None]
+                    mr = hr < HKV
+                    y1 = top_rows(tl.div_rn(k1.to(tl.float32), ks), KV_ROWS)
+                    y2 = top_rows(tl.div_rn(k2.to(tl.float32), ks), KV_ROWS)
+                    y1, y2 = feedback_round(y1, y2, fb_ptr, hr, mr, GROUP, min(GROUP, 4), FMAX,
+                                            MANT, BIAS)
+                    r_off = slot * stride_cslot + hr * stride_ch + offs[None, :]
+                    tl.store(k_cache_ptr + r_off,
+                             quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
+                    tl.store(k_cache_ptr + r_off + HALF,
+                             quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
+                    c1, c2 = None, None
+                else:
+                    c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+                    c2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+                c3 = quantize_fp8(v1.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+                c4 = quantize_fp8(v2.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+            elif KV_INT8:
+                # A scale per (token, kv head) row over both halves, stored at the row's slot.
+                s_off = ((slot // SCALE_BS) * stride_sblk + (slot % SCALE_BS) * stride_sslot
+                         + hk * stride_sh)
+                f1, f2 = k1.to(tl.float32), k2.to(tl.float32)
+                ks = int8_row_scale(tl.maximum(tl.max(tl.abs(f1), axis=1),
+                                               tl.max(tl.abs(f2), axis=1)))[:, None]
+                c1, c2 = int8_codes(f1, ks), int8_codes(f2, ks)
+                tl.store(k_scale_ptr + s_off, ks, mask=mk)
+                f3, f4 = v1.to(tl.float32), v2.to(tl.float32)
+                vs = int8_row_scale(tl.maximum(tl.max(tl.abs(f3), axis=1),
+                                               tl.max(tl.abs(f4), axis=1)))[:, None]
+                c3, c4 = int8_codes(f3, vs), int8_codes(f4, vs)
+                tl.store(v_scale_ptr + s_off, vs, mask=mk)
             else:
-                c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
-                c2 = quantize_fp8(k2.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
-            c3 = quantize_fp8(v1.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
-            c4 = quantize_fp8(v2.to(tl.float32), vs, cache_ty, FMAX, MANT, BIAS, SOFT)
-        elif KV_INT8:
-            # A scale per (token, kv head) row over both halves, stored at the row's slot.
-            s_off = ((slot // SCALE_BS) * stride_sblk + (slot % SCALE_BS) * stride_sslot
-                     + hk * stride_sh)
-            f1, f2 = k1.to(tl.float32), k2.to(tl.float32)
-            ks = int8_row_scale(tl.maximum(tl.max(tl.abs(f1), axis=1),
-                                           tl.max(tl.abs(f2), axis=1)))[:, None]
-            c1, c2 = int8_codes(f1, ks), int8_codes(f2, ks)
-            tl.store(k_scale_ptr + s_off, ks, mask=mk)
-            f3, f4 = v1.to(tl.float32), v2.to(tl.float32)
-            vs = int8_row_scale(tl.maximum(tl.max(tl.abs(f3), axis=1),
-                                           tl.max(tl.abs(f4), axis=1)))[:, None]
-            c3, c4 = int8_codes(f3, vs), int8_codes(f4, vs)
-            tl.store(v_scale_ptr + s_off, vs, mask=mk)
-        else:
-            c1, c2, c3, c4 = k1.to(cache_ty), k2.to(cache_ty), v1.to(cache_ty), v2.to(cache_ty)
-        if not FEEDBACK:  # (stored above)
-            tl.store(k_cache_ptr + c_off, c1, mask=mk)
-            tl.store(k_cache_ptr + c_off + HALF, c2, mask=mk)
-        tl.store(v_cache_ptr + c_off, c3, mask=mk)
-        tl.store(v_cache_ptr + c_off + HALF, c4, mask=mk)
+                c1, c2, c3, c4 = k1.to(cache_ty), k2.to(cache_ty), v1.to(cache_ty), v2.to(cache_ty)
+            if not FEEDBACK:  # (stored above)
+                tl.store(k_cache_ptr + c_off, c1, mask=mk)
+                tl.store(k_cache_ptr + c_off + HALF, c2, mask=mk)
+            tl.store(v_cache_ptr + c_off, c3, mask=mk)
+            tl.store(v_cache_ptr + c_off + HALF, c4, mask=mk)
 
 
 def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
@@ -175,15 +186,19 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     assert k_feedback is None or (head_dim // 2) % k_feedback.shape[-1] == 0, k_feedback.shape
     assert k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
     has_norm = q_norm_weight is not None
+    # Past a decode step's size, a kernel of their own runs K's feedback chains from k_out.
+    chains = (k_feedback is not None and not INTERPRET and FEEDBACK_CHAINS
+              and num_tokens > FUSED_FEEDBACK_MAX_TOKENS)
     q_out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(num_tokens if return_k else 0, num_kv_heads, head_dim, dtype=k.dtype,
-                        device=k.device)
+    k_out = torch.empty(num_tokens if return_k or chains else 0, num_kv_heads, head_dim,
+                        dtype=k.dtype, device=k.device)
     if num_tokens == 0:
         return (q_out, k_out) if return_k else q_out
     cos_sin = cos_sin_cache.reshape(cos_sin_cache.shape[0], head_dim)
     meta = fp8_meta(k_cache.dtype)
     kc, vc, ks, vs = fp8_args(k_cache, v_cache, k_scale, v_scale, meta)
-    _norm_rope_store_kernel[(num_tokens,)](
+    split = num_tokens <= SPLIT_QK_MAX_TOKENS
+    _norm_rope_store_kernel[(num_tokens, 2 if split else 1)](
         q, k, v, positions, cos_sin, q_norm_weight if has_norm else q,
         k_norm_weight if has_norm else k, slot_mapping, q_out, k_out, kc, vc, ks, vs,
         k_feedback.contiguous() if k_feedback is not None else ks,
@@ -192,15 +207,29 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         *row_scale_strides(k_cache, ks, vs), eps,
         HQ=num_heads, HKV=num_kv_heads, HQ_PAD=_pad(num_heads, mix),
         HKV_PAD=_pad(num_kv_heads, mix), HALF=head_dim // 2, HAS_NORM=has_norm,
-        WRITE_K=return_k, MIX=mix, LOG2_HALF=(head_dim // 2).bit_length() - 1,
+        WRITE_K=return_k or chains, MIX=mix, LOG2_HALF=(head_dim // 2).bit_length() - 1,
         DOT_PREC=dot_precision(q.dtype), **meta, FEEDBACK=k_feedback is not None,
         GROUP=k_feedback.shape[-1] if k_feedback is not None else 1,
-        KV_ROWS=triton.next_power_of_2(num_kv_heads),
+        KV_ROWS=triton.next_power_of_2(num_kv_heads), CHAINS=chains, SPLIT=split,
         # The feedback loop's tile is small: more warps would each repeat its chain.
         num_warps=4 if k_feedback is None else FEEDBACK_WARPS,
     )
+    if chains:
+        feedback_chains(k_out, k_feedback, ks, kc, slot_mapping)
     return (q_out, k_out) if return_k else q_out
 
+
+# K's error feedback on a GPU: up to this many tokens (decode steps) the fused kernel rounds
+# on its register tile (the interpreter's path at any size); past it (prefill),
+# triton_feedback.feedback_chains runs a thread per chain after it. FEEDBACK_CHAINS False:
+# the tile at every size (tools/bench_kv_feedback.py compares them).
+FUSED_FEEDBACK_MAX_TOKENS = 512
+FEEDBACK_CHAINS = True
+# Up to this many tokens q and k/v run in programs of their own (the kernel's SPLIT). H100,
+# tools/bench_kv_feedback.py, us per call split / not: 1 token 7.4 / 8.1, 64 tokens 7.5 / 8.3
+# (with the feedback 9.4 / 10.1, 9.6 / 10.4), but 256 tokens 10.7 / 9.4 (14.2 / 12.2): two
+# programs a token then fill the SMs with waiting warps.
+SPLIT_QK_MAX_TOKENS = 64
 
 # Warps of a program whose store rounds K with feedback (tools/bench_kv_feedback.py).
 FEEDBACK_WARPS = 4

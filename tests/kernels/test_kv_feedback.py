@@ -58,11 +58,11 @@ def test_scores_err_less_on_anisotropic_queries():
     assert errs[16] < 0.7 * plain
 
 
-def rope_case(mix: bool, device="cpu", dtype=torch.float32):
+def rope_case(mix: bool, device="cpu", dtype=torch.float32, hkv=2, d=32):
     """Inputs of the fused RoPE-store kernel with an fp8 cache, and a factor from
     anisotropic queries."""
     g = torch.Generator().manual_seed(3)
-    t, hq, hkv, d, bs = 7, 4, 2, 32, 8
+    t, hq, bs = 7, 2 * hkv, 8
     q, v = torch.randn(t, hq, d, generator=g), torch.randn(t, hkv, d, generator=g)
     k = torch.randn(t, hkv, d, generator=g) * 2
     rope = RotaryEmbedding(d, 64, 1e4)
@@ -70,7 +70,7 @@ def rope_case(mix: bool, device="cpu", dtype=torch.float32):
     slots[2] = -1  # a padding row writes nowhere
     queries = torch.randn(64, hq, 4, generator=g) @ torch.randn(4, d, generator=g)
     factor = feedback_factor(queries, hkv)
-    scales = torch.tensor([0.06, 0.03]), torch.tensor([0.02, 0.05])
+    scales = [torch.rand(hkv, generator=g) * 0.05 + 0.02 for _ in range(2)]
     caches = [torch.zeros(4, bs, hkv, d, dtype=FP8) for _ in range(2)]
     return [x.to(device) if isinstance(x, (torch.Tensor, torch.nn.Module)) else x
             for x in (q.to(dtype), k.to(dtype), v.to(dtype), torch.arange(t), rope, slots,
@@ -99,18 +99,28 @@ def test_fused_store_rounds_as_the_reference(mix):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mix", [False, True])
-def test_gpu_fused_store_rounds_as_the_reference(mix):
-    """On a GPU the kernel contracts multiply-adds, so a rare code may differ by one step
-    from the reference's; nearly all are equal."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hkv,d", [(2, 32), (3, 64), (8, 128)])
+@pytest.mark.parametrize("fused", [True, False])
+def test_gpu_fused_store_rounds_as_the_reference(mix, dtype, hkv, d, fused, monkeypatch):
+    """On a GPU a prefill's chains run one per thread (triton_feedback.chain_asm) with the
+    reference's roundings: the codes are the torch path's, bit for bit, for groups of 16 and
+    32, padded kv heads and every activation dtype. A decode step's (fused: the register
+    tile) contracts multiply-adds, so a rare code may differ by one step."""
+    from nanovllm.kernels import triton_rope
     from nanovllm.kernels.triton_rope import norm_rope_store
 
-    q, k, v, pos, rope, slots, factor, ks, vs, kc, vc = rope_case(mix, "cuda")
+    monkeypatch.setattr(triton_rope, "FUSED_FEEDBACK_MAX_TOKENS", 1 << 20 if fused else 0)
+    q, k, v, pos, rope, slots, factor, ks, vs, kc, vc = rope_case(mix, "cuda", dtype, hkv, d)
     _, k_rot = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, None, None, 0.0, kc, vc,
                                slots, return_k=True, k_scale=ks, v_scale=vs, mix=mix,
                                k_feedback=factor)
-    ref_kc = torch.zeros_like(kc)
-    store_kvcache_torch(k_rot, v, ref_kc, torch.zeros_like(vc), slots, ks, vs,
-                        k_feedback=factor)
+    ref_kc, ref_vc = torch.zeros_like(kc), torch.zeros_like(vc)
+    store_kvcache_torch(k_rot, v, ref_kc, ref_vc, slots, ks, vs, k_feedback=factor)
+    assert torch.equal(vc.view(torch.uint8), ref_vc.view(torch.uint8))
+    if not fused:
+        assert torch.equal(kc.view(torch.uint8), ref_kc.view(torch.uint8))
+        return
     same = (kc.view(torch.uint8) == ref_kc.view(torch.uint8)).float().mean().item()
     assert same > 0.98
     got, want = kc.float(), ref_kc.float()

@@ -74,6 +74,16 @@ def test_norm_rope_store_interpreter(heads, kv_heads, head_dim, with_norm):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test (CPU)")
+@pytest.mark.parametrize("split_max", [0, 1 << 20])
+def test_norm_rope_store_one_or_two_programs_a_token(split_max, monkeypatch):
+    """q and k/v in one program per token or in two (triton_rope.SPLIT_QK_MAX_TOKENS)."""
+    from nanovllm.kernels import triton_rope
+
+    monkeypatch.setattr(triton_rope, "SPLIT_QK_MAX_TOKENS", split_max)
+    _check(5, 4, 2, 16, torch.float32, "cpu", True, 1e-5, 1e-5)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test (CPU)")
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 32), (3, 1, 16)])
 def test_norm_rope_store_mix_interpreter(heads, kv_heads, head_dim):
     """q and k multiplied by the Hadamard matrix after RoPE, as hadamard_mix does."""
