@@ -64,8 +64,12 @@ def factor_from_moments(h: torch.Tensor, damp: float = DAMP,
     h = h + damp * h.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * eye
     blocks = h.view(hkv, d // g, g, d // g, g).diagonal(dim1=1, dim2=3)
     blocks = blocks.permute(0, 3, 1, 2)  # [Hkv, groups, G, G]
-    low = torch.linalg.cholesky_ex(blocks).L
-    u = torch.linalg.cholesky_ex(torch.cholesky_inverse(low), upper=True).L
+    # U (upper, H^-1 = U^T U) without inverting H: with J the reversal, J H J = (J U^-1 J)
+    # (J U^-1 J)^T and J U^-1 J is lower, so U = J L^-1 J for L the Cholesky factor of J H J.
+    # Two batched calls, not three (H100, 32 blocks: 0.13 ms for cholesky_inverse alone).
+    low = torch.linalg.cholesky_ex(blocks.flip(-2, -1)).L
+    eye_g = torch.eye(g, device=h.device).expand_as(low)
+    u = torch.linalg.solve_triangular(low, eye_g, upper=False).flip(-2, -1)
     u = u / u.diagonal(dim1=-2, dim2=-1)[..., None]
     return u.reshape(hkv, d, g).contiguous()  # the store kernel reads rows of it
 

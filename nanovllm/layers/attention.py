@@ -55,9 +55,12 @@ class Attention(nn.Module):
                                            self.backend.mix_kv)
             fmax = torch.finfo(self.k_cache.dtype).max
             calibrate_kv_scales(k_rot, v, self.k_scale, self.v_scale, fmax)
-        if ctx.fit_feedback and self.k_feedback is not None:
-            if not ctx.calibrate_kv:
-                q_rot = norm_and_rotate(q, k, positions, rope, q_norm, k_norm,
+        n = ctx.fit_feedback  # the first rows' queries only: FIT_TOKENS in all
+        if n and self.k_feedback is not None:
+            if ctx.calibrate_kv:
+                q_rot = q_rot[:n]
+            else:
+                q_rot = norm_and_rotate(q[:n], k[:n], positions[:n], rope, q_norm, k_norm,
                                         self.backend.mix_kv)[0]
             self.fit_feedback(q_rot)
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)

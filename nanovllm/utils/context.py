@@ -19,7 +19,7 @@ class Context:
     block_tables: torch.Tensor | None = None
     decode_order: torch.Tensor | None = None  # decode: rows longest first (StepInputs.order)
     calibrate_kv: bool = False  # prefill: set the fp8 KV scales from this step's K/V first
-    fit_feedback: bool = False  # prefill: refit the fp8 K feedback with this step's queries
+    fit_feedback: int = 0  # prefill: refit the fp8 K feedback with the first n rows' queries
     # A prefill step whose first num_decode_rows rows each compute a sequence's last token
     # (a mixed step): they attend as decode rows (decode_part), the rest as a prefill
     # (prefill_part, None when there is no rest); cu_seqlens_q still covers every row.

@@ -228,11 +228,10 @@ class ModelRunner:
             if inputs.feed_rows is not None:  # a mixed step's decode rows with pending tokens
                 feed_tokens(dev["input_ids"][:inputs.num_decode_rows], dev["feed_rows"],
                             self.sampled)
-            fit = self._feedback_fit_left > 0
+            fit = min(self._feedback_fit_left, len(inputs.input_ids))
             set_context(**prefill_context(inputs, dev, self._calibrate_kv, fit))
             self._calibrate_kv = False
-            if fit:
-                self._feedback_fit_left -= len(inputs.input_ids)
+            self._feedback_fit_left -= fit
             return self.model(dev["input_ids"], dev["positions"])
         n = inputs.num_rows
         ids, pos, slots, lens, order, feed = dev["decode_meta"][:, :n]

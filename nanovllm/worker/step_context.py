@@ -8,7 +8,7 @@ from nanovllm.utils.context import Context
 
 
 def prefill_context(inputs: StepInputs, dev: dict[str, torch.Tensor],
-                    calibrate_kv: bool = False, fit_feedback: bool = False) -> dict:
+                    calibrate_kv: bool = False, fit_feedback: int = 0) -> dict:
     """set_context's arguments for the staged prefill step `inputs` (device tensors `dev`)."""
     cu_q, cu_k, slots = dev["cu_seqlens_q"], dev["cu_seqlens_k"], dev["slot_mapping"]
     common = dict(is_prefill=True, max_seqlen_q=inputs.max_seqlen_q,
