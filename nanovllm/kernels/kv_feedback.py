@@ -9,7 +9,7 @@ dropped), so a store rounds the D / GROUP groups side by side in GROUP sequentia
 than D: emulated on SmolLM2 (tools/kv_gptq_emulate.py, docs/PERF_NOTES.md) groups of 32 keep
 the dense feedback's gain (decode error 0.0549 -> 0.0378 nats vs 0.0373). The torch path and
 the fused RoPE-store kernel (triton_rope, through triton_feedback) round this way when
-NANOVLLM_KV_FEEDBACK=1.
+feedback_wanted() (the default; NANOVLLM_KV_FEEDBACK=0 turns it off).
 """
 import os
 
@@ -26,9 +26,10 @@ FIT_TOKENS = 2048
 
 
 def feedback_wanted() -> bool:
-    """Whether an fp8_e4m3 cache with calibrated scales rounds K this way:
-    NANOVLLM_KV_FEEDBACK=1 (off by default: the store costs 3-6% of bench.py on an H100)."""
-    return os.environ.get("NANOVLLM_KV_FEEDBACK", "0") == "1"
+    """Whether an fp8_e4m3 cache with calibrated scales rounds K this way: yes unless
+    NANOVLLM_KV_FEEDBACK=0 (docs/PERF_NOTES.md, sixteenth session: SmolLM2's decode error
+    0.055 -> 0.037 nats for ~1-3% of bench.py on an H100)."""
+    return os.environ.get("NANOVLLM_KV_FEEDBACK", "1") != "0"
 
 
 def group_size(head_dim: int) -> int:

@@ -1,6 +1,6 @@
 """Device functions of the fp8 K store with error feedback (kernels/kv_feedback.py is the
 plain-torch reference): the fused norm + RoPE + store kernel (triton_rope) calls
-feedback_round on a token's rotated keys when NANOVLLM_KV_FEEDBACK=1."""
+feedback_round on a decode step's rotated keys; a prefill's go through feedback_chains."""
 import functools
 
 import torch
@@ -160,7 +160,10 @@ def chain_asm(group: int, src: str, depth: int | None = None) -> str:
     return "\n".join(out)
 
 
-@triton.jit
+# num_tokens varies per prefill: not specialized on (== 1, % 16), so the warm-up's compile
+# serves every step (the first bench.py run on a machine compiled a second variant inside
+# its timed prefill: 5.39 s against 5.03-5.06 s after).
+@triton.jit(do_not_specialize=["num_tokens"])
 def feedback_chains_kernel(k_ptr, fb_ptr, s_ptr, cache_ptr, slot_ptr, num_tokens,
                            stride_cslot, stride_ch, HKV: tl.constexpr, NG: tl.constexpr,
                            G: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):

@@ -231,8 +231,10 @@ FEEDBACK_CHAINS = True
 # programs a token then fill the SMs with waiting warps.
 SPLIT_QK_MAX_TOKENS = 64
 
-# Warps of a program whose store rounds K with feedback (tools/bench_kv_feedback.py).
-FEEDBACK_WARPS = 4
+# Warps of a program whose store rounds K with feedback. H100, tools/bench_kv_feedback.py,
+# us per call at 1 / 64 / 256 tokens: 4 warps 9.4 / 9.7 / 12.3, 8 warps 7.6 / 7.7 / 11.1,
+# 16 warps 7.9 / 8.0 / 14.4 (plain rounding 7.4 / 7.5 / 9.4).
+FEEDBACK_WARPS = 8
 
 
 def _pad(heads: int, mix: bool) -> int:

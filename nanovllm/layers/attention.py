@@ -29,7 +29,7 @@ class Attention(nn.Module):
         # fp8; for int8 one per cached row, [num_blocks, block_size, num_kv_heads].
         self.k_scale = self.v_scale = None
         # fp32 [num_kv_heads, D, G] or None: an fp8 cache's K rounded with error feedback
-        # through it (kernels/kv_feedback.py; NANOVLLM_KV_FEEDBACK=1, an experiment), fitted
+        # through it (kernels/kv_feedback.py; NANOVLLM_KV_FEEDBACK=0 turns it off), fitted
         # to the queries' second moments summed so far ([num_kv_heads, D, D], over rows).
         self.k_feedback = None
         self.feedback_moments = None
