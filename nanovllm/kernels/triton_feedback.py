@@ -38,6 +38,20 @@ def top_rows(t, R: tl.constexpr):
 
 
 @triton.jit
+def prefetch_rows(ptr, n: tl.constexpr, N_POW2: tl.constexpr, LEVEL: tl.constexpr):
+    """Ask for the n fp32 values at ptr (a multiple of 32: whole 128-byte lines; N_POW2 a
+    power of two >= n) to be brought into the cache LEVEL ("L1" or "L2"), not waiting."""
+    lines = tl.arange(0, N_POW2 // 32)
+    addr = (ptr + tl.minimum(lines, n // 32 - 1) * 32).to(tl.int64)
+    if LEVEL == "L1":
+        tl.inline_asm_elementwise("prefetch.global.L1 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def feedback_round(y1, y2, fb_ptr, hk, mk, G: tl.constexpr, UNROLL: tl.constexpr,
                    FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
     """K's halves in units of its scale ([R, HALF] fp32; kv heads hk [R, 1], mask mk), their
