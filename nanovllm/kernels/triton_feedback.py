@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels._common import quantize_fp8
+
 
 @triton.jit
 def _round_fp8(y, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
@@ -35,6 +37,25 @@ def top_rows(t, R: tl.constexpr):
     C: tl.constexpr = t.shape[1]
     first = tl.arange(0, P // R)[:, None, None] == 0
     return tl.sum(tl.where(first, tl.reshape(t, [P // R, R, C]), 0.0), axis=0)
+
+
+@triton.jit
+def store_tile(k1, k2, ks, fb_ptr, dst_ptr, stride_ch, HKV: tl.constexpr, R: tl.constexpr,
+               G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+               SOFT: tl.constexpr):
+    """A decode token's rotated K halves ([rows, HALF], kv heads padded; scales ks
+    [rows, 1]) rounded with error feedback on the register tile (feedback_round) and stored
+    at dst_ptr, its cache slot (kv heads stride_ch apart)."""
+    HALF: tl.constexpr = k1.shape[1]
+    hr = tl.arange(0, R)[:, None]
+    mr = hr < HKV
+    y1 = top_rows(tl.div_rn(k1.to(tl.float32), ks), R)
+    y2 = top_rows(tl.div_rn(k2.to(tl.float32), ks), R)
+    y1, y2 = feedback_round(y1, y2, fb_ptr, hr, mr, G, min(G, 4), FMAX, MANT, BIAS)
+    dst = dst_ptr + hr * stride_ch + tl.arange(0, HALF)[None, :]
+    cache_ty: tl.constexpr = dst_ptr.dtype.element_ty
+    tl.store(dst, quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
+    tl.store(dst + HALF, quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
 
 
 @triton.jit

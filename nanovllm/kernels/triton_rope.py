@@ -22,12 +22,7 @@ from nanovllm.kernels._common import (
     int8_row_scale,
     quantize_fp8,
 )
-from nanovllm.kernels.triton_feedback import (
-    feedback_chains,
-    feedback_round,
-    prefetch_rows,
-    top_rows,
-)
+from nanovllm.kernels.triton_feedback import feedback_chains, prefetch_rows, store_tile
 from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides
 
 
@@ -135,17 +130,8 @@ def _norm_rope_store_kernel(
                 if CHAINS:  # feedback_chains_kernel rounds and stores K next, from k_out
                     c1, c2 = None, None
                 elif FEEDBACK:  # K rounded with error feedback, in units of its scale
-                    hr = tl.arange(0, KV_ROWS)[:, None]
-                    mr = hr < HKV
-                    y1 = top_rows(tl.div_rn(k1.to(tl.float32), ks), KV_ROWS)
-                    y2 = top_rows(tl.div_rn(k2.to(tl.float32), ks), KV_ROWS)
-                    y1, y2 = feedback_round(y1, y2, fb_ptr, hr, mr, GROUP, min(GROUP, 4), FMAX,
-                                            MANT, BIAS)
-                    r_off = slot * stride_cslot + hr * stride_ch + offs[None, :]
-                    tl.store(k_cache_ptr + r_off,
-                             quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
-                    tl.store(k_cache_ptr + r_off + HALF,
-                             quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT), mask=mr)
+                    store_tile(k1, k2, ks, fb_ptr, k_cache_ptr + slot * stride_cslot,
+                               stride_ch, HKV, KV_ROWS, GROUP, FMAX, MANT, BIAS, SOFT)
                     c1, c2 = None, None
                 else:
                     c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
