@@ -6,6 +6,8 @@ import logging
 import torch
 
 from nanovllm.config import Config
+from nanovllm.kernels.kv_feedback import feedback_wanted, identity_feedback
+from nanovllm.layers.attention_backend import mix_kv_wanted
 from nanovllm.models.safetensors_io import read_kv_scales
 
 logger = logging.getLogger(__name__)
@@ -148,3 +150,27 @@ def checkpoint_kv_scales(config: Config, rank: int, local_heads: int) -> torch.T
     if rank == 0:
         logger.info("fp8 KV cache: k/v scales from the checkpoint")
     return scales[:, :, rank * local_heads:(rank + 1) * local_heads]
+
+
+def set_up_8bit_cache(config: Config, rank: int, attn_layers: list, kv_cache: torch.Tensor,
+                      backend) -> tuple[torch.Tensor, bool]:
+    """An 8-bit cache's scales, its Hadamard mixing (backend.mix_kv) and an e4m3 cache's K
+    error feedback: (the scales, whether the first real prefill must calibrate them)."""
+    head_dim = attn_layers[0].head_dim
+    if kv_cache.dtype == torch.int8:
+        # A scale per (token, kv head), set by each store: nothing to calibrate. Mixing
+        # makes a rotated row near-Gaussian, so its max is a few sigma, not an outlier's.
+        backend.mix_kv = mix_kv_wanted(head_dim)
+        return allocate_row_scales(attn_layers, kv_cache), False
+    loaded = checkpoint_kv_scales(config, rank, attn_layers[0].num_kv_heads)
+    scales = allocate_kv_scales(attn_layers, kv_cache.device, loaded)
+    # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated on
+    # mixed keys: a checkpoint's scales were measured on plain ones.
+    backend.mix_kv = loaded is None and mix_kv_wanted(head_dim)
+    if loaded is None and kv_cache.dtype == torch.float8_e4m3fn and feedback_wanted():
+        # The identity until the first prefill fits it: plain rounding meanwhile.
+        for layer in attn_layers:
+            layer.k_feedback = identity_feedback(layer.num_kv_heads, head_dim, kv_cache.device)
+            layer.feedback_moments = torch.zeros(layer.num_kv_heads, head_dim, head_dim,
+                                                 device=kv_cache.device)
+    return scales, loaded is None

@@ -9,22 +9,16 @@ import torch
 from nanovllm.config import Config
 from nanovllm.engine.sequence import Sequence
 from nanovllm.engine.step_inputs import DECODE_META_ROWS, StepBuilder, StepInputs
-from nanovllm.kernels.kv_feedback import FIT_TOKENS, feedback_wanted, identity_feedback
+from nanovllm.kernels.kv_feedback import FIT_TOKENS
 from nanovllm.layers.attention import Attention
-from nanovllm.layers.attention_backend import choose_backend, mix_kv_wanted
+from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.models.loader import build_model
 from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.cuda_graph import DecodeGraphs
 from nanovllm.worker.device import resolve_device, resolve_dtype
 from nanovllm.worker.draft import DraftProposer, draft_config
-from nanovllm.worker.kv_cache import (
-    allocate_kv_cache,
-    allocate_kv_scales,
-    allocate_row_scales,
-    checkpoint_kv_scales,
-    kv_cache_dtype,
-)
+from nanovllm.worker.kv_cache import allocate_kv_cache, kv_cache_dtype, set_up_8bit_cache
 from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
 from nanovllm.worker.penalties import penalty_tensors
 from nanovllm.worker.late_sample import LateSample
@@ -129,25 +123,9 @@ class ModelRunner:
         self.num_kvcache_blocks = self.kv_cache.size(2)
         if self.kv_dtype.itemsize != 1:
             return False
-        head_dim = self.attn_layers[0].head_dim
-        if self.kv_dtype == torch.int8:
-            # A scale per (token, kv head), set by each store: nothing to calibrate. Mixing
-            # makes a rotated row near-Gaussian, so its max is a few sigma, not an outlier's.
-            self.kv_scales = allocate_row_scales(self.attn_layers, self.kv_cache)
-            backend.mix_kv = mix_kv_wanted(head_dim)
-            return False
-        loaded = checkpoint_kv_scales(self.config, self.rank, self.attn_layers[0].num_kv_heads)
-        self.kv_scales = allocate_kv_scales(self.attn_layers, self.device, loaded)
-        # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated
-        # on mixed keys: a checkpoint's scales were measured on plain ones.
-        backend.mix_kv = loaded is None and mix_kv_wanted(head_dim)
-        if loaded is None and self.kv_dtype == torch.float8_e4m3fn and feedback_wanted():
-            # Identity until the first prefill calibrates it: plain rounding meanwhile.
-            for layer in self.attn_layers:
-                layer.k_feedback = identity_feedback(layer.num_kv_heads, head_dim, self.device)
-                layer.feedback_moments = torch.zeros(layer.num_kv_heads, head_dim, head_dim,
-                                                     device=self.device)
-        return loaded is None
+        self.kv_scales, calibrate = set_up_8bit_cache(self.config, self.rank, self.attn_layers,
+                                                      self.kv_cache, backend)
+        return calibrate
 
     def _capture_graphs(self) -> None:
         """Decode graphs reading their inputs from the stager's fixed buffer."""
