@@ -59,17 +59,13 @@ def store_tile(k1, k2, ks, fb_ptr, dst_ptr, stride_ch, HKV: tl.constexpr, R: tl.
 
 
 @triton.jit
-def prefetch_rows(ptr, n: tl.constexpr, N_POW2: tl.constexpr, LEVEL: tl.constexpr):
+def prefetch_rows(ptr, n: tl.constexpr, N_POW2: tl.constexpr):
     """Ask for the n fp32 values at ptr (a multiple of 32: whole 128-byte lines; N_POW2 a
-    power of two >= n) to be brought into the cache LEVEL ("L1" or "L2"), not waiting."""
+    power of two >= n) to be brought into L2, not waiting for them."""
     lines = tl.arange(0, N_POW2 // 32)
     addr = (ptr + tl.minimum(lines, n // 32 - 1) * 32).to(tl.int64)
-    if LEVEL == "L1":
-        tl.inline_asm_elementwise("prefetch.global.L1 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -155,8 +151,8 @@ def chain_asm(group: int, src: str, depth: int | None = None) -> str:
             regs = ", ".join(f"u{slot + q + k}" for k in range(4))
             out.append(f"ld.global.v4.f32 {{{regs}}}, [{fb}+{4 * (r * group + q)}];")
 
-    # Rows are loaded `depth` steps before their step: a load waits on no chain, and a step
-    # would otherwise stall for a round trip to L2 (16.9 us for one token's store, not 10).
+    # Rows are loaded `depth` steps before their step, so no step need wait for its own
+    # (on the H100 depths 2, 4 and 6 measured alike: ptxas hoists the loads anyway).
     depth = min(depth or CHAIN_PREFETCH, group)
     out[1] = f".reg .f32 x<{group}>, u<{group * depth}>, y, t, e, st, iv, p;"
     for r in range(depth):

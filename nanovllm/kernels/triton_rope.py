@@ -85,11 +85,11 @@ def _norm_rope_store_kernel(
     # SPLIT: q in programs (t, 0), k and v in (t, 1), side by side: a small decode step's
     # kernel then lasts the longer half, not both.
     part = tl.program_id(1) if SPLIT else -1
-    if FEEDBACK and not CHAINS and PREFETCH != "":
+    if FEEDBACK and not CHAINS and PREFETCH:
         # The feedback rows, on their way to L2 while q and k are rotated. (Every program
         # asks; at 256 tokens that costs: 14.1 -> 15.1 us. Untried: only program 0 asking.)
         if part != 0:
-            prefetch_rows(fb_ptr, HKV * 2 * HALF * GROUP, KV_ROWS * 2 * HALF * GROUP, PREFETCH)
+            prefetch_rows(fb_ptr, HKV * 2 * HALF * GROUP, KV_ROWS * 2 * HALF * GROUP)
     if part != 1:
         hq = tl.arange(0, HQ_PAD)[:, None]
         mq = hq < HQ
@@ -207,7 +207,7 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         DOT_PREC=dot_precision(q.dtype), **meta, FEEDBACK=k_feedback is not None,
         GROUP=k_feedback.shape[-1] if k_feedback is not None else 1,
         KV_ROWS=triton.next_power_of_2(num_kv_heads), CHAINS=chains, SPLIT=split,
-        PREFETCH="" if INTERPRET else FEEDBACK_PREFETCH,
+        PREFETCH=FEEDBACK_PREFETCH and not INTERPRET,
         # The feedback loop's tile is small: more warps would each repeat its chain.
         num_warps=4 if k_feedback is None else FEEDBACK_WARPS,
     )
@@ -228,12 +228,12 @@ FEEDBACK_CHAINS = True
 # programs a token then fill the SMs with waiting warps.
 SPLIT_QK_MAX_TOKENS = 64
 
-# Where the decode store's feedback rows are prefetched to ("L2", or "": none): between two
-# steps the layers' weights stream through L2, so without it each step of the loop waits on
-# HBM for its rows. H100, tools/profile_bench.py --kv-cache-dtype fp8_e4m3, us a call at
+# Whether the decode store prefetches its feedback rows into L2: between two steps the
+# layers' weights stream through L2, so without it each step of the loop waits on HBM for
+# its rows. H100, tools/profile_bench.py --kv-cache-dtype fp8_e4m3, us a call at
 # batch 1: plain 7.5, feedback 10.6, prefetched 9.2 (L1 alike); at 256 tokens 9.5, 14.1,
 # 15.1. The kernel alone, its rows hot (tools/bench_kv_feedback.py): 7.4 -> 7.6 at batch 1.
-FEEDBACK_PREFETCH = "L2"
+FEEDBACK_PREFETCH = True
 # Warps of a program whose store rounds K with feedback. H100, tools/bench_kv_feedback.py,
 # us per call at 1 / 64 / 256 tokens: 4 warps 9.4 / 9.7 / 12.3, 8 warps 7.6 / 7.7 / 11.1,
 # 16 warps 7.9 / 8.0 / 14.4 (plain rounding 7.4 / 7.5 / 9.4).
