@@ -7,12 +7,21 @@ shapes of real models at M = 1, 2, 4, 8, 16; prints the weight-stream bandwidth 
                                                       # 16) and print the best per shape
     python tools/bench_gemm.py --large-m 128,1024,8192   # fp8 weights at larger M: tall
                                                          # tiles, dequantize + cuBLAS, W8A8
+    python tools/bench_gemm.py --fused --m 1,4,16     # the prologue-fused kernel
+                                                      # (gemm_prologue.py) against its
+                                                      # unfused sequence, below
 
 Timing: each call reads a different copy of the weight (enough copies to pass 256 MB, so
 the weights come from HBM as in a model's forward, not from the 50 MB L2); the calls are one
 CUDA graph (no launch gaps); median of 5 replays. GB/s counts the weight and its scales, x
 and y; "% copy" compares with a device-to-device copy's (read + written) bandwidth.
 fp8 rows compare with cuBLAS on the same shape in bf16 (what fp8 weights replace).
+
+--fused: on each layer a prologue feeds (qkv and gate_up: residual add + RMSNorm; down:
+SiluAndMul), the fused skinny GEMM against the unfused sequence (triton_norm's kernel, then
+the plain skinny GEMM; bf16 weights also with cuBLAS as the second launch); "diff" is the
+largest |fused - unfused| over the largest |y| (roundings of the activation: see
+gemm_prologue.py).
 """
 import argparse
 import itertools
@@ -124,6 +133,52 @@ def time_large(m: int, n: int, k: int, weights) -> None:
           f"best/bf16 {tc / min(t_tall, t_deq, t_w8a8):4.2f}x")
 
 
+# The prologue fused into each layer's GEMM (kernels/gemm_prologue.py).
+FUSED_LAYERS = {"qkv": "add_rms_norm", "gate_up": "add_rms_norm", "down": "silu_mul"}
+
+
+def time_fused(model: str, kinds, ms) -> None:
+    """Fused prologue + skinny GEMM against norm / SiluAndMul kernel + GEMM, per layer and M."""
+    from nanovllm.kernels.triton_norm import rms_norm, silu_and_mul
+
+    gemm = skinny_gemm.gemm
+    for (name, (n, k)), kind in itertools.product(linear_shapes(model).items(), kinds):
+        if name not in FUSED_LAYERS:
+            continue
+        weights = make_weights(n, k, kind)
+        norm_w = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+        print(f"\n{model} {name} N={n} K={k} {kind}  prologue {FUSED_LAYERS[name]}")
+        for m in ms:
+            if FUSED_LAYERS[name] == "silu_mul":
+                x = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
+
+                def fused(w, s, b):
+                    return gemm(x, w, None, s, b, act="silu_mul")
+
+                def first():
+                    return silu_and_mul(x)
+            else:
+                x, r = torch.randn(2, m, k, device="cuda", dtype=torch.bfloat16)
+
+                def fused(w, s, b):
+                    return gemm(x, w, None, s, b, norm_weight=norm_w, residual=r, eps=1e-6)[0]
+
+                def first():
+                    return rms_norm(x, norm_w, 1e-6, r)[0]
+            t_f = time_graph(lambda: [fused(*wsb) for wsb in weights], calls=len(weights))
+            t_u = time_graph(lambda: [gemm(first(), *wsb[:1], None, *wsb[1:])
+                                      for wsb in weights], calls=len(weights))
+            line = (f"  M={m:2d}  fused {t_f * 1e3:7.1f} us   unfused (kernel + skinny) "
+                    f"{t_u * 1e3:7.1f} us  speed-up {t_u / t_f:4.2f}x")
+            if kind == "bf16":
+                t_c = time_graph(lambda: [F.linear(first(), w) for w, _, _ in weights],
+                                 calls=len(weights))
+                line += f"   kernel + cuBLAS {t_c * 1e3:7.1f} us ({t_c / t_f:4.2f}x)"
+            w, s, b = weights[0]
+            y, ref = fused(w, s, b).float(), gemm(first(), w, None, s, b).float()
+            print(line + f"   diff {(y - ref).abs().max() / ref.abs().max():.1e}")
+
+
 def sweep_configs(kind: str, n: int, k: int):
     """Candidate configs: tile shapes x splits, pruned to sensible program counts."""
     tiles = [(16, 256, 4, 4), (16, 512, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3),
@@ -165,12 +220,18 @@ def main():
                          "of the integer widening (_common.e4m3_to_bf16)")
     ap.add_argument("--sweep-m", default="1,16")
     ap.add_argument("--large-m", default="", help="fp8: also time these M with tall tiles")
+    ap.add_argument("--fused", action="store_true",
+                    help="only time the prologue-fused kernel against its unfused sequence")
     args = ap.parse_args()
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e9:.0f} GB/s (read + write)")
     kinds = args.weights.split(",")
     ms = [int(m) for m in args.m.split(",")]
+    if args.fused:
+        for model in args.models.split(","):
+            time_fused(model, kinds, ms)
+        return
     best_rows = []
     for model in args.models.split(","):
         for (name, (n, k)), kind in itertools.product(linear_shapes(model).items(), kinds):

@@ -17,6 +17,9 @@ counter per output tile; the last split to arrive sums the partials in split ord
 result is deterministic) and writes y: no separate reduce launch. It resets the counter for
 the next call.
 
+Optional prologues (gemm_prologue.py: residual add + RMSNorm, SiluAndMul) transform each x
+tile as it is loaded, so the decode step's op before the matmul needs no launch of its own.
+
 The same kernel with taller BLOCK_M tiles and a grid over M serves larger M (fp8_gemm.py).
 
 CUDA-graph safe: the grid and every buffer depend only on shapes; the workspace and counters
@@ -28,6 +31,8 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET, bits_to_bf16, dot_precision, e4m3_to_bf16
+from nanovllm.kernels.gemm_prologue import (ADD_RMS_NORM, RMS_NORM, SILU_MUL, choose_prologue,
+                                            norm_tile, rstd, silu_mul_tile)
 
 # Most rows this kernel is meant for (the callers' dispatch bound).
 MAX_M = 16
@@ -70,6 +75,7 @@ NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
 @triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
                  M, N, K, k_per_split, num_splits, stride_xm, stride_wn, stride_ym, stride_sn,
+                 g_ptr, r_ptr, rout_ptr, eps, PROLOGUE: tl.constexpr,
                  SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -92,6 +98,8 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
     # The tile of y = x @ W^T. (Swapped, y^T = W @ x^T with W as the first operand, measured
     # slower on the H100: Qwen3-0.6B's LM head at batch 1 took ~40 us more.)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # of this split's K range
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if SCALE == 2:  # this K tile lies inside one scale block: one scale per W row
@@ -100,14 +108,19 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
             s = tl.load(s_ptr + (offs_n // SCALE_BN) * stride_sn + k0 // SCALE_BK,
                         mask=mask_n, other=0.0)
         if EVEN_K:  # every K tile is whole: no column mask (full-width vector loads)
-            x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+            mask_x, mask_w = mask_m[:, None], mask_n[:, None]
         else:
             mask_k = offs_k < k_end
-            x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
-                        other=0.0)
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
-                        other=0.0)
+            mask_x, mask_w = mask_m[:, None] & mask_k[None, :], mask_n[:, None] & mask_k[None, :]
+        if PROLOGUE == 1 or PROLOGUE == 2:  # x becomes h * g (gemm_prologue)
+            x, sq = norm_tile(x_rows + offs_k[None, :], r_ptr, g_ptr, rout_ptr, offs_m, offs_k,
+                              mask_x, K, pid_n == 0, PROLOGUE)
+            sumsq += sq
+        elif PROLOGUE == 3:
+            x = silu_mul_tile(x_rows + offs_k[None, :], K, mask_x)
+        else:
+            x = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0)
+        w = tl.load(w_rows + offs_k[None, :], mask=mask_w, other=0.0)
         if DOT_F32:  # the interpreter's bf16 tl.dot is wrong (Triton 3.9); fp32 is exact
             part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         elif BITS_TO_BF16:  # e4m3 weights, bf16 x: widened with integer ops (_common)
@@ -124,6 +137,9 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
         tile = part_ptr + offs_m[:, None] * N + offs_n[None, :]
         mask = mask_m[:, None] & mask_n[None, :]
         tl.store(tile + pid_k * M * N, acc, mask=mask)
+        if PROLOGUE == 1 or PROLOGUE == 2:  # the row sums beside the partials
+            sums = part_ptr + num_splits * M * N + pid_n * M + offs_m
+            tl.store(sums + pid_k * tiles_n * M, sumsq, mask=mask_m)
         # acq_rel: each split's partial stores happen before its increment, and the last
         # split's loads after its own, so it sees every partial.
         cnt = cnt_ptr + pid_m * tiles_n + pid_n
@@ -131,10 +147,18 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for sp in range(num_splits):  # split order: the same sum on every call
                 acc += tl.load(tile + sp * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            if PROLOGUE == 1 or PROLOGUE == 2:
+                sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                for sp in range(num_splits):
+                    sumsq += tl.load(sums + sp * tiles_n * M, mask=mask_m, other=0.0,
+                                     cache_modifier=".cg")
+                acc *= rstd(sumsq, K, eps)[:, None]
             _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym,
                       SCALE, HAS_BIAS)
             tl.atomic_xchg(cnt, 0)  # ready for the next call (and the next graph replay)
     else:
+        if PROLOGUE == 1 or PROLOGUE == 2:
+            acc *= rstd(sumsq, K, eps)[:, None]
         _epilogue(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym, SCALE,
                   HAS_BIAS)
 
@@ -209,22 +233,35 @@ def _workspace(device: torch.device, floats: int, counters: int):
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
-         config: dict | None = None, block_m: int = MAX_M) -> torch.Tensor:
+         config: dict | None = None, block_m: int = MAX_M, *,
+         norm_weight: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+         eps: float = 1e-6, act: str | None = None):
     """x[..., K] @ weight[N, K]^T (+ bias) in x's dtype, accumulated in fp32.
 
     fp8 weights come with `scale`: fp32 [N] per output row (block None), or [ceil(N / bn),
     ceil(K / bk)] for block = (bn, bk); the weight is read as value * scale. `config`
-    overrides the table's tile config; `block_m` is the row tile (16 for M <= 16)."""
-    k = x.shape[-1]
+    overrides the table's tile config; `block_m` is the row tile (16 for M <= 16).
+
+    Prologues (kernels/gemm_prologue.py), at most one: with `norm_weight`, the matmul reads
+    RMSNorm(x (+ residual); norm_weight, eps) and, given a residual, returns (y, x + residual);
+    with act="silu_mul", x is a packed [..., 2K] gate_up and the matmul reads
+    silu(gate) * up."""
+    prologue = choose_prologue(norm_weight, residual, act)
+    k = x.shape[-1] // 2 if prologue == SILU_MUL else x.shape[-1]
     n = weight.shape[0]
     assert weight.shape[1] == k and weight.stride(1) == 1, (weight.shape, x.shape)
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    r2 = res_out = None
+    if prologue == ADD_RMS_NORM:  # the kernel indexes both as contiguous [M, K]
+        r2 = residual.reshape(m, k).contiguous()
+        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if m == 0:
-        return y.view(*x.shape[:-1], n)
+        y = y.view(*x.shape[:-1], n)
+        return y if res_out is None else (y, res_out)
     cfg = dict(config or choose_config(n, k, weight.dtype, x.dtype))
     block_k = cfg["BLOCK_K"]
     if scale is None:
@@ -246,16 +283,22 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     # Each split's K range is whole K tiles, so only the last tile of K can be partial.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
-    part, cnt = (_workspace(x.device, split * m * n, tiles_m * tiles_n) if split > 1
+    # fp32 partials [split, M, N], then (norm prologues) row sums of squares [split, tiles_n, M]
+    sums = split * tiles_n * m if prologue in (RMS_NORM, ADD_RMS_NORM) else 0
+    part, cnt = (_workspace(x.device, split * m * n + sums, tiles_m * tiles_n) if split > 1
                  else (y, y))
     _gemm_kernel[(tiles_m * tiles_n * split,)](
         x2, weight, scale, bias if bias is not None else x2, y, part, cnt,
         m, n, k, k_per_split, split, x2.stride(0), weight.stride(0), y.stride(0),
         scale.stride(0) if mode == BLOCK_SCALE else 0,
+        # Unused prologue arguments go as None: constexprs, so the kernel without a prologue
+        # compiles as it did before they existed.
+        norm_weight, r2, res_out, eps if norm_weight is not None else None, PROLOGUE=prologue,
         SCALE=mode, SCALE_BN=s_bn, SCALE_BK=s_bk, HAS_BIAS=bias is not None, SPLIT=split > 1,
         EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
         DOT_PREC=dot_precision(x.dtype), DOT_F32=INTERPRET,
         BITS_TO_BF16=cfg.get("BITS_TO_BF16", True) and bits_to_bf16(weight.dtype, x.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
-    return y.view(*x.shape[:-1], n)
+    y = y.view(*x.shape[:-1], n)
+    return y if res_out is None else (y, res_out)

@@ -122,6 +122,23 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
+    def gemm_operands(self):
+        """(weight, scale, block) for the skinny GEMM's prologues, or None (see
+        prologue_matmul)."""
+        if self.quant_method is None:
+            return self.weight, None, None
+        operands = getattr(self.quant_method, "gemm_operands", None)
+        return operands(self) if operands is not None else None
+
+    def prologue_matmul(self, x: torch.Tensor, bias: torch.Tensor | None, **prologue):
+        """x @ weight.T (+ bias) with one of the skinny GEMM's prologues (RMSNorm of x plus a
+        residual, or SiLU-and-mul; kernels/gemm_prologue.py) in the same launch. Only for
+        few rows (decode) and layers whose gemm_operands() is not None."""
+        from nanovllm.kernels.skinny_gemm import gemm  # CPU-only installs may have no triton
+
+        weight, scale, block = self.gemm_operands()
+        return gemm(x, weight, bias, scale, block, **prologue)
+
 
 class ReplicatedLinear(LinearBase):
     """The full weight on every rank."""
@@ -189,9 +206,12 @@ class RowParallelLinear(LinearBase):
         n = self.in_features
         return Placement(1, n * self.tp_size, self.tp_rank * n, 0, n)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
+        """With act="silu_mul", x is a packed gate_up whose SiLU-and-mul the matmul applies
+        itself (prologue_matmul)."""
         # The bias is not split; rank 0 alone adds it.
-        y = self.matmul(x, self.bias if self.tp_rank == 0 else None)
+        bias = self.bias if self.tp_rank == 0 else None
+        y = self.matmul(x, bias) if act is None else self.prologue_matmul(x, bias, act=act)
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

@@ -1,5 +1,8 @@
 """The decoder skeleton Qwen2, Qwen3, Llama and Qwen3-MoE share: GQA attention, a SwiGLU MLP,
 pre-norm blocks and a causal-LM head. Each model file only says how its layers differ."""
+import functools
+import os
+
 import torch
 from torch import nn
 
@@ -39,7 +42,11 @@ class DecoderAttention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], -1)
+        return self.attend(positions, self.qkv_proj(x))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """Attention and the output projection, from the packed q/k/v projection."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -74,8 +81,16 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Whether decode steps fold the norms and SiLU-and-mul into the matmuls that follow
+        # them (forward_fused): the dense blocks, with weights the skinny GEMM takes.
+        self.fusable = (fused_prologues_enabled() and isinstance(self_attn, DecoderAttention)
+                        and isinstance(mlp, GatedMLP)
+                        and all(p.gemm_operands() is not None for p in (
+                            self_attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)))
 
     def forward(self, positions, x, residual):
+        if self.fusable and fused_rows(x):
+            return self.forward_fused(positions, x, residual)
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
@@ -84,6 +99,43 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(positions, x)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+    def forward_fused(self, positions, x, residual):
+        """forward with each RMSNorm (and its residual add) run by the matmul after it and
+        SiLU-and-mul by the down projection: two fewer launches per norm, one per MLP."""
+        attn, mlp = self.self_attn, self.mlp
+        qkv, residual = self._normed(attn.qkv_proj, self.input_layernorm, x, residual)
+        x = attn.attend(positions, qkv)
+        gate_up, residual = self._normed(mlp.gate_up_proj, self.post_attention_layernorm, x,
+                                         residual)
+        return mlp.down_proj(gate_up, act="silu_mul"), residual
+
+    @staticmethod
+    def _normed(proj, norm: RMSNorm, x, residual):
+        """(proj(norm(x + residual)), x + residual); the first layer has no residual yet."""
+        if residual is None:
+            return proj.prologue_matmul(x, proj.bias, norm_weight=norm.weight,
+                                        eps=norm.eps), x
+        return proj.prologue_matmul(x, proj.bias, norm_weight=norm.weight, residual=residual,
+                                    eps=norm.eps)
+
+
+@functools.cache
+def fused_prologues_enabled() -> bool:
+    """NANOVLLM_FUSED_PROLOGUES=1 folds decode steps' RMSNorms and SiLU-and-mul into the
+    skinny GEMM (kernels/gemm_prologue.py). Off by default until measured on a GPU."""
+    value = os.environ.get("NANOVLLM_FUSED_PROLOGUES", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"NANOVLLM_FUSED_PROLOGUES={value!r}: use 1 (norms and SiLU-and-mul "
+                         "inside the decode matmuls) or 0 (separate kernels)")
+    return value == "1"
+
+
+def fused_rows(x: torch.Tensor) -> bool:
+    """Whether a step's hidden states x go through the fused path: a GPU and few rows."""
+    from nanovllm.kernels.skinny_gemm import MAX_M
+
+    return x.is_cuda and x.numel() <= MAX_M * x.shape[-1]
 
 
 class DecoderModel(nn.Module):

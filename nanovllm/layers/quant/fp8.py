@@ -145,6 +145,15 @@ class Fp8LinearMethod:
             t = t.expand(rows)
         copy_placed(scale, t, p)
 
+    def gemm_operands(self, layer: LinearBase):
+        """(weight, scale, block) as kernels/skinny_gemm.gemm takes them, or None where the
+        Triton kernels do not take these scales."""
+        from nanovllm.kernels.fp8_gemm import takes  # CPU-only installs may have no triton
+
+        if not takes(self.block):
+            return None
+        return layer.weight, getattr(layer, self.scale_name), self.block
+
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None):
         """On a GPU the fp8 Triton GEMM (kernels/fp8_gemm.py); elsewhere the reference:
         dequantize to x's dtype, then a plain matmul."""
