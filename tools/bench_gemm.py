@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nanovllm.kernels import skinny_gemm  # noqa: E402
+from nanovllm.kernels import skinny_config, skinny_gemm  # noqa: E402
 from nanovllm.layers.quant.fp8 import FP8  # noqa: E402
 from nanovllm.utils.model_shapes import SHAPES, linear_shapes  # noqa: E402
 
@@ -238,7 +238,7 @@ def main():
             if name == "lm_head" and kind != "bf16":
                 continue  # LM heads stay in the model's dtype
             weights = make_weights(n, k, kind)
-            cfg = skinny_gemm.choose_config(n, k, weights[0][0].dtype, torch.bfloat16)
+            cfg = skinny_config.choose_config(n, k, weights[0][0].dtype, torch.bfloat16)
             print(f"\n{model} {name} N={n} K={k} {kind}  table: {fmt_cfg(cfg)}")
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -66,7 +66,8 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     Triton GEMM when x has few rows and the shape is one where it was measured faster."""
     if x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and skinny_gemm_enabled():
         # Imported here: CPU-only installs may have no triton.
-        from nanovllm.kernels.skinny_gemm import MAX_M, beats_cublas, gemm
+        from nanovllm.kernels.skinny_config import beats_cublas
+        from nanovllm.kernels.skinny_gemm import MAX_M, gemm
 
         k = x.shape[-1]
         if x.numel() <= MAX_M * k and beats_cublas(weight.shape[0], k):

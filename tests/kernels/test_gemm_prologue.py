@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanovllm.kernels import skinny_gemm
+from nanovllm.kernels import skinny_config
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.skinny_gemm import gemm
 from nanovllm.layers.layernorm import _add_rms_norm, _rms_norm
@@ -123,7 +123,7 @@ def test_leading_dims_strided_and_counters():
     _check(y.view(6, 24), a.view(6, 40), w, s, block)
     y2, _ = gemm(x, w, None, s, block, config=cfg, norm_weight=nw, residual=r, eps=EPS)
     assert torch.equal(y, y2)
-    _, counters = skinny_gemm._WORKSPACE[x.device]
+    _, counters = skinny_config._WORKSPACE[x.device]
     assert not counters.any()
 
 
@@ -167,7 +167,7 @@ def test_gpu_model_shapes(layer, nk, kind):
             _check_residual(res, want_res)
             _check(y, a, w, s, block)
     torch.cuda.synchronize()
-    _, counters = skinny_gemm._WORKSPACE.get(w.device, (None, torch.zeros(1)))
+    _, counters = skinny_config._WORKSPACE.get(w.device, (None, torch.zeros(1)))
     assert not counters.any()
 
 

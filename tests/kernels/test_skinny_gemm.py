@@ -8,7 +8,7 @@ linear shapes at M = 1..16.
 import pytest
 import torch
 
-from nanovllm.kernels import skinny_gemm
+from nanovllm.kernels import skinny_config
 from nanovllm.kernels.skinny_gemm import gemm
 from nanovllm.layers.quant.fp8 import FP8
 from nanovllm.utils.model_shapes import SHAPES, linear_shapes
@@ -78,20 +78,20 @@ def test_split_k_is_deterministic_and_resets_counters():
     y1 = gemm(x, w, None, config=cfg)
     y2 = gemm(x, w, None, config=cfg)
     assert torch.equal(y1, y2)
-    _, counters = skinny_gemm._WORKSPACE[x.device]
+    _, counters = skinny_config._WORKSPACE[x.device]
     assert not counters.any()
 
 
 def test_auto_split_k(monkeypatch):
     """Few column tiles split K (powers of two up to the program target); many do not."""
-    monkeypatch.setattr(skinny_gemm, "TARGET_PROGRAMS", 264)
-    monkeypatch.setattr(skinny_gemm, "MIN_K_PER_SPLIT", 512)
-    monkeypatch.setattr(skinny_gemm, "MAX_SPLIT_K", 16)
-    assert skinny_gemm.auto_split_k(32, 2048, 256) == 4  # capped: 512 columns per split
-    assert skinny_gemm.auto_split_k(128, 4096, 256) == 4  # 256 programs: short of 264
-    assert skinny_gemm.auto_split_k(200, 4096, 256) == 2
-    assert skinny_gemm.auto_split_k(4096, 4096, 256) == 1
-    assert skinny_gemm.auto_split_k(8, 1024, 512) == 2  # a split keeps one whole K tile
+    monkeypatch.setattr(skinny_config, "TARGET_PROGRAMS", 264)
+    monkeypatch.setattr(skinny_config, "MIN_K_PER_SPLIT", 512)
+    monkeypatch.setattr(skinny_config, "MAX_SPLIT_K", 16)
+    assert skinny_config.auto_split_k(32, 2048, 256) == 4  # capped: 512 columns per split
+    assert skinny_config.auto_split_k(128, 4096, 256) == 4  # 256 programs: short of 264
+    assert skinny_config.auto_split_k(200, 4096, 256) == 2
+    assert skinny_config.auto_split_k(4096, 4096, 256) == 1
+    assert skinny_config.auto_split_k(8, 1024, 512) == 2  # a split keeps one whole K tile
 
 
 def test_empty_rows():
@@ -125,7 +125,7 @@ def test_gpu_model_shapes(nk, kind, xdtype):
         y = gemm(x, w, bias, s, block)
         check(y, reference(x, w, s, block, bias), xdtype)
     torch.cuda.synchronize()
-    _, counters = skinny_gemm._WORKSPACE.get(x.device, (None, torch.zeros(1)))
+    _, counters = skinny_config._WORKSPACE.get(x.device, (None, torch.zeros(1)))
     assert not counters.any()
 
 
@@ -163,6 +163,6 @@ def test_gpu_e4m3_widening_is_exact(scale):
     x[0] = 2.0 ** torch.randint(-4, 4, (k,), device="cuda")
     fast = gemm(x, w, None, s, block)
     cast = gemm(x, w, None, s, block, config=dict(
-        skinny_gemm.choose_config(n, k, w.dtype), BITS_TO_BF16=False))
+        skinny_config.choose_config(n, k, w.dtype), BITS_TO_BF16=False))
     assert torch.equal(fast, cast)
     check(fast, reference(x, w, s, block, None), torch.bfloat16)

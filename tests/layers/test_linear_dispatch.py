@@ -42,13 +42,13 @@ def test_gpu_dispatch(switch, monkeypatch, enabled):
     """Switch on: M <= 16 bf16 matmuls of a shape the rule picks take the kernel; M = 17, fp32
     weights and shapes the rule leaves to cuBLAS do not; switch off: none do. Either way the
     result is F.linear's (within one bf16 rounding)."""
-    from nanovllm.kernels import skinny_gemm
+    from nanovllm.kernels import skinny_config, skinny_gemm
 
     switch(enabled)
     calls = []
     real = skinny_gemm.gemm
     monkeypatch.setattr(skinny_gemm, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(skinny_gemm, "beats_cublas", lambda n, k: n == 1024)
+    monkeypatch.setattr(skinny_config, "beats_cublas", lambda n, k: n == 1024)
     w = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) / 45
     other = torch.randn(1536, 2048, device="cuda", dtype=torch.bfloat16) / 45
     for m, weight, dtype, expect in [(1, w, torch.bfloat16, True), (16, w, torch.bfloat16, True),
@@ -70,10 +70,10 @@ def test_gpu_skinny_kernel_is_as_close_to_fp32_as_cublas(switch, monkeypatch, sm
     they differ from each other by bf16 noise, up to ~0.13 nats at a position on an H100;
     against fp32 each is ~0.03 nats off on average. A wrong kernel would be far off.)"""
     from nanovllm import LLM
-    from nanovllm.kernels import skinny_gemm
+    from nanovllm.kernels import skinny_config
     from tools.fp8_accuracy import context_logits, logprob_errors, text_ids
 
-    monkeypatch.setattr(skinny_gemm, "beats_cublas", lambda n, k: True)
+    monkeypatch.setattr(skinny_config, "beats_cublas", lambda n, k: True)
 
     def logits(value, dtype):
         switch(value)
@@ -99,10 +99,10 @@ def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
     were a near tie in both runs, and most answers are the same. (How
     close their log-probs are: the teacher-forced test above, against fp32.)"""
     from nanovllm import LLM, SamplingParams
-    from nanovllm.kernels import skinny_gemm
+    from nanovllm.kernels import skinny_config
     from tests.models.test_smollm2 import QUESTIONS
 
-    monkeypatch.setattr(skinny_gemm, "beats_cublas", lambda n, k: True)
+    monkeypatch.setattr(skinny_config, "beats_cublas", lambda n, k: True)
 
     # A fixed KV cache (16 blocks of 256 tokens hold every prompt and answer): the second
     # engine's size must not depend on what the first left on the card (an H100 run of
