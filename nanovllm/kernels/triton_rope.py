@@ -86,9 +86,9 @@ def _norm_rope_store_kernel(
     # kernel then lasts the longer half, not both.
     part = tl.program_id(1) if SPLIT else -1
     if FEEDBACK and not CHAINS and PREFETCH:
-        # The feedback rows, on their way to L2 while q and k are rotated. (Every program
-        # asks; at 256 tokens that costs: 14.1 -> 15.1 us. Untried: only program 0 asking.)
-        if part != 0:
+        # The feedback rows, on their way to L2 while q and k are rotated. Only the first
+        # token's program asks: when every program asked, 256 tokens took 14.1 -> 15.1 us.
+        if t == 0 and part != 0:
             prefetch_rows(fb_ptr, HKV * 2 * HALF * GROUP, KV_ROWS * 2 * HALF * GROUP)
     if part != 1:
         hq = tl.arange(0, HQ_PAD)[:, None]
@@ -232,7 +232,9 @@ SPLIT_QK_MAX_TOKENS = 64
 # layers' weights stream through L2, so without it each step of the loop waits on HBM for
 # its rows. H100, tools/profile_bench.py --kv-cache-dtype fp8_e4m3, us a call at
 # batch 1: plain 7.5, feedback 10.6, prefetched 9.2 (L1 alike); at 256 tokens 9.5, 14.1,
-# 15.1. The kernel alone, its rows hot (tools/bench_kv_feedback.py): 7.4 -> 7.6 at batch 1.
+# 15.1 with every program asking, 11.3 with only the first (the next session, one call:
+# 15.2 -> 11.3; batch 8 9.1 -> 8.8). The kernel alone, its rows hot
+# (tools/bench_kv_feedback.py): 7.4 -> 7.6 at batch 1.
 FEEDBACK_PREFETCH = True
 # Warps of a program whose store rounds K with feedback. H100, tools/bench_kv_feedback.py,
 # us per call at 1 / 64 / 256 tokens: 4 warps 9.4 / 9.7 / 12.3, 8 warps 7.6 / 7.7 / 11.1,
