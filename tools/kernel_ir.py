@@ -31,7 +31,7 @@ def compile_decode(cache: str, stages: int, warps: int = 4):
     """The compiled kernel at bench.py's shapes (16 / 8 heads of 128, block 256, 64-key
     tiles, one split, the engine's launch order)."""
     fn = triton_decode._decode_partial_kernel
-    const = dict(NUM_SPLITS=1, SPLITS_PAD=1, NUM_KV_HEADS=8, G=2, G_PAD=16, HEAD_DIM=128,
+    const = dict(NUM_SPLITS=1, NUM_KV_HEADS=8, G=2, G_PAD=16, RED_GP=2, RED_CHUNK=16, HEAD_DIM=128,
                  BLOCK_SIZE=256, BLOCK_N=64, PAGE_TILE=True, USE_DOT=True, DIRECT=True,
                  DOT_PREC="tf32", KV_FP8=cache == "fp8", FP16_DOT=cache == "fp8",
                  KV_INT8=cache == "int8", INT8_F16=False, PV_F32=False, HEAD_FAST=True,

@@ -39,7 +39,7 @@ def compile_decode(kind: str):
     fn = triton_decode._decode_partial_kernel
     cfg = triton_decode.CONFIG_FP8 if fp8 else triton_decode.CONFIG_INT8 if int8 \
         else triton_decode.CONFIG
-    consts = dict(NUM_SPLITS=1, SPLITS_PAD=1, NUM_KV_HEADS=8, G=2, G_PAD=16, HEAD_DIM=128,
+    consts = dict(NUM_SPLITS=1, NUM_KV_HEADS=8, G=2, G_PAD=16, RED_GP=2, RED_CHUNK=16, HEAD_DIM=128,
                   BLOCK_SIZE=256, BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=True, USE_DOT=True,
                   DIRECT=True, DOT_PREC="tf32", KV_FP8=fp8, FP16_DOT=fp16, KV_INT8=int8,
                   INT8_F16=int8 and fp16, PV_F32=False, HEAD_FAST=True, ORDERED=True)

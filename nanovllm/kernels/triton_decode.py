@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
-from nanovllm.kernels.decode_reduce import split_done
+from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.triton_kv import check_row_scales
 
@@ -61,8 +61,9 @@ def _decode_partial_kernel(
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
     stride_outb, stride_outh,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-    G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    G: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr, RED_CHUNK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
@@ -95,17 +96,20 @@ def _decode_partial_kernel(
     heads = kvh * G + offs_g
     o_off = b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
 
+    # Splits that hold keys, and those that count in (at least one, so that a row with no
+    # keys, a padding row of a captured batch, still gets its zeros written).
+    n_valid = tl.where(ctx > 0, tl.cdiv(ctx, tl.maximum(split_len, 1)), 0)
+    n_count = tl.maximum(n_valid, 1)
     if start >= end:
-        # Empty split: lse = -inf makes the reduce ignore it (its partial output is never read).
         if DIRECT:  # only when ctx == 0 (padding rows of a captured batch): emit zeros, not garbage
             tl.store(o_ptr + o_off, tl.zeros([G_PAD, HEAD_DIM], tl.float32).to(o_ptr.dtype.element_ty),
                      mask=g_mask[:, None])
-        else:
-            tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s,
-                     tl.full([G_PAD], float("-inf"), tl.float32), mask=g_mask)
-            split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, stride_ob, stride_oh, stride_os,
-                       stride_lb, stride_lh, stride_outb, stride_outh, NUM_SPLITS, SPLITS_PAD,
-                       NUM_KV_HEADS, G, HEAD_DIM)
+        elif s < n_count:  # ctx == 0: split 0 alone counts in, and writes the zeros
+            split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, n_valid, n_count, stride_ob,
+                       stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
+                       NUM_KV_HEADS, G, RED_GP, RED_CHUNK, HEAD_DIM)
+        # Past the last split with keys: nothing to count in (the combine reads n_valid
+        # splits), so the many empty programs of a short context leave at once.
         return
 
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -137,9 +141,9 @@ def _decode_partial_kernel(
     else:
         tl.store(o_ptr + o_off, out, mask=g_mask[:, None])
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, m_i + tl.log2(l_i), mask=g_mask)
-        split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, stride_ob, stride_oh, stride_os,
-                   stride_lb, stride_lh, stride_outb, stride_outh, NUM_SPLITS, SPLITS_PAD,
-                   NUM_KV_HEADS, G, HEAD_DIM)
+        split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, n_valid, n_count, stride_ob,
+                   stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
+                   NUM_KV_HEADS, G, RED_GP, RED_CHUNK, HEAD_DIM)
 
 
 def _num_sms(device):
@@ -216,6 +220,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     head_fast = cfg["HEAD_FAST"]
     fp16_dot = cfg.get("FP16_DOT", False) and (
         q.dtype == torch.bfloat16 or (kv_int8 and q.dtype == torch.float16))
+    red_gp, red_chunk = reduce_tile(group)
     grid = (num_kv_heads, batch, num_splits) if head_fast else (batch, num_kv_heads, num_splits)
     _decode_partial_kernel[grid](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
@@ -227,8 +232,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         block_tables.stride(0),
         *po_strides, *lse_strides,
         o.stride(0), o.stride(1),
-        NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
-        NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=g_pad, HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits, NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=g_pad,
+        RED_GP=red_gp, RED_CHUNK=red_chunk, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILE=block_size % block_n == 0,
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,

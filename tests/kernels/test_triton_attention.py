@@ -80,6 +80,23 @@ def test_decode(num_splits, heads):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("heads", [(8, 1), (2, 2)])
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_combines_splits_in_several_chunks(heads):
+    # 16 splits of 16 keys: ctx 200 fills 13 of them, more than one chunk of the combine
+    # (reduce_tile: 4 splits a load at 8 query heads per kv head, 16 at 2), so the chunks
+    # are folded in with the running max; ctx 0 and 16 leave all but one split empty.
+    c = make_paged_case([(1, 200), (1, 16), (1, 0), (1, 130)], 16, heads[0], heads[1], 16,
+                        seed=6)
+    ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables,
+                                 c.scale)
+    o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale,
+                         num_splits=16)
+    assert torch.equal(o[2], torch.zeros_like(o[2]))
+    assert rel_err(o, ref) < TOL
+
+
+@needs_interpreter
 @pytest.mark.usefixtures("poisoned_empty")
 def test_decode_per_token_paging_and_workspace(monkeypatch):
     # BLOCK_N (32) larger than block_size (16): K/V tiles gather across pages token by token.
