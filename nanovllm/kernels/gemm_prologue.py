@@ -55,6 +55,32 @@ def norm_tile(x_tile, r_ptr, g_ptr, rout_ptr, offs_m, offs_k, mask, K, write_res
 
 
 @triton.jit
+def norm_row(x_ptr, r_ptr, g_ptr, rout_ptr, offs_m, offs_k, K, write_residual,
+             PROLOGUE: tl.constexpr):
+    """norm_tile for a single row (M == 1), computed on that row's [BLOCK_K] vector and
+    placed in row 0 of an otherwise zero tile: the 16-row tile computes it on 15 padding
+    rows too (H100: fused 2-5x slower than the two kernels it replaces)."""
+    mask = offs_k < K
+    x = tl.load(x_ptr + offs_k, mask=mask, other=0.0)
+    h = x.to(tl.float32)
+    if PROLOGUE == 2:
+        h += tl.load(r_ptr + offs_k, mask=mask, other=0.0).to(tl.float32)
+        h = h.to(x.dtype)
+        if write_residual:
+            tl.store(rout_ptr + offs_k, h, mask=mask)
+        h = h.to(tl.float32)
+    g = tl.load(g_ptr + offs_k, mask=mask, other=0.0).to(tl.float32)
+    return (_in_row0((h * g).to(x.dtype), offs_m),
+            tl.where(offs_m == 0, tl.sum(h * h, axis=0), 0.0))
+
+
+@triton.jit
+def _in_row0(v, offs_m):
+    """[BLOCK_M, BLOCK_K] with v in row 0 and zeros elsewhere."""
+    return tl.where(offs_m[:, None] == 0, v[None, :], tl.zeros_like(v)[None, :])
+
+
+@triton.jit
 def rstd(sumsq, K, eps):
     """1 / rms of rows from their sum of squares over K columns (kernels/triton_norm.py's)."""
     return 1.0 / tl.sqrt(sumsq / K + eps)
@@ -69,3 +95,14 @@ def silu_mul_tile(x_tile, K, mask):
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
     return (act * up).to(gate.dtype)
+
+
+@triton.jit
+def silu_mul_row(x_ptr, offs_m, offs_k, K):
+    """silu_mul_tile for a single row (M == 1; see norm_row)."""
+    mask = offs_k < K
+    gate = tl.load(x_ptr + offs_k, mask=mask, other=0.0)
+    up = tl.load(x_ptr + K + offs_k, mask=mask, other=0.0).to(tl.float32)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    return _in_row0((act * up).to(gate.dtype), offs_m)

@@ -32,7 +32,8 @@ import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET, bits_to_bf16, dot_precision, e4m3_to_bf16
 from nanovllm.kernels.gemm_prologue import (ADD_RMS_NORM, RMS_NORM, SILU_MUL, choose_prologue,
-                                            norm_tile, rstd, silu_mul_tile)
+                                            norm_row, norm_tile, rstd, silu_mul_row,
+                                            silu_mul_tile)
 from nanovllm.kernels.skinny_config import auto_split_k, choose_config, workspace
 
 # Most rows this kernel is meant for (the callers' dispatch bound).
@@ -47,7 +48,7 @@ NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
 @triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
                  M, N, K, k_per_split, num_splits, stride_xm, stride_wn, stride_ym, stride_sn,
-                 g_ptr, r_ptr, rout_ptr, eps, PROLOGUE: tl.constexpr,
+                 g_ptr, r_ptr, rout_ptr, eps, PROLOGUE: tl.constexpr, ROW1: tl.constexpr,
                  SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -84,10 +85,16 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
         else:
             mask_k = offs_k < k_end
             mask_x, mask_w = mask_m[:, None] & mask_k[None, :], mask_n[:, None] & mask_k[None, :]
-        if PROLOGUE == 1 or PROLOGUE == 2:  # x becomes h * g (gemm_prologue)
+        if (PROLOGUE == 1 or PROLOGUE == 2) and ROW1:  # x becomes h * g (gemm_prologue)
+            x, sq = norm_row(x_ptr, r_ptr, g_ptr, rout_ptr, offs_m, offs_k, K, pid_n == 0,
+                             PROLOGUE)
+            sumsq += sq
+        elif PROLOGUE == 1 or PROLOGUE == 2:
             x, sq = norm_tile(x_rows + offs_k[None, :], r_ptr, g_ptr, rout_ptr, offs_m, offs_k,
                               mask_x, K, pid_n == 0, PROLOGUE)
             sumsq += sq
+        elif PROLOGUE == 3 and ROW1:
+            x = silu_mul_row(x_ptr, offs_m, offs_k, K)
         elif PROLOGUE == 3:
             x = silu_mul_tile(x_rows + offs_k[None, :], K, mask_x)
         else:
@@ -211,6 +218,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         # Unused prologue arguments go as None: constexprs, so the kernel without a prologue
         # compiles as it did before they existed.
         norm_weight, r2, res_out, eps if norm_weight is not None else None, PROLOGUE=prologue,
+        ROW1=prologue != 0 and m == 1,
         SCALE=mode, SCALE_BN=s_bn, SCALE_BK=s_bk, HAS_BIAS=bias is not None, SPLIT=split > 1,
         EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
         DOT_PREC=dot_precision(x.dtype), DOT_F32=INTERPRET,
