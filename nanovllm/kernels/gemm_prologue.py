@@ -57,9 +57,9 @@ def norm_tile(x_tile, r_ptr, g_ptr, rout_ptr, offs_m, offs_k, mask, K, write_res
 @triton.jit
 def norm_row(x_ptr, r_ptr, g_ptr, rout_ptr, offs_m, offs_k, K, write_residual,
              PROLOGUE: tl.constexpr):
-    """norm_tile for a single row (M == 1), computed on that row's [BLOCK_K] vector and
-    placed in row 0 of an otherwise zero tile: the 16-row tile computes it on 15 padding
-    rows too (H100: fused 2-5x slower than the two kernels it replaces)."""
+    """norm_tile for a single row (M == 1): (h * g in row 0 of an otherwise zero tile, h^2 per
+    column in fp32). Computed on the row's [BLOCK_K] vector: the 16-row tile computes it on 15
+    padding rows too (H100: fused 2-5x slower than the two kernels it replaces)."""
     mask = offs_k < K
     x = tl.load(x_ptr + offs_k, mask=mask, other=0.0)
     h = x.to(tl.float32)
@@ -70,8 +70,7 @@ def norm_row(x_ptr, r_ptr, g_ptr, rout_ptr, offs_m, offs_k, K, write_residual,
             tl.store(rout_ptr + offs_k, h, mask=mask)
         h = h.to(tl.float32)
     g = tl.load(g_ptr + offs_k, mask=mask, other=0.0).to(tl.float32)
-    return (_in_row0((h * g).to(x.dtype), offs_m),
-            tl.where(offs_m == 0, tl.sum(h * h, axis=0), 0.0))
+    return _in_row0((h * g).to(x.dtype), offs_m), h * h
 
 
 @triton.jit

@@ -73,6 +73,9 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
         sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # of this split's K range
+        # ROW1: h^2 summed per column here and across columns once after the loop (a sum
+        # across the program each K step cost a barrier each step)
+        sq_cols = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if SCALE == 2:  # this K tile lies inside one scale block: one scale per W row
@@ -88,7 +91,7 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
         if (PROLOGUE == 1 or PROLOGUE == 2) and ROW1:  # x becomes h * g (gemm_prologue)
             x, sq = norm_row(x_ptr, r_ptr, g_ptr, rout_ptr, offs_m, offs_k, K, pid_n == 0,
                              PROLOGUE)
-            sumsq += sq
+            sq_cols += sq
         elif PROLOGUE == 1 or PROLOGUE == 2:
             x, sq = norm_tile(x_rows + offs_k[None, :], r_ptr, g_ptr, rout_ptr, offs_m, offs_k,
                               mask_x, K, pid_n == 0, PROLOGUE)
@@ -111,6 +114,8 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
             acc += part * s[None, :]
         else:
             acc += part
+    if (PROLOGUE == 1 or PROLOGUE == 2) and ROW1:
+        sumsq = tl.where(offs_m == 0, tl.sum(sq_cols, axis=0), 0.0)
     if SPLIT:
         # Park this split's partial; the last split of the column tile finishes it.
         tile = part_ptr + offs_m[:, None] * N + offs_n[None, :]
