@@ -73,9 +73,18 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
-        w13, w2 = ((self.w13_weight, self.w2_weight) if self.quant_method is None
-                   else self.quant_method.weights(self, x.dtype))
-        y = fused_moe(x, w13, w2, weights, ids)
+        fp8 = (self.quant_method.kernel_operands(self)
+               if self.quant_method is not None and x.is_cuda else None)
+        if fp8 is not None:  # the kernel reads the fp8 experts (no dequantized copy)
+            from nanovllm.kernels.triton_moe import fused_moe as triton_fused_moe
+
+            w13, w2, s13, s2, block = fp8
+            y = triton_fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2,
+                                 block=block)
+        else:
+            w13, w2 = ((self.w13_weight, self.w2_weight) if self.quant_method is None
+                       else self.quant_method.weights(self, x.dtype))
+            y = fused_moe(x, w13, w2, weights, ids)
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

@@ -66,6 +66,40 @@ def test_fused_moe_matches_reference_interpreted(tokens, experts, top_k, hidden,
     assert rel_err(fused_moe(*case), fused_moe_torch(*case)) < 1e-5
 
 
+def fp8_experts(w, block):
+    """w [E, rows, cols] quantized the way checkpoints store it: e4m3 values and fp32 scales
+    per row (block None) or per (bn, bk) block; returns (values, scales, w as they read)."""
+    from nanovllm.layers.quant.fp8 import FP8, dequantize, expand_blocks
+
+    if block is None:
+        scale = w.abs().amax(-1).clamp(min=1e-12) / 448
+        q = (w / scale[..., None]).to(FP8)
+    else:
+        bn, bk = block
+        e, rows, cols = w.shape
+        padded = torch.zeros(e, -(-rows // bn) * bn, -(-cols // bk) * bk, device=w.device)
+        padded[:, :rows, :cols] = w.float()
+        blocks = padded.view(e, -1, bn, padded.shape[2] // bk, bk).abs().amax((2, 4))
+        scale = blocks.clamp(min=1e-12) / 448
+        q = (w.float() / expand_blocks(scale, block, rows, cols)).to(FP8)
+    return q, scale, dequantize(q, scale, block)
+
+
+@pytest.mark.usefixtures("poisoned_empty")
+@pytest.mark.parametrize("block", [None, (16, 16), (32, 16)], ids=["rows", "16x16", "32x16"])
+@pytest.mark.parametrize("tokens, experts, top_k, hidden, inter", [
+    (5, 4, 2, 32, 32),
+    (19, 8, 8, 48, 32),   # every expert for every token; K a partial block
+])
+def test_fused_moe_fp8_experts_interpreted(block, tokens, experts, top_k, hidden, inter):
+    """fp8 experts with their scales read in the kernel equal the dequantized experts."""
+    x, w13, w2, weights, ids = moe_case(tokens, experts, top_k, hidden, inter, seed=tokens)
+    q13, s13, d13 = fp8_experts(w13, block)
+    q2, s2, d2 = fp8_experts(w2, block)
+    out = fused_moe(x, q13, q2, weights, ids, w13_scale=s13, w2_scale=s2, block=block)
+    assert rel_err(out, fused_moe_torch(x, d13, d2, weights, ids)) < 1e-5
+
+
 def test_fused_moe_no_tokens():
     x, w13, w2, weights, ids = moe_case(0, 4, 2, 32, 16)
     assert fused_moe(x, w13, w2, weights, ids).shape == (0, 32)
@@ -84,6 +118,26 @@ def test_fused_moe_bf16_gpu(tokens, experts, top_k, config):
     out = fused_moe(*case, config=config)
     assert torch.isfinite(out).all()
     assert rel_err(out, fused_moe_torch(*case)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("block", [None, (128, 128)], ids=["rows", "128x128"])
+@pytest.mark.parametrize("config", [None, HUGE_CONFIG], ids=["auto", "huge"])
+@pytest.mark.parametrize("tokens", [1, 7, 512])
+def test_fused_moe_fp8_gpu(tokens, config, block):
+    """Qwen3-30B-A3B's experts in fp8, read as fp8 by the kernel, against the torch reference
+    on the dequantized experts (bf16 activations, rounded as the reference rounds them)."""
+    x, w13, w2, weights, ids = moe_case(tokens, 128, 8, 2048, 768, torch.float32, "cuda",
+                                        seed=tokens)
+    q13, s13, d13 = fp8_experts(w13, block)
+    q2, s2, d2 = fp8_experts(w2, block)
+    x = x.bfloat16()
+    out = fused_moe(x, q13, q2, weights, ids, config=config, w13_scale=s13, w2_scale=s2,
+                    block=block)
+    ref = fused_moe_torch(x, d13.bfloat16(), d2.bfloat16(), weights, ids)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < 1e-2
 
 
 @pytest.mark.gpu

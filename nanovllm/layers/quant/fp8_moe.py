@@ -1,6 +1,7 @@
 """fp8 (e4m3) expert weights of a FusedMoE layer: w13 [E, 2I/tp, H] and w2 [E, H, I/tp] in
-fp8 with per-expert scales (rows or blocks, as Fp8LinearMethod), and the reference that
-dequantizes every expert before the plain-torch / Triton fused MoE."""
+fp8 with per-expert scales (rows or blocks, as Fp8LinearMethod). On a GPU the fused MoE
+kernel reads them as fp8 (kernel_operands); elsewhere the reference dequantizes every expert
+before the plain-torch fused MoE."""
 import math
 
 import torch
@@ -57,6 +58,16 @@ class Fp8MoEMethod(Fp8LinearMethod):
         if name.endswith("_weight"):
             return self.load_weight(param.data[expert], scale.data[expert], loaded, p)
         self.load_scale(scale.data[expert], loaded, p)
+
+    def kernel_operands(self, layer):
+        """(w13, w2, w13 scales, w2 scales, block) for kernels/triton_moe.fused_moe, which
+        reads the fp8 experts as they are; None where its tiles cannot take these scales."""
+        from nanovllm.kernels.fp8_gemm import takes  # CPU-only installs may have no triton
+
+        if not takes(self.block):
+            return None
+        return (layer.w13_weight, layer.w2_weight, getattr(layer, f"w13_{self.scale_name}"),
+                getattr(layer, f"w2_{self.scale_name}"), self.block)
 
     def weights(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Every expert's w13 and w2, dequantized to `dtype` (the reference path)."""
