@@ -69,7 +69,9 @@ class WorkerPool:
         sentinels = [c.sentinel for c in self.children]
         ready = set(connection.wait(sentinels, timeout=wait_s)) if sentinels else set()
         for rank, child in enumerate(self.children, 1):
-            if child.sentinel in ready:
+            # Not the sentinel alone: a fork server's goes quiet for a moment once someone
+            # has read the status (is_alive also looks at the status itself).
+            if child.sentinel in ready or not child.is_alive():
                 # Child reads the status one thread at a time (the watchdog, a failed call).
                 # None: reaped by someone else, the status is gone.
                 return (f"tensor-parallel worker rank {rank} (pid {child.pid}) died "

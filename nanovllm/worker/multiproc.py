@@ -102,7 +102,10 @@ class MultiprocExecutor:
         """Thread: as soon as a worker exits unasked, record why and unblock rank 0."""
         while self.state is not State.CLOSED:
             if self.workers.wait_for_exit(0.2) and self.state is not State.CLOSED:
-                self.failure = self.workers.dead_worker()
+                failure = self.workers.dead_worker()
+                if failure is None:  # not yet readable: look again (never forget a death)
+                    continue
+                self.failure = self.failure or failure
                 self._set(State.WORKER_DIED)
                 # A gloo collective fails by itself when a peer's sockets close; NCCL kernels
                 # would wait forever, so abort the communicators.

@@ -158,9 +158,11 @@ def test_waking_a_worker_killed_while_idle_does_not_block(toy_models):
     # waited for a call would block rank 0 there forever (seen with NCCL on 2 GPUs).
     llm = LLM(toy_models[MODEL], tensor_parallel_size=2, **ENGINE)
     workers = llm.clients[0].core.executor.workers
-    worker = workers.procs[0]
+    worker = workers.children[0]
     time.sleep(0.5)  # the worker is waiting for its next call
     os.kill(worker.pid, signal.SIGKILL)
+    # Through the pool's Child, which reads a status one thread at a time (the watchdog reads
+    # it too); a bare Process.join here once raced it and the death went unnamed.
     worker.join(10)
     wake = threading.Thread(target=workers.requests[0].release, daemon=True)
     wake.start()
