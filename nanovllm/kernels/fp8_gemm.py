@@ -14,6 +14,14 @@ Three paths by the number of rows M:
   reference's to the bit (dequantize, round to x's dtype, F.linear).
   "w8a8": fp8_w8a8.py, activations quantized per token and 128 columns, e4m3 tensor-core dots
   (twice bf16's peak; activation rounding changes the numerics slightly, as in vLLM).
+  "rowwise": row-scaled layers quantize activations per token and call torch._scaled_mm
+  (CUTLASS on Hopper; vLLM's dynamic fp8 recipe); block-scaled layers take "w8a8".
+  H100, tools/bench_gemm.py --large-m, 2026-11-25, Qwen3-0.6B layers: at M = 2048 rowwise
+  took 27.4 / 15.1 / 33.7 / 24.7 us (qkv / o / gate_up / down) against dequantize + cuBLAS
+  32.9 / 17.2 / 47.7 / 24.2 and bf16 cuBLAS 26.6 / 13.6 / 39.0 / 18.6; at M = 32-256 every
+  fp8 path lost to bf16 cuBLAS (5.8-8.7 us: latency-bound), and bench.py with fp8 weights
+  gave 18,808 (dequant) vs 18,770 / 18,620 (rowwise) vs 20,358 bf16. So dequant stays the
+  default: it is exact against the reference.
 """
 import functools
 import os
@@ -24,7 +32,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET
-from nanovllm.kernels.fp8_w8a8 import GROUP, w8a8_gemm
+from nanovllm.kernels.fp8_w8a8 import GROUP, rowwise_gemm, w8a8_gemm
 from nanovllm.kernels.skinny_gemm import BLOCK_SCALE, MAX_M, ROW_SCALE, gemm
 
 # Tall-tile configs by rows, the first whose max_m >= M. BLOCK_K 128: one scale block (every
@@ -60,11 +68,12 @@ def tall_config(m: int, x_dtype: torch.dtype) -> dict:
 
 @functools.cache
 def prefill_path() -> str:
-    """NANOVLLM_FP8_PREFILL: how fp8 layers run long prefills ("dequant" or "w8a8")."""
+    """NANOVLLM_FP8_PREFILL: how fp8 layers run M > 16 rows ("dequant", "w8a8", "rowwise")."""
     value = os.environ.get("NANOVLLM_FP8_PREFILL", "dequant")
-    if value not in ("dequant", "w8a8"):
+    if value not in ("dequant", "w8a8", "rowwise"):
         raise ValueError(f"NANOVLLM_FP8_PREFILL={value!r}: use dequant (dequantize + cuBLAS, "
-                         "the reference's numerics) or w8a8 (fp8 activations and dots)")
+                         "the reference's numerics), w8a8 (fp8 activations and dots) or "
+                         "rowwise (per-token fp8 activations, torch._scaled_mm)")
     return value
 
 
@@ -86,7 +95,10 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if m <= MAX_M:
         return gemm(x, weight, bias, scale, block)
     if m >= DEQUANT_FROM_M:
-        if prefill_path() == "w8a8" and (block is None or block[1] == GROUP):
+        path = prefill_path()
+        if path == "rowwise" and block is None and x.dtype in (torch.bfloat16, torch.float16):
+            return rowwise_gemm(x, weight, scale, bias)
+        if path != "dequant" and (block is None or block[1] == GROUP):
             return w8a8_gemm(x, weight, scale, block, bias)
         if bias is not None and bias.dtype != x.dtype:  # F.linear takes one dtype
             bias = bias.to(x.dtype)

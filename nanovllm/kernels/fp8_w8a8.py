@@ -66,6 +66,53 @@ def quantize_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, 
     return q, s
 
 
+@triton.jit
+def _quantize_tokens_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK: tl.constexpr,
+                            FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+                            SOFT: tl.constexpr):
+    # One whole row: one amax, one scale.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < K
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / FMAX, 1.1754943508222875e-38)
+    q = quantize_fp8(x, scale, q_ptr.dtype.element_ty, FMAX, MANT, BIAS, SOFT)
+    tl.store(q_ptr + row * K + cols, q, mask=mask)
+    tl.store(s_ptr + row, scale)
+
+
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 values [M, K], fp32 scales [M, 1]) of x [M, K], one scale per row (token)."""
+    m, k = x.shape
+    assert x.stride(1) == 1
+    q = torch.empty(m, k, dtype=FP8, device=x.device)
+    s = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    meta = fp8_meta(FP8)
+    block = triton.next_power_of_2(k)
+    if m:
+        _quantize_tokens_kernel[(m,)](
+            x, q.view(torch.uint8) if meta["SOFT"] else q, s, k, x.stride(0), BLOCK=block,
+            FMAX=meta["FMAX"], MANT=meta["MANT"], BIAS=meta["BIAS"], SOFT=meta["SOFT"],
+            num_warps=min(16, max(4, block // 1024)))
+    return q, s
+
+
+def rowwise_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x[..., K] @ (weight * scale[:, None])^T (+ bias) in x's dtype (bf16/fp16): x quantized
+    to e4m3 per token, then torch._scaled_mm with row-wise scales on both sides (CUTLASS
+    fp8 tensor cores on Hopper). weight e4m3 [N, K], scale fp32 [N]."""
+    k = x.shape[-1]
+    n = weight.shape[0]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    xq, xs = quantize_tokens(x2)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n),
+                         bias=None if bias is None else bias.to(x.dtype), out_dtype=x.dtype)
+    return y.view(*x.shape[:-1], n)
+
+
 @triton.jit(do_not_specialize=["M"])  # M varies per prefill: compile each shape once
 def _w8a8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xsm, stride_wsn,
                  stride_ym, BLOCK_SCALE: tl.constexpr, SCALE_BN: tl.constexpr,

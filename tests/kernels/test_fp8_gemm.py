@@ -86,8 +86,9 @@ def test_long_prefill_takes_dequantize_then_matmul(monkeypatch):
 
 
 def test_prefill_path_switch(monkeypatch):
-    """NANOVLLM_FP8_PREFILL=w8a8 sends long prefills to the W8A8 kernel; bad values refused."""
-    from nanovllm.kernels.fp8_w8a8 import GROUP, w8a8_gemm
+    """NANOVLLM_FP8_PREFILL=w8a8 sends long prefills to the W8A8 kernel, rowwise row-scaled
+    layers to torch._scaled_mm; bad values refused."""
+    from nanovllm.kernels.fp8_w8a8 import GROUP, rowwise_gemm, w8a8_gemm
 
     monkeypatch.setattr(fp8_gemm_module, "DEQUANT_FROM_M", 20)
     w, s, block = make_weight(24, 2 * GROUP, "fp8_block", block=(16, GROUP))
@@ -96,6 +97,13 @@ def test_prefill_path_switch(monkeypatch):
         monkeypatch.setenv("NANOVLLM_FP8_PREFILL", "w8a8")
         fp8_gemm_module.prefill_path.cache_clear()
         assert torch.equal(fp8_gemm(x, w, s, block), w8a8_gemm(x, w, s, block))
+        monkeypatch.setenv("NANOVLLM_FP8_PREFILL", "rowwise")
+        fp8_gemm_module.prefill_path.cache_clear()
+        # Block scales have no row-wise form: W8A8 takes them; row scales go to _scaled_mm.
+        assert torch.equal(fp8_gemm(x, w, s, block), w8a8_gemm(x, w, s, block))
+        wr, sr, _ = make_weight(24, 2 * GROUP, "fp8_row")
+        xb = x.to(torch.bfloat16)
+        assert torch.equal(fp8_gemm(xb, wr, sr, None), rowwise_gemm(xb, wr, sr))
         monkeypatch.setenv("NANOVLLM_FP8_PREFILL", "fast")
         fp8_gemm_module.prefill_path.cache_clear()
         with pytest.raises(ValueError, match="NANOVLLM_FP8_PREFILL='fast'"):
