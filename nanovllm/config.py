@@ -75,6 +75,10 @@ class Config:
     # batch generation (LLM.generate: throughput), 2048 for a streaming front end (AsyncLLM,
     # the server: time per output token; engine/scheduler.py says why).
     max_mixed_prefill_tokens: int | None = None
+    # Prefill and mixed steps of up to this many tokens replay piecewise CUDA graphs (all
+    # but attention, captured per bucketed token count: worker/piecewise_graph.py); 0: they
+    # run eagerly. None: 2560 with mixed steps on (256 decodes + a 2048-token chunk), else 0.
+    prefill_graph_tokens: int | None = None
     hf_config: ModelConfig = field(init=False, repr=False)
     generation_defaults: GenerationDefaults = field(init=False, repr=False)
 
@@ -109,6 +113,8 @@ class Config:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
         if self.max_mixed_prefill_tokens is not None:
             self._check_int("max_mixed_prefill_tokens", 1)
+        if self.prefill_graph_tokens is not None:
+            self._check_int("prefill_graph_tokens", 0, 16384)
         for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init",
                      "enable_mixed_steps"):
             if not isinstance(getattr(self, name), bool):

@@ -4,6 +4,8 @@ mixed step (eager varlen path), for a few chunk sizes. Sizes max_mixed_prefill_t
 
     python tools/bench_mixed_step.py                  # dummy Qwen3-0.6B, 256 decodes, ctx 600
     python tools/bench_mixed_step.py --decodes 64 --context 300 --chunks 256 1024 4096
+    python tools/bench_mixed_step.py --prefill-graph-tokens 4352   # prefill/mixed steps
+                                                                   # replay piecewise graphs
 
 Prints host ms (until launch returns: the Python that builds and queues the step) and wall ms
 (launch to sampled ids on the host), medians of --repeats. A step whose host ms is near its
@@ -27,6 +29,9 @@ def main():
     ap.add_argument("--context", type=int, default=600, help="each decode's context tokens")
     ap.add_argument("--chunks", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--prefill-graph-tokens", type=int, default=0,
+                    help="piecewise graphs for prefill and mixed steps up to this many "
+                         "tokens (0: eager, as before)")
     args = ap.parse_args()
 
     import torch
@@ -37,7 +42,8 @@ def main():
 
     llm = LLM(dummy_model_dir(args.model_shape), load_format="dummy", max_model_len=8192,
               max_num_seqs=max(args.decodes + 1, 8), async_scheduling=False,
-              max_num_batched_tokens=max(16384, max(args.chunks) + args.decodes))
+              max_num_batched_tokens=max(16384, max(args.chunks) + args.decodes),
+              prefill_graph_tokens=args.prefill_graph_tokens)
     core = llm.clients[0].core
     runner, bm = core.executor.runner, core.scheduler.block_manager
     rng = random.Random(0)
@@ -69,7 +75,8 @@ def main():
                 wall.append(1e3 * (t2 - t0))
         return statistics.median(host), statistics.median(wall)
 
-    print(f"{args.decodes} decodes of {args.context} tokens' context; {args.model_shape}")
+    print(f"{args.decodes} decodes of {args.context} tokens' context; {args.model_shape}; "
+          f"piecewise graphs up to {args.prefill_graph_tokens} tokens")
     print(f"{'step':<34}{'host ms':>9}{'wall ms':>9}")
     h, w = timed(decodes, False)
     print(f"{'decodes (graph)':<34}{h:9.2f}{w:9.2f}")

@@ -4,7 +4,7 @@ from torch import nn
 
 from nanovllm.kernels.kv_feedback import factor_from_moments, query_moments
 from nanovllm.layers.attention_backend import TorchBackend, norm_and_rotate
-from nanovllm.utils.context import get_context
+from nanovllm.utils.context import attention_cut, get_context
 
 # Calibrated fp8 scales map margin x the largest |K| (|V|) of the first prefill to the fp8
 # maximum, so later tokens up to that many times larger still fit. The margin costs almost
@@ -39,7 +39,18 @@ class Attention(nn.Module):
                 rope: nn.Module, q_norm: nn.Module | None = None,
                 k_norm: nn.Module | None = None) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] straight from the projection; rope maps
-        (positions, q, k) to rotated (q, k); q_norm/k_norm are per-head norms or None."""
+        (positions, q, k) to rotated (q, k); q_norm/k_norm are per-head norms or None.
+        Returns [T, H, D]."""
+        cut = attention_cut()
+        if cut is not None:  # a piecewise graph capture ends its piece here
+            return cut(self, q, k, v, positions, rope, q_norm, k_norm)
+        return self.attend(q, k, v, positions, rope, q_norm, k_norm)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+               rope: nn.Module, q_norm: nn.Module | None = None,
+               k_norm: nn.Module | None = None) -> torch.Tensor:
+        """forward's work: norms, RoPE, the K/V store and attention under the step's
+        context."""
         ctx = get_context()
         if self.k_cache.numel() == 0:
             # Warm-up before the cache exists (sizing the activations): attention is skipped,

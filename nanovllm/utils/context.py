@@ -46,3 +46,20 @@ def reset_context() -> None:
     """Drop the metadata (and its tensors) after a forward."""
     global _CONTEXT
     _CONTEXT = Context()
+
+
+# While piecewise graphs are captured (worker/piecewise_graph.py): called by
+# Attention.forward instead of attending, with (the module, q, k, v, positions, rope,
+# q_norm, k_norm); None otherwise.
+_ATTENTION_CUT = None
+
+
+def attention_cut():
+    """The capture's attention hook, or None (every normal forward)."""
+    return _ATTENTION_CUT
+
+
+def set_attention_cut(fn) -> None:
+    """Install (or with None remove) the attention hook of a piecewise capture."""
+    global _ATTENTION_CUT
+    _ATTENTION_CUT = fn

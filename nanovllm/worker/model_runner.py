@@ -21,6 +21,7 @@ from nanovllm.worker.draft import DraftProposer, draft_config
 from nanovllm.worker.kv_cache import allocate_kv_cache, kv_cache_dtype, set_up_8bit_cache
 from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
 from nanovllm.worker.penalties import penalty_tensors
+from nanovllm.worker.piecewise_graph import PiecewiseGraphs, prefill_graph_tokens
 from nanovllm.worker.late_sample import LateSample
 from nanovllm.worker.sampler import Sampler, SamplingTensors
 from nanovllm.worker.stager import Stager
@@ -77,6 +78,8 @@ class ModelRunner:
         self.stager = Stager(self.device)
         self.mask_stager = Stager(self.device)  # LateSample's masks: their own buffers
         self.graphs = None
+        self.prefill_graphs = None
+        self._draft = draft
         # A draft model (speculative decoding) loads before our cache is sized: its weights
         # count as used memory, and each block gets room for its K/V too.
         spec = config.speculative_config
@@ -139,6 +142,9 @@ class ModelRunner:
         meta, table = self.stager.graph_views
         self.graphs = DecodeGraphs(self.model, max_bs, meta, table,
                                    self.config.hf_config.hidden_size, self.dtype)
+        tokens = prefill_graph_tokens(self.config)
+        if tokens and not self._draft:
+            self.prefill_graphs = PiecewiseGraphs(self.model, tokens, self.device)
 
     def set_eos_ids(self, eos_ids: set[int]) -> None:
         """The end tokens min_tokens holds back (rank 0 samples; the engine sets them)."""
@@ -149,6 +155,9 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.release(self.device)
             self.graphs = None
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.release()
+            self.prefill_graphs = None
 
     # -- running ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -208,9 +217,15 @@ class ModelRunner:
                             self.sampled)
             fit = min(self._feedback_fit_left, len(inputs.input_ids))
             set_context(**prefill_context(inputs, dev, self._calibrate_kv, fit))
+            # Calibration and the feedback fit run inside attention: eager steps only.
+            eager = self._calibrate_kv or fit
             self._calibrate_kv = False
             self._feedback_fit_left -= fit
-            return self.model(dev["input_ids"], dev["positions"])
+            ids, pos = dev["input_ids"], dev["positions"]
+            if (not eager and self.prefill_graphs is not None
+                    and self.prefill_graphs.can_run(len(ids))):
+                return self.prefill_graphs.run(ids, pos)
+            return self.model(ids, pos)
         n = inputs.num_rows
         ids, pos, slots, lens, order, feed = dev["decode_meta"][:, :n]
         if inputs.feed_rows is not None:
