@@ -73,6 +73,9 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-mixed-prefill-tokens", type=int, default=None,
                     help="most prompt tokens in a step that also decodes (default: "
                          "--max-num-batched-tokens)")
+    ap.add_argument("--prefill-graph-tokens", type=int, default=None,
+                    help="piecewise CUDA graphs for prefill and mixed steps up to this many "
+                         "tokens; 0: eager (default: 2560 with mixed steps, else 0)")
     ap.add_argument("--single", action="store_true", help="also time bs=1 decode of 512 tokens")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="instead: 512 requests sharing a 2,000-token prefix (prefix caching)")
@@ -153,7 +156,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
                              "enable_prefix_caching", "tokenizer", "generation_config",
                              "speculative_config", "quantization", "enable_mixed_steps",
-                             "max_mixed_prefill_tokens")
+                             "max_mixed_prefill_tokens", "prefill_graph_tokens")
 
 
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list]:

@@ -111,6 +111,10 @@ class ModelRunner:
         if self.device.type == "cuda" and not self.config.enforce_eager:
             self._capture_graphs()
             self._clock.lap("decode graphs")
+            tokens = prefill_graph_tokens(self.config)
+            if tokens and not self._draft:
+                self.prefill_graphs = PiecewiseGraphs(self.model, tokens, self.device)
+                self._clock.lap("prefill graphs")
         if self.drafter is not None:
             self.drafter.runner.finish_cache(self.num_kvcache_blocks)
         if self.rank == 0:
@@ -142,9 +146,6 @@ class ModelRunner:
         meta, table = self.stager.graph_views
         self.graphs = DecodeGraphs(self.model, max_bs, meta, table,
                                    self.config.hf_config.hidden_size, self.dtype)
-        tokens = prefill_graph_tokens(self.config)
-        if tokens and not self._draft:
-            self.prefill_graphs = PiecewiseGraphs(self.model, tokens, self.device)
 
     def set_eos_ids(self, eos_ids: set[int]) -> None:
         """The end tokens min_tokens holds back (rank 0 samples; the engine sets them)."""

@@ -94,7 +94,9 @@ def test_replayed_prefill_and_mixed_steps_match_eager(toy_models, monkeypatch,
         return original(self, *args)
 
     monkeypatch.setattr(piecewise_graph.PiecewiseGraphs, "run", run)
-    engine = dict(num_kvcache_blocks=64, max_num_batched_tokens=64, max_mixed_prefill_tokens=16)
+    # A budget of 1024: five buckets (64 to 1024) captured into one pool.
+    engine = dict(num_kvcache_blocks=64, max_num_batched_tokens=1024,
+                  max_mixed_prefill_tokens=16)
     want, _ = staggered(toy_models[MODEL], True, async_scheduling, "cuda",
                         prefill_graph_tokens=0, **engine)
     assert runs[0] == 0
