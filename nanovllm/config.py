@@ -67,9 +67,9 @@ class Config:
     # ...}); parsed into a SpeculativeConfig. None: off.
     speculative_config: SpeculativeConfig | dict | None = None
     # Mixed steps (chunked-prefill piggybacking, as vLLM V1 and SGLang schedule): a step
-    # decodes every running sequence and computes prompt chunks in the budget left over. Off by
-    # default: a mixed step runs the eager forward, whose host time (~17 ms on Qwen3-0.6B,
-    # H100) is twice a graphed decode step's wall time (docs/PERF_NOTES.md, twelfth session).
+    # decodes every running sequence and computes prompt chunks in the budget left over. They
+    # replay piecewise graphs (prefill_graph_tokens). Off by default: on the HTTP benchmark
+    # they have not measured better than separate steps (docs/PERF_NOTES.md, 2026-11-25).
     enable_mixed_steps: bool = False
     # Most prompt tokens a step that also decodes computes. None: max_num_batched_tokens for
     # batch generation (LLM.generate: throughput), 2048 for a streaming front end (AsyncLLM,
