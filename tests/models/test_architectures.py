@@ -72,3 +72,21 @@ def test_gpu_triton_kernels_and_graphs_match_hf(arch_models, name):
     with LLM(path, **dict(ENGINE, device="cuda"), dtype="float32", max_num_seqs=16) as llm:
         assert llm.clients[0].core.executor.runner.graphs is not None
         assert tokens(llm, prompts) == hf_tokens(path, prompts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [23, 256])
+@pytest.mark.parametrize("name", list(ARCH_MODELS))
+def test_gpu_mixed_steps_in_piecewise_graphs_match_hf(arch_models, name, budget):
+    # Prefill and mixed steps replaying piecewise graphs (every layer kind between the
+    # attention cuts: biases, MoE blocks, dense MLPs), one bucket of 23 tokens or three
+    # (64 / 128 / 256, padded), against HF.
+    path = arch_models[name]
+    prompts = make_prompts(6, **PROMPTS)
+    engine = dict(ENGINE, device="cuda", max_num_batched_tokens=budget, num_kvcache_blocks=40)
+    with LLM(path, **engine, dtype="float32", max_num_seqs=16, enable_mixed_steps=True) as llm:
+        core = llm.clients[0].core
+        assert core.executor.runner.prefill_graphs.sizes == ([23] if budget == 23
+                                                             else [64, 128, 256])
+        assert tokens(llm, prompts) == hf_tokens(path, prompts)
+        assert core.scheduler.num_mixed_steps > 0
