@@ -18,7 +18,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from nanovllm.config import Config
+from nanovllm.config import STREAMING_PREFILL_GRAPH_TOKENS, Config
 from nanovllm.engine.client import EngineDeadError, RequestFailedError
 from nanovllm.engine.inputs import InputProcessor
 from nanovllm.engine.messages import Abort, AddRequests, Dead, Outputs
@@ -56,6 +56,11 @@ class AsyncLLM:
 
         if engine_process:  # an unguarded script re-imported by a spawned child: say so first
             start_context("AsyncLLM")
+        if kwargs.get("prefill_graph_tokens") is None:
+            # Prompts arrive one by one here: each eager prefill step would stall every
+            # stream (H100, 32 requests/s: TPOT p50 / p99 8.8 / 13.1 ms eager, 4.6 / 5.0
+            # with the graphs; docs/PERF_NOTES.md, 2026-11-25).
+            kwargs["prefill_graph_tokens"] = STREAMING_PREFILL_GRAPH_TOKENS
         self.config = config = Config.from_kwargs(model, **kwargs)
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
         self.text = TextDecoder(self.tokenizer)

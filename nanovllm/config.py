@@ -22,6 +22,10 @@ ATTENTION_BACKENDS = ("auto", "flash", "triton", "torch")
 # per-kv-head scales ("fp8" is vLLM's name for fp8_e4m3); "int8" as integer codes with a scale
 # per token and kv head (TensorRT-LLM's and LMDeploy's name).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+# The piecewise graphs' default reach where they are on (Config.prefill_graph_tokens): a
+# mixed step of 256 decodes and a 2048-token chunk fits.
+STREAMING_PREFILL_GRAPH_TOKENS = 2560
+
 # Where data-parallel replicas run: processes of this host ("mp") or Ray actors ("ray").
 EXECUTOR_BACKENDS = ("mp", "ray")
 
@@ -77,7 +81,9 @@ class Config:
     max_mixed_prefill_tokens: int | None = None
     # Prefill and mixed steps of up to this many tokens replay piecewise CUDA graphs (all
     # but attention, captured per bucketed token count: worker/piecewise_graph.py); 0: they
-    # run eagerly. None: 2560 with mixed steps on (256 decodes + a 2048-token chunk), else 0.
+    # run eagerly. None: STREAMING_PREFILL_GRAPH_TOKENS for a streaming front end (AsyncLLM,
+    # the server, chat: prompts arrive one by one, and an eager prefill step stalls every
+    # stream) or with mixed steps on; 0 for LLM.generate (its big prefill steps gain nothing).
     prefill_graph_tokens: int | None = None
     hf_config: ModelConfig = field(init=False, repr=False)
     generation_defaults: GenerationDefaults = field(init=False, repr=False)

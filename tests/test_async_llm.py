@@ -131,6 +131,19 @@ def test_leaving_the_stream_aborts_and_frees_blocks(engine, offline):
     assert samples[0]["ids"] == offline[0].outputs[0].token_ids
 
 
+def test_streaming_front_end_turns_the_prefill_graphs_on(engine, toy_models):
+    """AsyncLLM's default: piecewise graphs for prefill steps (a GPU captures them; here the
+    CPU path only records the reach); an explicit value stays."""
+    from nanovllm.config import STREAMING_PREFILL_GRAPH_TOKENS
+
+    assert engine.config.prefill_graph_tokens == STREAMING_PREFILL_GRAPH_TOKENS
+    llm = AsyncLLM(toy_models[MODEL], engine_process=False, prefill_graph_tokens=0, **KW)
+    try:
+        assert llm.config.prefill_graph_tokens == 0
+    finally:
+        llm.shutdown()
+
+
 def test_abort_by_request_id(engine):
     async def main():
         long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
@@ -210,6 +223,7 @@ def test_streams_equal_offline_under_graphs_and_async(toy_models):
                                  use_tqdm=False)]
     llm.shutdown()
     engine = AsyncLLM(path, **GPU_KW)
+    assert engine.config.prefill_graph_tokens > 0  # its prefill steps replay piecewise graphs
 
     async def one(i):
         ids = {}

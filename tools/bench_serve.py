@@ -8,6 +8,9 @@ ignore_eos) sent as concurrent streaming requests.
 
 Reports output tok/s over the whole run, time to first token (TTFT) and time per output
 token after the first (TPOT = (last - first) / (tokens - 1), per request) at p50/p99.
+
+    python tools/bench_serve.py --mode http --request-rate 32   # Poisson arrivals (32/s on
+                                                                # average) instead of a burst
 """
 import argparse
 import asyncio
@@ -18,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from random import randint, seed
+from random import Random, randint, seed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -141,9 +144,10 @@ def serve(path: str, load_format: str, port: int, switch: float | None,
 def client_proc(port: int, work, start_at: float, queue) -> None:
     import httpx
 
-    async def one(client, prompt, max_tokens):
+    async def one(client, prompt, max_tokens, offset):
         body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.6,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        await asyncio.sleep(max(0.0, start_at + offset - time.time()))
         start, first, n = time.perf_counter(), None, 0
         async with client.stream("POST", "/v1/completions", json=body) as r:
             r.raise_for_status()
@@ -161,14 +165,25 @@ def client_proc(port: int, work, start_at: float, queue) -> None:
         limits = httpx.Limits(max_connections=len(work) + 4)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600,
                                      limits=limits) as client:
-            await asyncio.sleep(max(0.0, start_at - time.time()))
-            return await asyncio.gather(*(one(client, p, m) for p, m in work))
+            return await asyncio.gather(*(one(client, p, m, at) for p, m, at in work))
 
     queue.put(asyncio.run(main()))
 
 
+def arrivals(n: int, rate: float | None) -> list[float]:
+    """Seconds after the start at which each request is sent: all at once (rate None), or a
+    Poisson process of `rate` requests a second (the same draws on every run)."""
+    if rate is None:
+        return [0.0] * n
+    rng, at, out = Random(1), 0.0, []
+    for _ in range(n):
+        out.append(at)
+        at += rng.expovariate(rate)
+    return out
+
+
 def run_http(path: str, load_format: str, work, clients: int, switch: float | None,
-             engine_process: bool, engine_flags: list[str]) -> dict:
+             engine_process: bool, engine_flags: list[str], rate: float | None = None) -> dict:
     import httpx
 
     port = free_port()
@@ -192,7 +207,8 @@ def run_http(path: str, load_format: str, work, clients: int, switch: float | No
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         start_at = time.time() + 3.0  # every client process connected and waiting
-        procs = [ctx.Process(target=client_proc, args=(port, work[i::clients], start_at, queue))
+        timed = [(p, m, at) for (p, m), at in zip(work, arrivals(len(work), rate))]
+        procs = [ctx.Process(target=client_proc, args=(port, timed[i::clients], start_at, queue))
                  for i in range(clients)]
         for p in procs:
             p.start()
@@ -226,6 +242,9 @@ def main():
     ap.add_argument("--engine-args", type=json.loads, default={},
                     help="more LLM / AsyncLLM arguments as JSON, e.g. "
                          "'{\"enable_mixed_steps\": false}'")
+    ap.add_argument("--request-rate", type=float, default=None,
+                    help="http: Poisson arrivals at this many requests a second (default: "
+                         "every request at once)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
     engine = args.engine_args
@@ -244,8 +263,10 @@ def main():
                            not args.engine_thread, engine)
     else:
         result = run_http(args.model, load_format, work, args.clients, args.switch_interval,
-                          not args.engine_thread, ["--engine-args", json.dumps(engine)])
+                          not args.engine_thread, ["--engine-args", json.dumps(engine)],
+                          args.request_rate)
     result.update(mode=args.mode, switch_interval=args.switch_interval,
+                  request_rate=args.request_rate,
                   engine="thread" if args.engine_thread else "process", **engine)
     print(json.dumps(result))
     if args.json:

@@ -19,15 +19,17 @@ Every bucket shares one memory pool and the two static buffers.
 """
 import torch
 
+from nanovllm.config import STREAMING_PREFILL_GRAPH_TOKENS
 from nanovllm.utils.context import set_attention_cut
 
 
 def prefill_graph_tokens(config) -> int:
-    """Config.prefill_graph_tokens resolved (None: 2560 with mixed steps on, else 0), and
-    never past the step budget, which no step exceeds."""
+    """Config.prefill_graph_tokens resolved (None here: on with mixed steps, else 0; the
+    streaming front ends set it first), and never past the step budget, which no step
+    exceeds."""
     tokens = config.prefill_graph_tokens
     if tokens is None:
-        tokens = 2560 if config.enable_mixed_steps else 0
+        tokens = STREAMING_PREFILL_GRAPH_TOKENS if config.enable_mixed_steps else 0
     return min(tokens, config.max_num_batched_tokens)
 
 
