@@ -68,6 +68,7 @@ class _Pieces:
         self.output = None
 
     def begin(self) -> None:
+        """Start capturing the next piece (into the shared pool)."""
         graph = torch.cuda.CUDAGraph()
         graph.capture_begin(pool=self.owner.pool)
         self.graphs.append(graph)
@@ -82,6 +83,7 @@ class _Pieces:
         return out
 
     def replay(self, n: int) -> None:
+        """The forward of n real tokens: each piece, then its layer's attention."""
         for graph, cut in zip(self.graphs, self.cuts):
             graph.replay()
             cut.run(n)
