@@ -48,6 +48,9 @@ _ENGINE_OPTIONS = [
     ("--max-mixed-prefill-tokens", "max_mixed_prefill_tokens", int,
      "most prompt tokens in a step that also decodes (default: --max-num-batched-tokens for "
      "generate and bench, 2048 for serve and chat, which stream)"),
+    ("--prefill-graph-tokens", "prefill_graph_tokens", int,
+     "prefill and mixed steps up to this many tokens replay piecewise CUDA graphs; 0: eager "
+     "(default: 2560 for serve and chat, which stream, and with --enable-mixed-steps)"),
 ]
 _ENGINE_FLAGS = [
     ("--enforce-eager", "enforce_eager", "no CUDA graphs (eager PyTorch every step)"),
