@@ -17,6 +17,17 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sizes + [max_bs]
 
 
+def decode_graph_rows(config) -> int:
+    """Rows of the largest decode graph: max_num_seqs (at most 512), or with speculative
+    decoding a row per token its verify steps compute."""
+    max_bs = min(config.max_num_seqs, 512)
+    spec = config.speculative_config
+    if spec is not None:
+        seqs = min(spec.disable_by_batch_size, max_bs)
+        max_bs = min(max(max_bs, seqs * (1 + spec.num_speculative_tokens)), 512)
+    return max_bs
+
+
 class DecodeGraphs:
     """One graph per batch size, sharing a memory pool and reading their inputs from one
     device buffer that the stager fills in place (worker/stager.py)."""

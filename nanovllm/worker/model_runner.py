@@ -15,7 +15,7 @@ from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.models.loader import build_model
 from nanovllm.utils.clock import Clock
 from nanovllm.utils.context import reset_context, set_context
-from nanovllm.worker.cuda_graph import DecodeGraphs
+from nanovllm.worker.cuda_graph import DecodeGraphs, decode_graph_rows
 from nanovllm.worker.device import resolve_device, resolve_dtype
 from nanovllm.worker.draft import DraftProposer, draft_config
 from nanovllm.worker.kv_cache import allocate_kv_cache, kv_cache_dtype, set_up_8bit_cache
@@ -25,7 +25,7 @@ from nanovllm.worker.piecewise_graph import PiecewiseGraphs, prefill_graph_token
 from nanovllm.worker.late_sample import LateSample
 from nanovllm.worker.sampler import Sampler, SamplingTensors
 from nanovllm.worker.stager import Stager
-from nanovllm.worker.step_context import prefill_context
+from nanovllm.worker.step_context import feed_tokens, prefill_context
 from nanovllm.worker.step_output import HostBuffer, StepResult
 from nanovllm.worker.verify import verify_drafts
 from nanovllm.worker.warmup import compile_kernels, size_activations
@@ -136,11 +136,7 @@ class ModelRunner:
 
     def _capture_graphs(self) -> None:
         """Decode graphs reading their inputs from the stager's fixed buffer."""
-        max_bs = min(self.config.max_num_seqs, 512)
-        spec = self.config.speculative_config
-        if spec is not None:  # verify steps: a row per token computed
-            seqs = min(spec.disable_by_batch_size, max_bs)
-            max_bs = min(max(max_bs, seqs * (1 + spec.num_speculative_tokens)), 512)
+        max_bs = decode_graph_rows(self.config)
         self.stager = Stager(self.device, [(DECODE_META_ROWS, max_bs),
                                            (max_bs, self.max_blocks_per_seq)])
         meta, table = self.stager.graph_views
@@ -254,8 +250,3 @@ class ModelRunner:
         done = torch.cuda.Event()
         done.record()
         return StepResult(host[:n], done, lp)
-
-
-def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:
-    """ids[i] = sampled[feed_rows[i]] where feed_rows[i] >= 0, on the device (no host sync)."""
-    ids.copy_(torch.where(feed_rows >= 0, sampled[feed_rows.clamp(min=0)], ids))

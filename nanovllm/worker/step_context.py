@@ -31,3 +31,8 @@ def prefill_context(inputs: StepInputs, dev: dict[str, torch.Tensor],
     return dict(common, cu_seqlens_q=cu_q, slot_mapping=slots, calibrate_kv=calibrate_kv,
                 fit_feedback=fit_feedback, num_decode_rows=d, decode_part=decode,
                 prefill_part=prefill)
+
+
+def feed_tokens(ids: torch.Tensor, feed_rows: torch.Tensor, sampled: torch.Tensor) -> None:
+    """ids[i] = sampled[feed_rows[i]] where feed_rows[i] >= 0, on the device (no host sync)."""
+    ids.copy_(torch.where(feed_rows >= 0, sampled[feed_rows.clamp(min=0)], ids))
