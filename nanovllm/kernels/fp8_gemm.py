@@ -96,7 +96,8 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         return gemm(x, weight, bias, scale, block)
     if m >= DEQUANT_FROM_M:
         path = prefill_path()
-        if path == "rowwise" and block is None and x.dtype in (torch.bfloat16, torch.float16):
+        # Row-wise _scaled_mm writes bf16 only (torch's CUTLASS kernel); others take W8A8.
+        if path == "rowwise" and block is None and x.dtype == torch.bfloat16:
             return rowwise_gemm(x, weight, scale, bias)
         if path != "dequant" and (block is None or block[1] == GROUP):
             return w8a8_gemm(x, weight, scale, block, bias)

@@ -99,7 +99,7 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def rowwise_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x[..., K] @ (weight * scale[:, None])^T (+ bias) in x's dtype (bf16/fp16): x quantized
+    """x[..., K] @ (weight * scale[:, None])^T (+ bias) in x's dtype (bf16): x quantized
     to e4m3 per token, then torch._scaled_mm with row-wise scales on both sides (CUTLASS
     fp8 tensor cores on Hopper). weight e4m3 [N, K], scale fp32 [N]."""
     k = x.shape[-1]
