@@ -14,6 +14,10 @@ from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanovllm.layers.rotary_embedding import get_rope
 from nanovllm.models.quantization import linear_method
+from nanovllm.utils.context import get_context
+
+# Under TRITON_INTERPRET=1 (tests without a GPU) the one-launch layer runs on CPU tensors too.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 class DecoderAttention(nn.Module):
@@ -87,8 +91,22 @@ class DecoderLayer(nn.Module):
                         and isinstance(mlp, GatedMLP)
                         and all(p.gemm_operands() is not None for p in (
                             self_attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)))
+        # Whether a batch-1 decode step may run the whole layer as one launch
+        # (kernels/layer_kernel.py): dense weights, one rank, a power-of-two head_dim.
+        self.one_launch = (layer_kernel_enabled() and isinstance(self_attn, DecoderAttention)
+                           and isinstance(mlp, GatedMLP) and mlp.gate_up_proj.bias is None
+                           and mlp.down_proj.bias is None and self_attn.qkv_proj.tp_size == 1
+                           and self_attn.head_dim & (self_attn.head_dim - 1) == 0
+                           and all(p.quant_method is None for p in (
+                               self_attn.qkv_proj, self_attn.o_proj, mlp.gate_up_proj,
+                               mlp.down_proj)))
+        self.next_qkv = ()  # (the next layer's qkv_proj,) when it runs one_launch too
 
     def forward(self, positions, x, residual):
+        if self.one_launch and x.shape[0] == 1 and (x.is_cuda or _INTERPRET):
+            out = self.forward_one_launch(positions, x, residual)
+            if out is not None:
+                return out
         if self.fusable and fused_rows(x):
             return self.forward_fused(positions, x, residual)
         if residual is None:
@@ -109,6 +127,30 @@ class DecoderLayer(nn.Module):
         gate_up, residual = self._normed(mlp.gate_up_proj, self.post_attention_layernorm, x,
                                          residual)
         return mlp.down_proj(gate_up, act="silu_mul"), residual
+
+    def forward_one_launch(self, positions, x, residual):
+        """forward as one kernel launch for a decode step of one row, or None where that
+        step is not one (a prefill, a cache that is not in the model's dtype, no cache yet)."""
+        from nanovllm.kernels.layer_kernel import decode_layer
+
+        ctx = get_context()
+        attn, mlp = self.self_attn, self.mlp
+        core = attn.attn
+        if (ctx.is_prefill or core.k_cache.numel() == 0 or core.k_cache.dtype != x.dtype
+                or core.backend.mix_kv):
+            return None
+        return decode_layer(
+            x, residual, w_in=self.input_layernorm.weight, w_qkv=attn.qkv_proj.weight,
+            b_qkv=attn.qkv_proj.bias, q_norm=None if attn.q_norm is None else attn.q_norm.weight,
+            k_norm=None if attn.k_norm is None else attn.k_norm.weight, w_o=attn.o_proj.weight,
+            b_o=attn.o_proj.bias, w_post=self.post_attention_layernorm.weight,
+            w_gu=mlp.gate_up_proj.weight, w_down=mlp.down_proj.weight,
+            eps=self.input_layernorm.eps, num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scale=core.scale,
+            cos_sin=attn.rotary_emb.cos_sin_cache.view(-1, attn.head_dim),
+            positions=positions, slot_mapping=ctx.slot_mapping, context_lens=ctx.context_lens,
+            block_tables=ctx.block_tables, k_cache=core.k_cache, v_cache=core.v_cache,
+            w_next=self.next_qkv[0].weight if self.next_qkv else None)
 
     @staticmethod
     def _normed(proj, norm: RMSNorm, x, residual):
@@ -131,6 +173,17 @@ def fused_prologues_enabled() -> bool:
     return value == "1"
 
 
+@functools.cache
+def layer_kernel_enabled() -> bool:
+    """NANOVLLM_LAYER_KERNEL=1 runs each dense layer of a batch-1 decode step as one launch
+    (kernels/layer_kernel.py)."""
+    value = os.environ.get("NANOVLLM_LAYER_KERNEL", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"NANOVLLM_LAYER_KERNEL={value!r}: use 1 (a batch-1 decode layer in "
+                         "one launch) or 0 (a launch per op)")
+    return value == "1"
+
+
 def fused_rows(x: torch.Tensor) -> bool:
     """Whether a step's hidden states x go through the fused path: a GPU and few rows."""
     from nanovllm.kernels.skinny_gemm import MAX_M
@@ -145,6 +198,9 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layers)
+        for layer, nxt in zip(layers, layers[1:]):  # one_launch layers prefetch the next's qkv
+            if getattr(layer, "one_launch", False) and getattr(nxt, "one_launch", False):
+                layer.next_qkv = (nxt.self_attn.qkv_proj,)  # a tuple: not a submodule
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

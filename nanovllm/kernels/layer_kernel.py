@@ -1,0 +1,434 @@
+"""A whole dense decoder layer of a batch-1 decode step in one persistent Triton launch.
+
+At batch 1 a layer is ~10 kernels (norm, qkv GEMM, split-K reduce, RoPE + store, attention,
+o GEMM, norm, gate_up GEMM, SiLU-and-mul, down GEMM), each moving a few megabytes at most:
+their launch, ramp and tail cost more than their bytes (docs/PERF_NOTES.md: ~37 us a layer
+of Qwen3-0.6B for ~10 us of weight reads). Here one program per SM runs the layer's five
+phases, separated by grid-wide barriers (an atomic counter that every program bumps and
+then polls; all programs are resident at once, as the grid is at most the SM count):
+
+  A  h = x + residual, RMSNorm (each program on the whole row: a few KB), qkv rows
+  B  per (kv head, key split): q/k norm and RoPE, the new K/V into the paged cache (by the
+     split that holds the new key), attention over the split; the last split of a kv head
+     to finish combines the splits (decode_reduce.split_done, as the decode kernel does)
+  C  o_proj rows
+  D  h2 = o + h, RMSNorm, gate and up rows side by side, SiLU-and-mul
+  E  down rows -> the layer's output (h2 is the next residual)
+
+Each matrix phase gives each program ceil(N / programs) whole rows, read over the full K,
+so no split-K partials are needed. Values are rounded to the model dtype where the unfused
+path rounds (the matmul outputs, h, the normed rows, the rotated q/k, silu), so the two
+paths differ only by summation order.
+
+PHASE >= 0 runs one phase per launch without barriers: the interpreter (which runs programs
+one after another, so a barrier would wait forever) and tests take that path.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision
+from nanovllm.kernels.decode_reduce import reduce_tile, split_done
+from nanovllm.kernels.decode_tiles import attend_tiles
+from nanovllm.kernels.triton_decode import _num_sms, _split_counters
+
+ALL_PHASES = -1
+NUM_PHASES = 5
+# Keys per attention tile (the decode kernel's).
+BLOCK_N = 16 if INTERPRET else 64
+# Tunables (module level so tools/bench_layer_kernel.py can sweep them).
+# PREFETCH_W: at the start each program asks L2 for its rows of the later phases' weights
+# (o, gate_up, down); PREFETCH_NEXT: at the end, for its rows of the next layer's qkv;
+# PREFETCH_KV: at the start, for the cached K/V of its attention split (only the new key
+# depends on phase A). POLL_LOAD: barriers poll with acquire loads (else atomics).
+# CHUNK: weights per K chunk of a matvec. SPLITS: most key splits of a kv head (at most
+# programs / kv heads). WORK=False: the barriers alone (timing only).
+CONFIG = dict(num_warps=4, PREFETCH_W=False, PREFETCH_NEXT=False, PREFETCH_KV=True,
+              POLL_LOAD=True, CHUNK=8192, SPLITS=64, WORK=True)
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, rows, row_mask, K: tl.constexpr, K_POW2: tl.constexpr,
+                   ELEM_BYTES: tl.constexpr):
+    """Ask L2 for W[rows, :K] (128-byte lines; K_POW2 >= K a power of two), not waiting."""
+    LINE: tl.constexpr = 128 // ELEM_BYTES
+    LINES: tl.constexpr = (K + LINE - 1) // LINE
+    cols = tl.minimum(tl.arange(0, K_POW2 // LINE), LINES - 1) * LINE
+    rows = tl.where(row_mask, rows, 0)
+    addr = (w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :]).to(tl.int64)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _grid_sync(bar_ptr, target, POLL_LOAD: tl.constexpr):
+    """Wait until every program has arrived here (the counter reaches target): each CTA's
+    stores are issued before its thread 0 counts in (release), and read after it sees the
+    total (acquire)."""
+    tl.debug_barrier()
+    seen = tl.atomic_add(bar_ptr, 1, sem="acq_rel") + 1
+    if POLL_LOAD:
+        addr = (bar_ptr + tl.zeros([1], tl.int32)).to(tl.int64)
+        while seen < target:
+            seen = tl.max(tl.inline_asm_elementwise(
+                "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
+                is_pure=False, pack=1), axis=0)
+    else:
+        while seen < target:
+            seen = tl.atomic_add(bar_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _prefetch_kv(k_cache_ptr, v_cache_ptr, bt_ptr, kvh, start, end, stride_kblk, stride_kslot,
+                 HD: tl.constexpr, BLOCK_SIZE: tl.constexpr, ELEM_BYTES: tl.constexpr,
+                 KEYS: tl.constexpr):
+    """Ask L2 for the cached K and V rows start..end of kv head kvh, KEYS keys at a time."""
+    LINE: tl.constexpr = 128 // ELEM_BYTES
+    lines = tl.arange(0, (HD + LINE - 1) // LINE) * LINE
+    for k0 in range(start, end, KEYS):
+        keys = k0 + tl.arange(0, KEYS)
+        keys = tl.where(keys < end, keys, k0)
+        page = tl.load(bt_ptr + keys // BLOCK_SIZE).to(tl.int64)
+        off = page * stride_kblk + (keys % BLOCK_SIZE) * stride_kslot + kvh * HD
+        k_addr = (k_cache_ptr + off[:, None] + lines[None, :]).to(tl.int64)
+        v_addr = (v_cache_ptr + off[:, None] + lines[None, :]).to(tl.int64)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nprefetch.global.L2 [$2];\n"
+                                  "mov.u32 $0, 0;", "=r,l,l", [k_addr, v_addr],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _row_sumsq(x_ptr, r_ptr, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_R: tl.constexpr,
+               DTYPE: tl.constexpr):
+    """sum of h^2 over the row h = x (+ r, rounded to DTYPE)."""
+    acc = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        h = _h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE)
+        acc += h * h
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _h_chunk(x_ptr, r_ptr, offs, K: tl.constexpr, HAS_R: tl.constexpr, DTYPE: tl.constexpr):
+    """h = x (+ r) at offs, rounded to DTYPE as the unfused residual add does (fp32)."""
+    mask = offs < K
+    h = tl.load(x_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    if HAS_R:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        h = (h + r).to(DTYPE).to(tl.float32)
+    return h
+
+
+@triton.jit
+def _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexpr,
+             HAS_R: tl.constexpr, DTYPE: tl.constexpr):
+    """A chunk of the matmul's input: x itself, or RMSNorm(x (+ r)) rounded as layernorm.py
+    rounds ((h * rstd) to DTYPE, then its product with the weight)."""
+    if NORM:
+        h = _h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE)
+        g = tl.load(g_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+        x = ((h * rstd).to(DTYPE).to(tl.float32) * g).to(DTYPE).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + offs, mask=offs < K, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return x
+
+
+@triton.jit
+def _matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
+            BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
+            HAS_R: tl.constexpr, DTYPE: tl.constexpr):
+    """W[rows] @ x over the whole K (fp32 [ROWS]); the K loop is unrolled so every weight
+    load of the program can be in flight at once."""
+    acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
+        w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _rstd(sumsq, K: tl.constexpr, eps):
+    return 1.0 / tl.sqrt(sumsq / K + eps)
+
+
+@triton.jit
+def _rope_rows(src_ptr, heads, head_mask, pos, cos_sin_ptr, w_ptr, eps, HD: tl.constexpr,
+               HAS_NORM: tl.constexpr, DTYPE: tl.constexpr):
+    """Rows [R, HD] of heads at src_ptr (head h at h * HD): per-head RMSNorm (optional) and
+    RoPE in the rotate-half layout, rounded to DTYPE where triton_rope rounds; fp32."""
+    HALF: tl.constexpr = HD // 2
+    offs = tl.arange(0, HD)
+    partner = (offs + HALF) % HD
+    mask = head_mask[:, None]
+    x = tl.load(src_ptr + heads[:, None] * HD + offs[None, :], mask=mask, other=0.0,
+                cache_modifier=".cg").to(tl.float32)
+    y = tl.load(src_ptr + heads[:, None] * HD + partner[None, :], mask=mask, other=0.0,
+                cache_modifier=".cg").to(tl.float32)
+    if HAS_NORM:
+        r = (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HD + eps))[:, None]
+        wx = tl.load(w_ptr + offs).to(tl.float32)[None, :]
+        wy = tl.load(w_ptr + partner).to(tl.float32)[None, :]
+        x = ((x * r).to(DTYPE).to(tl.float32) * wx).to(DTYPE).to(tl.float32)
+        y = ((y * r).to(DTYPE).to(tl.float32) * wy).to(DTYPE).to(tl.float32)
+    cs = cos_sin_ptr + pos * HD
+    cos = tl.load(cs + offs % HALF)[None, :]
+    sin = tl.load(cs + HALF + offs % HALF)[None, :]
+    # rotate_half: the first half takes -partner, the second +partner.
+    sign = tl.where(offs < HALF, -1.0, 1.0)[None, :]
+    return x * cos + sign * y * sin
+
+
+@triton.jit
+def _layer_kernel(
+    x_ptr, res_ptr, h_ptr, res_out_ptr, y_ptr,
+    qkv_ptr, po_ptr, lse_ptr, o_ptr, ao_ptr, act_ptr,
+    w_in_ptr, w_qkv_ptr, b_qkv_ptr, qn_ptr, kn_ptr, w_o_ptr, b_o_ptr, w_post_ptr, w_gu_ptr,
+    w_down_ptr,
+    cos_sin_ptr, pos_ptr, slot_ptr, ctx_ptr, bt_ptr, k_cache_ptr, v_cache_ptr,
+    stride_kblk, stride_kslot, bar_ptr, cnt_ptr, w_next_ptr, eps, qk_scale,
+    D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, I: tl.constexpr,
+    R_QKV: tl.constexpr, RP_QKV: tl.constexpr, R_O: tl.constexpr, RP_O: tl.constexpr,
+    R_GU: tl.constexpr, RP_GU: tl.constexpr, R_DOWN: tl.constexpr, RP_DOWN: tl.constexpr,
+    BK_D: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
+    HAS_RES: tl.constexpr, QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr,
+    QK_NORM: tl.constexpr, SPLITS: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr,
+    RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, PHASE: tl.constexpr, PREFETCH_W: tl.constexpr,
+    PREFETCH_NEXT: tl.constexpr, PREFETCH_KV: tl.constexpr, POLL_LOAD: tl.constexpr,
+    KV_KEYS: tl.constexpr, HAS_NEXT: tl.constexpr, WORK: tl.constexpr, D_POW2: tl.constexpr,
+    Q_POW2: tl.constexpr, I_POW2: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    G: tl.constexpr = HQ // HKV
+    NQKV: tl.constexpr = (HQ + 2 * HKV) * HD
+    EB: tl.constexpr = w_o_ptr.dtype.element_ty.primitive_bitwidth // 8
+    # The step's metadata, read once (the attention phase needs it after the first barrier).
+    ctx = tl.load(ctx_ptr)
+    pos = tl.load(pos_ptr).to(tl.int64)
+    split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+    n_valid = tl.cdiv(ctx, split_len)
+    if PREFETCH_KV:  # the cached keys of this program's first split (all but the new one)
+        kv0 = pid % HKV
+        s0 = pid // HKV
+        if s0 < SPLITS:
+            _prefetch_kv(k_cache_ptr, v_cache_ptr, bt_ptr, kv0, s0 * split_len,
+                         tl.minimum(s0 * split_len + split_len, ctx - 1), stride_kblk,
+                         stride_kslot, HD, BLOCK_SIZE, EB, KV_KEYS)
+    if PREFETCH_W:
+        rows = pid * R_O + tl.arange(0, RP_O)
+        _prefetch_rows(w_o_ptr, rows, (rows < D) & (tl.arange(0, RP_O) < R_O), HQ * HD,
+                       Q_POW2, EB)
+        j = tl.arange(0, 2 * RP_GU)
+        pair = pid * R_GU + j // 2
+        _prefetch_rows(w_gu_ptr, pair + (j % 2) * I, (pair < I) & (j // 2 < R_GU), D, D_POW2,
+                       EB)
+        rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
+        _prefetch_rows(w_down_ptr, rows, (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN), I,
+                       I_POW2, EB)
+
+    # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T ------------------------------------
+    if (PHASE < 0 or PHASE == 0) and WORK:
+        rstd = _rstd(_row_sumsq(x_ptr, res_ptr, D, BK_D, HAS_RES, DTYPE), D, eps)
+        if pid == 0:  # h, the residual the attention output is added to
+            for k0 in tl.static_range(0, D, BK_D):
+                offs = k0 + tl.arange(0, BK_D)
+                tl.store(h_ptr + offs, _h_chunk(x_ptr, res_ptr, offs, D, HAS_RES, DTYPE),
+                         mask=offs < D)
+        rows = pid * R_QKV + tl.arange(0, RP_QKV)
+        mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
+        out = _matvec(w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, rstd, D, BK_D,
+                      RP_QKV, True, HAS_RES, DTYPE)
+        if QKV_BIAS:
+            out += tl.load(b_qkv_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+        tl.store(qkv_ptr + rows, out.to(DTYPE), mask=mask)
+    if PHASE < 0:
+        _grid_sync(bar_ptr, nprog, POLL_LOAD)
+
+    # -- B: norms, RoPE, K/V store, attention over one key split, combine ------------------
+    if (PHASE < 0 or PHASE == 1) and WORK:
+        for item in range(pid, HKV * SPLITS, nprog):
+            kvh = item % HKV  # a token's kv heads side by side: whole cache rows per wave
+            s = item // HKV
+            start = s * split_len
+            end = tl.minimum(start + split_len, ctx)
+            if start < end:
+                offs_d = tl.arange(0, HD)
+                if s == n_valid - 1:  # the split that holds the new key stores it first
+                    kv_head = tl.full([1], 0, tl.int32) + kvh
+                    k = _rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos,
+                                   cos_sin_ptr, kn_ptr, eps, HD, QK_NORM, DTYPE)
+                    v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs_d,
+                                cache_modifier=".cg")
+                    slot = tl.load(slot_ptr).to(tl.int64)
+                    dst = slot * stride_kslot + kvh * HD + offs_d
+                    tl.store(k_cache_ptr + dst[None, :], k.to(DTYPE))
+                    tl.store(v_cache_ptr + dst, v)
+                    tl.debug_barrier()
+                heads = kvh * G + tl.arange(0, G_PAD)
+                g_mask = tl.arange(0, G_PAD) < G
+                q = _rope_rows(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, qn_ptr, eps, HD,
+                               QK_NORM, DTYPE).to(DTYPE)
+                acc, m_i, l_i = attend_tiles(
+                    q, k_cache_ptr, v_cache_ptr, k_cache_ptr, k_cache_ptr, bt_ptr, kvh * HD,
+                    start, end, qk_scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
+                    BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC, False,
+                    False, DTYPE, False)
+                po = po_ptr + heads[:, None] * (SPLITS * HD) + s * HD + offs_d[None, :]
+                tl.store(po, acc / l_i[:, None], mask=g_mask[:, None])
+                tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
+                split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
+                           SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK, HD)
+    if PHASE < 0:
+        _grid_sync(bar_ptr, 2 * nprog, POLL_LOAD)
+
+    # -- C: o_proj ----------------------------------------------------------------------------
+    if (PHASE < 0 or PHASE == 2) and WORK:
+        rows = pid * R_O + tl.arange(0, RP_O)
+        mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
+        out = _matvec(w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD, BK_Q,
+                      RP_O, False, False, DTYPE)
+        if O_BIAS:
+            out += tl.load(b_o_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+        tl.store(ao_ptr + rows, out.to(DTYPE), mask=mask)
+    if PHASE < 0:
+        _grid_sync(bar_ptr, 3 * nprog, POLL_LOAD)
+
+    # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ----------------------------------
+    if (PHASE < 0 or PHASE == 3) and WORK:
+        rstd = _rstd(_row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
+        if pid == 0:  # h2: the next layer's residual
+            for k0 in tl.static_range(0, D, BK_D):
+                offs = k0 + tl.arange(0, BK_D)
+                tl.store(res_out_ptr + offs, _h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
+                         mask=offs < D)
+        # Rows interleaved gate, up, gate, up...: one matvec, split apart afterwards.
+        j = tl.arange(0, 2 * RP_GU)
+        pair = pid * R_GU + j // 2
+        rows = pair + (j % 2) * I
+        mask = (pair < I) & (j // 2 < R_GU)
+        out = _matvec(w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, rstd, D, BK_D,
+                      2 * RP_GU, True, True, DTYPE)
+        gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
+        act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
+        cols = pid * R_GU + tl.arange(0, RP_GU)
+        tl.store(act_ptr + cols, (act * up).to(DTYPE),
+                 mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
+    if PHASE < 0:
+        _grid_sync(bar_ptr, 4 * nprog, POLL_LOAD)
+
+    # -- E: down_proj -------------------------------------------------------------------------
+    if (PHASE < 0 or PHASE == 4) and WORK:
+        rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
+        mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
+        out = _matvec(w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
+                      RP_DOWN, False, False, DTYPE)
+        tl.store(y_ptr + rows, out.to(DTYPE), mask=mask)
+    if PREFETCH_NEXT and HAS_NEXT:  # the next layer's qkv rows of this program
+        rows = pid * R_QKV + tl.arange(0, RP_QKV)
+        _prefetch_rows(w_next_ptr, rows, (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV), D,
+                       D_POW2, EB)
+    if PHASE < 0:
+        # The last program out resets the counter for the next launch (no one polls then).
+        if tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel") == nprog - 1:
+            tl.atomic_xchg(bar_ptr, 0)
+            tl.atomic_xchg(bar_ptr + 1, 0)
+
+
+_BARRIERS: dict = {}
+
+
+def _barrier(device) -> torch.Tensor:
+    """Zeroed int32 [2] (arrivals, exits) per device, made once outside graph capture; every
+    launch leaves it zero."""
+    buf = _BARRIERS.get(device)
+    if buf is None:
+        buf = _BARRIERS[device] = torch.zeros(2, dtype=torch.int32, device=device)
+    return buf
+
+
+def _rows(n: int, programs: int) -> tuple[int, int]:
+    """(rows per program, that rounded up to a power of two)."""
+    r = triton.cdiv(n, programs)
+    return r, triton.next_power_of_2(r)
+
+
+def _block_k(rows_pad: int, k: int) -> int:
+    """K chunk of a matvec: CONFIG["CHUNK"] weights a chunk, whole K if smaller."""
+    return max(16, min(triton.next_power_of_2(k), CONFIG["CHUNK"] // rows_pad))
+
+
+def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w_post, w_gu,
+                 w_down, eps, num_heads, num_kv_heads, head_dim, scale, cos_sin, positions,
+                 slot_mapping, context_lens, block_tables, k_cache, v_cache,
+                 w_next=None, programs: int | None = None, phased: bool | None = None,
+                 phases: tuple[int, ...] = tuple(range(NUM_PHASES))):
+    """One decoder layer for one token: x, residual [1, D] (residual None in the first layer)
+    -> (mlp output, new residual), as DecoderLayer.forward returns them, with this token's
+    K/V stored in k_cache / v_cache [blocks, block_size, Hkv, D] at slot_mapping[0].
+    w_gu is the packed [2I, D] gate_up weight; cos_sin the RoPE table [max_pos, head_dim]
+    (fp32, cos half then sin half); w_next the next layer's qkv weight (prefetched into L2)
+    or None. phased: one launch per phase (default: interpreter), of `phases` only (timing
+    one phase: tools/bench_layer_kernel.py)."""
+    device, dtype = x.device, x.dtype
+    d = x.shape[-1]
+    inter = w_down.shape[1]
+    hq, hkv, hd = num_heads, num_kv_heads, head_dim
+    assert hd & (hd - 1) == 0 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(2) == hd and k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
+    if programs is None:
+        programs = 4 if INTERPRET else _num_sms(device)
+    if phased is None:
+        phased = INTERPRET
+    splits = max(1, min(CONFIG["SPLITS"], programs // hkv))
+    f32 = dict(dtype=torch.float32, device=device)
+    qkv = torch.empty((hq + 2 * hkv) * hd, dtype=dtype, device=device)
+    po = torch.empty(hq * splits * hd, **f32)
+    lse = torch.empty(hq * splits, **f32)
+    o = torch.empty(hq * hd, dtype=dtype, device=device)
+    ao, h, res_out, y = (torch.empty(1, d, dtype=dtype, device=device) for _ in range(4))
+    act = torch.empty(inter, dtype=dtype, device=device)
+    r_qkv, rp_qkv = _rows((hq + 2 * hkv) * hd, programs)
+    r_o, rp_o = _rows(d, programs)
+    r_gu, rp_gu = _rows(inter, programs)
+    r_down, rp_down = _rows(d, programs)
+    red_gp, red_chunk = reduce_tile(hq // hkv)
+    block_size = k_cache.shape[1]
+    args = (
+        x, residual if residual is not None else x, h, res_out, y, qkv, po, lse, o, ao, act,
+        w_in, w_qkv, b_qkv if b_qkv is not None else w_qkv,
+        q_norm if q_norm is not None else w_in, k_norm if k_norm is not None else w_in,
+        w_o, b_o if b_o is not None else w_o, w_post, w_gu, w_down,
+        cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache, v_cache,
+        k_cache.stride(0), k_cache.stride(1), _barrier(device),
+        _split_counters(device, hkv), w_next if w_next is not None else w_qkv, eps,
+        scale * LOG2E)
+    meta = dict(
+        D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
+        R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down,
+        BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
+        BK_I=_block_k(rp_down, inter), HAS_RES=residual is not None,
+        QKV_BIAS=b_qkv is not None, O_BIAS=b_o is not None, QK_NORM=q_norm is not None,
+        SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
+        RED_CHUNK=red_chunk, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
+        DOT_PREC=dot_precision(dtype), HAS_NEXT=w_next is not None,
+        D_POW2=triton.next_power_of_2(d), Q_POW2=triton.next_power_of_2(hq * hd),
+        I_POW2=triton.next_power_of_2(inter),
+        PREFETCH_W=CONFIG["PREFETCH_W"] and not phased,
+        PREFETCH_NEXT=CONFIG["PREFETCH_NEXT"] and not phased,
+        PREFETCH_KV=CONFIG["PREFETCH_KV"] and not INTERPRET, POLL_LOAD=CONFIG["POLL_LOAD"],
+        KV_KEYS=BLOCK_N, WORK=CONFIG["WORK"],
+        num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
+    if phased:
+        for phase in phases:
+            _layer_kernel[(programs,)](*args, PHASE=phase, **meta)
+    else:
+        _layer_kernel[(programs,)](*args, PHASE=ALL_PHASES, **meta)
+    return y, res_out

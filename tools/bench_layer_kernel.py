@@ -1,0 +1,115 @@
+"""Time the one-launch decode layer (kernels/layer_kernel.py) at batch 1 on a GPU: a CUDA
+graph of every layer of a model shape (random weights, each layer its own, so L2 holds none
+of them between replays), as one persistent launch a layer, as its barriers alone, and as
+each phase alone (a launch a phase).
+
+    python tools/bench_layer_kernel.py [--shapes qwen3-0.6b,smollm2-135m] [--context 512]
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from nanovllm.kernels import layer_kernel as lk  # noqa: E402
+from nanovllm.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
+from nanovllm.utils.model_shapes import shape_config  # noqa: E402
+
+PHASE_NAMES = ["A norm+qkv", "B attention", "C o_proj", "D norm+gate_up", "E down"]
+
+
+def build(shape: str, context: int, block_size: int = 256):
+    """Per-layer weights, caches and the step's inputs of a model shape, bf16 on cuda."""
+    c = shape_config(shape)
+    d, inter, n_layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    hq, hkv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or d // hq
+    qwen3 = c["architectures"][0].startswith("Qwen3")
+    dev, bf = "cuda", torch.bfloat16
+
+    def rand(*shape, std=0.02):
+        return (torch.randn(*shape, device=dev) * std).to(bf)
+
+    blocks = -(-context // block_size) + 1
+    layers = []
+    for _ in range(n_layers):
+        layers.append(dict(
+            w_in=1 + rand(d), w_qkv=rand((hq + 2 * hkv) * hd, d), b_qkv=None,
+            q_norm=1 + rand(hd) if qwen3 else None, k_norm=1 + rand(hd) if qwen3 else None,
+            w_o=rand(d, hq * hd), b_o=None, w_post=1 + rand(d), w_gu=rand(2 * inter, d),
+            w_down=rand(d, inter),
+            k_cache=rand(blocks, block_size, hkv, hd, std=1.0),
+            v_cache=rand(blocks, block_size, hkv, hd, std=1.0)))
+    theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 1e6)
+    rope = RotaryEmbedding(hd, context + 16, theta).to(dev)
+    step = dict(
+        eps=1e-6, num_heads=hq, num_kv_heads=hkv, head_dim=hd, scale=hd ** -0.5,
+        cos_sin=rope.cos_sin_cache.view(-1, hd),
+        positions=torch.tensor([context - 1], device=dev),
+        slot_mapping=torch.tensor([context - 1], dtype=torch.int32, device=dev),
+        context_lens=torch.tensor([context], dtype=torch.int32, device=dev),
+        block_tables=torch.arange(blocks, dtype=torch.int32, device=dev)[None])
+    x = rand(1, d, std=1.0)
+    return layers, step, x
+
+
+def time_graph(fn, iters: int = 50) -> float:
+    """Mean microseconds of one replay of a graph of fn."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / iters
+
+
+def forward(layers, step, x, **kw):
+    """Every layer's step, chained as the model chains them."""
+    residual = None
+    for i, w in enumerate(layers):
+        nxt = layers[i + 1]["w_qkv"] if i + 1 < len(layers) else None
+        x, residual = lk.decode_layer(x, residual, **w, **step, w_next=nxt, **kw)
+    return x
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="qwen3-0.6b,smollm2-135m")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--warps", default="4,8,16")
+    args = ap.parse_args()
+    for shape in args.shapes.split(","):
+        layers, step, x = build(shape, args.context)
+        n = len(layers)
+        nbytes = sum(w[k].numel() * 2 for w in layers for k in ("w_qkv", "w_o", "w_gu", "w_down"))
+        print(f"{shape}: {n} layers, {nbytes / n / 1e6:.1f} MB of weights a layer "
+              f"({nbytes / n / 3.0e12 * 1e6:.1f} us at 3.0 TB/s), context {args.context}")
+        base = dict(lk.CONFIG)
+        for warps in map(int, args.warps.split(",")):
+            for prefetch in (True, False):
+                lk.CONFIG.update(base, num_warps=warps, PREFETCH=prefetch)
+                us = time_graph(lambda: forward(layers, step, x))
+                lk.CONFIG.update(WORK=False)
+                bar = time_graph(lambda: forward(layers, step, x))
+                print(f"  warps {warps:2d} prefetch {prefetch:d}: {us / n:6.2f} us a layer "
+                      f"(barriers alone {bar / n:5.2f})")
+        lk.CONFIG.update(base)
+        for p, name in enumerate(PHASE_NAMES):
+            us = time_graph(lambda: forward(layers, step, x, phased=True, phases=(p,)))
+            print(f"  phase {name:16s} alone: {us / n:6.2f} us a layer")
+        us = time_graph(lambda: forward(layers, step, x, phased=True))
+        print(f"  five launches a layer: {us / n:6.2f} us a layer")
+
+
+if __name__ == "__main__":
+    main()
