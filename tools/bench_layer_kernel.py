@@ -82,33 +82,47 @@ def forward(layers, step, x, **kw):
     return x
 
 
+# (label, CONFIG changes) timed one after another against the module's CONFIG.
+VARIANTS = [
+    ("config", {}),
+    ("barriers alone", dict(WORK=False)),
+    ("poll with atomics", dict(POLL_LOAD=False)),
+    ("barriers alone, atomics", dict(WORK=False, POLL_LOAD=False)),
+    ("no K/V prefetch", dict(PREFETCH_KV=False)),
+    ("no next qkv prefetch", dict(PREFETCH_NEXT=False)),
+    ("+ weight prefetch", dict(PREFETCH_W=True)),
+    ("8 warps", dict(num_warps=8)),
+    ("row sums per chunk", dict(ROW_ACC=True)),
+    ("row sums, 8 warps", dict(ROW_ACC=True, num_warps=8)),
+    ("row sums, chunk 8192", dict(ROW_ACC=True, CHUNK=8192)),
+    ("chunk 8192", dict(CHUNK=8192)),
+    ("chunk 32768", dict(CHUNK=32768)),
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="qwen3-0.6b,smollm2-135m")
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--warps", default="4,8,16")
+    ap.add_argument("--phases", action="store_true", help="also time each phase alone")
     args = ap.parse_args()
     for shape in args.shapes.split(","):
         layers, step, x = build(shape, args.context)
         n = len(layers)
         nbytes = sum(w[k].numel() * 2 for w in layers for k in ("w_qkv", "w_o", "w_gu", "w_down"))
         print(f"{shape}: {n} layers, {nbytes / n / 1e6:.1f} MB of weights a layer "
-              f"({nbytes / n / 3.0e12 * 1e6:.1f} us at 3.0 TB/s), context {args.context}")
+              f"({nbytes / n / 3.0e12 * 1e6:.1f} us at 3.0 TB/s), context {args.context}; "
+              f"CONFIG {lk.CONFIG}")
         base = dict(lk.CONFIG)
-        for warps in map(int, args.warps.split(",")):
-            for prefetch in (True, False):
-                lk.CONFIG.update(base, num_warps=warps, PREFETCH=prefetch)
-                us = time_graph(lambda: forward(layers, step, x))
-                lk.CONFIG.update(WORK=False)
-                bar = time_graph(lambda: forward(layers, step, x))
-                print(f"  warps {warps:2d} prefetch {prefetch:d}: {us / n:6.2f} us a layer "
-                      f"(barriers alone {bar / n:5.2f})")
+        for label, change in VARIANTS:
+            lk.CONFIG.update(base, **change)
+            us = time_graph(lambda: forward(layers, step, x))
+            print(f"  {label:26s} {us / n:6.2f} us a layer")
         lk.CONFIG.update(base)
-        for p, name in enumerate(PHASE_NAMES):
-            us = time_graph(lambda: forward(layers, step, x, phased=True, phases=(p,)))
-            print(f"  phase {name:16s} alone: {us / n:6.2f} us a layer")
-        us = time_graph(lambda: forward(layers, step, x, phased=True))
-        print(f"  five launches a layer: {us / n:6.2f} us a layer")
+        if args.phases:
+            for p, name in enumerate(PHASE_NAMES):
+                us = time_graph(lambda: forward(layers, step, x, phased=True, phases=(p,)))
+                print(f"  phase {name:16s} alone: {us / n:6.2f} us a layer")
 
 
 if __name__ == "__main__":

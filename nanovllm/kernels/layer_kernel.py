@@ -41,10 +41,14 @@ BLOCK_N = 16 if INTERPRET else 64
 # (o, gate_up, down); PREFETCH_NEXT: at the end, for its rows of the next layer's qkv;
 # PREFETCH_KV: at the start, for the cached K/V of its attention split (only the new key
 # depends on phase A). POLL_LOAD: barriers poll with acquire loads (else atomics).
-# CHUNK: weights per K chunk of a matvec. SPLITS: most key splits of a kv head (at most
-# programs / kv heads). WORK=False: the barriers alone (timing only).
-CONFIG = dict(num_warps=4, PREFETCH_W=False, PREFETCH_NEXT=False, PREFETCH_KV=True,
-              POLL_LOAD=True, CHUNK=8192, SPLITS=64, WORK=True)
+# CHUNK: weights per K chunk of a matvec; ROW_ACC: see _matvec. SPLITS: most key splits of
+# a kv head (at most programs / kv heads). WORK=False: the barriers alone (timing only).
+# H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer (one call):
+# this config's parts 33.9 -> 32.2 with CHUNK 16384 (4096: 39.8), 32.9 with PREFETCH_NEXT;
+# PREFETCH_W 37.8 (its 22 MB compete with phase A's reads), 8 warps 35.0, atomics polling
+# 33.6, no K/V prefetch 34.0, SPLITS 4 / 8: 34.7 / 34.1. The barriers alone: 7.2 a layer.
+CONFIG = dict(num_warps=4, PREFETCH_W=False, PREFETCH_NEXT=True, PREFETCH_KV=True,
+              POLL_LOAD=True, CHUNK=16384, SPLITS=64, ROW_ACC=False, WORK=True)
 
 
 @triton.jit
@@ -138,18 +142,25 @@ def _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexp
 @triton.jit
 def _matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
             BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-            HAS_R: tl.constexpr, DTYPE: tl.constexpr):
+            HAS_R: tl.constexpr, DTYPE: tl.constexpr, ROW_ACC: tl.constexpr):
     """W[rows] @ x over the whole K (fp32 [ROWS]); the K loop is unrolled so every weight
-    load of the program can be in flight at once."""
+    load of the program can be in flight at once. ROW_ACC: each chunk summed into [ROWS]
+    at once (fewer registers held, a cross-lane sum per chunk)."""
     acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
+    acc_rows = tl.zeros([ROWS], tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
     for k0 in tl.static_range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
         w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
                     other=0.0, eviction_policy="evict_first")
-        acc += w.to(tl.float32) * x[None, :]
-    return tl.sum(acc, axis=1)
+        if ROW_ACC:
+            acc_rows += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        else:
+            acc += w.to(tl.float32) * x[None, :]
+    if not ROW_ACC:
+        acc_rows = tl.sum(acc, axis=1)
+    return acc_rows
 
 
 @triton.jit
@@ -196,12 +207,12 @@ def _layer_kernel(
     R_QKV: tl.constexpr, RP_QKV: tl.constexpr, R_O: tl.constexpr, RP_O: tl.constexpr,
     R_GU: tl.constexpr, RP_GU: tl.constexpr, R_DOWN: tl.constexpr, RP_DOWN: tl.constexpr,
     BK_D: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
-    HAS_RES: tl.constexpr, QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr,
+    QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr,
     QK_NORM: tl.constexpr, SPLITS: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr,
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr, PHASE: tl.constexpr, PREFETCH_W: tl.constexpr,
     PREFETCH_NEXT: tl.constexpr, PREFETCH_KV: tl.constexpr, POLL_LOAD: tl.constexpr,
-    KV_KEYS: tl.constexpr, HAS_NEXT: tl.constexpr, WORK: tl.constexpr, D_POW2: tl.constexpr,
+    KV_KEYS: tl.constexpr, WORK: tl.constexpr, ROW_ACC: tl.constexpr, D_POW2: tl.constexpr,
     Q_POW2: tl.constexpr, I_POW2: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -236,16 +247,16 @@ def _layer_kernel(
 
     # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T ------------------------------------
     if (PHASE < 0 or PHASE == 0) and WORK:
-        rstd = _rstd(_row_sumsq(x_ptr, res_ptr, D, BK_D, HAS_RES, DTYPE), D, eps)
+        rstd = _rstd(_row_sumsq(x_ptr, res_ptr, D, BK_D, True, DTYPE), D, eps)
         if pid == 0:  # h, the residual the attention output is added to
             for k0 in tl.static_range(0, D, BK_D):
                 offs = k0 + tl.arange(0, BK_D)
-                tl.store(h_ptr + offs, _h_chunk(x_ptr, res_ptr, offs, D, HAS_RES, DTYPE),
+                tl.store(h_ptr + offs, _h_chunk(x_ptr, res_ptr, offs, D, True, DTYPE),
                          mask=offs < D)
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
         mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
         out = _matvec(w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, rstd, D, BK_D,
-                      RP_QKV, True, HAS_RES, DTYPE)
+                      RP_QKV, True, True, DTYPE, ROW_ACC)
         if QKV_BIAS:
             out += tl.load(b_qkv_ptr + rows, mask=mask, other=0.0).to(tl.float32)
         tl.store(qkv_ptr + rows, out.to(DTYPE), mask=mask)
@@ -294,7 +305,7 @@ def _layer_kernel(
         rows = pid * R_O + tl.arange(0, RP_O)
         mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
         out = _matvec(w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD, BK_Q,
-                      RP_O, False, False, DTYPE)
+                      RP_O, False, False, DTYPE, ROW_ACC)
         if O_BIAS:
             out += tl.load(b_o_ptr + rows, mask=mask, other=0.0).to(tl.float32)
         tl.store(ao_ptr + rows, out.to(DTYPE), mask=mask)
@@ -315,7 +326,7 @@ def _layer_kernel(
         rows = pair + (j % 2) * I
         mask = (pair < I) & (j // 2 < R_GU)
         out = _matvec(w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, rstd, D, BK_D,
-                      2 * RP_GU, True, True, DTYPE)
+                      2 * RP_GU, True, True, DTYPE, ROW_ACC)
         gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
         act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
         cols = pid * R_GU + tl.arange(0, RP_GU)
@@ -329,9 +340,9 @@ def _layer_kernel(
         rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
         mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
         out = _matvec(w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                      RP_DOWN, False, False, DTYPE)
+                      RP_DOWN, False, False, DTYPE, ROW_ACC)
         tl.store(y_ptr + rows, out.to(DTYPE), mask=mask)
-    if PREFETCH_NEXT and HAS_NEXT:  # the next layer's qkv rows of this program
+    if PREFETCH_NEXT:  # the next layer's qkv rows of this program
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
         _prefetch_rows(w_next_ptr, rows, (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV), D,
                        D_POW2, EB)
@@ -352,6 +363,17 @@ def _barrier(device) -> torch.Tensor:
     if buf is None:
         buf = _BARRIERS[device] = torch.zeros(2, dtype=torch.int32, device=device)
     return buf
+
+
+_ZEROS: dict = {}
+
+
+def _zeros(device, n: int, dtype) -> torch.Tensor:
+    """A zero [1, n] row, made once (the first call is a warm-up's, outside graph capture)."""
+    key = (device, n, dtype)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros(1, n, dtype=dtype, device=device)
+    return _ZEROS[key]
 
 
 def _rows(n: int, programs: int) -> tuple[int, int]:
@@ -401,30 +423,33 @@ def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w
     r_down, rp_down = _rows(d, programs)
     red_gp, red_chunk = reduce_tile(hq // hkv)
     block_size = k_cache.shape[1]
+    if residual is None:  # the first layer: h = x + 0 (exact), so every layer shares a variant
+        residual = _zeros(device, d, dtype)
+    if w_next is None:  # the last layer prefetches its own qkv rows again (a few MB, in L2)
+        w_next = w_qkv
     args = (
-        x, residual if residual is not None else x, h, res_out, y, qkv, po, lse, o, ao, act,
+        x, residual, h, res_out, y, qkv, po, lse, o, ao, act,
         w_in, w_qkv, b_qkv if b_qkv is not None else w_qkv,
         q_norm if q_norm is not None else w_in, k_norm if k_norm is not None else w_in,
         w_o, b_o if b_o is not None else w_o, w_post, w_gu, w_down,
         cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache, v_cache,
         k_cache.stride(0), k_cache.stride(1), _barrier(device),
-        _split_counters(device, hkv), w_next if w_next is not None else w_qkv, eps,
-        scale * LOG2E)
+        _split_counters(device, hkv), w_next, eps, scale * LOG2E)
     meta = dict(
         D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
         R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down,
         BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
-        BK_I=_block_k(rp_down, inter), HAS_RES=residual is not None,
+        BK_I=_block_k(rp_down, inter),
         QKV_BIAS=b_qkv is not None, O_BIAS=b_o is not None, QK_NORM=q_norm is not None,
         SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
         RED_CHUNK=red_chunk, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        DOT_PREC=dot_precision(dtype), HAS_NEXT=w_next is not None,
+        DOT_PREC=dot_precision(dtype),
         D_POW2=triton.next_power_of_2(d), Q_POW2=triton.next_power_of_2(hq * hd),
         I_POW2=triton.next_power_of_2(inter),
         PREFETCH_W=CONFIG["PREFETCH_W"] and not phased,
         PREFETCH_NEXT=CONFIG["PREFETCH_NEXT"] and not phased,
         PREFETCH_KV=CONFIG["PREFETCH_KV"] and not INTERPRET, POLL_LOAD=CONFIG["POLL_LOAD"],
-        KV_KEYS=BLOCK_N, WORK=CONFIG["WORK"],
+        KV_KEYS=BLOCK_N, WORK=CONFIG["WORK"], ROW_ACC=CONFIG["ROW_ACC"],
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     if phased:
         for phase in phases:
