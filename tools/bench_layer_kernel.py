@@ -86,17 +86,10 @@ def forward(layers, step, x, **kw):
 VARIANTS = [
     ("config", {}),
     ("barriers alone", dict(WORK=False)),
-    ("poll with atomics", dict(POLL_LOAD=False)),
-    ("barriers alone, atomics", dict(WORK=False, POLL_LOAD=False)),
-    ("no K/V prefetch", dict(PREFETCH_KV=False)),
     ("no next qkv prefetch", dict(PREFETCH_NEXT=False)),
-    ("+ weight prefetch", dict(PREFETCH_W=True)),
     ("8 warps", dict(num_warps=8)),
-    ("row sums per chunk", dict(ROW_ACC=True)),
-    ("row sums, 8 warps", dict(ROW_ACC=True, num_warps=8)),
-    ("row sums, chunk 8192", dict(ROW_ACC=True, CHUNK=8192)),
     ("chunk 8192", dict(CHUNK=8192)),
-    ("chunk 32768", dict(CHUNK=32768)),
+    ("splits 8", dict(SPLITS=8)),
 ]
 
 

@@ -36,19 +36,18 @@ ALL_PHASES = -1
 NUM_PHASES = 5
 # Keys per attention tile (the decode kernel's).
 BLOCK_N = 16 if INTERPRET else 64
-# Tunables (module level so tools/bench_layer_kernel.py can sweep them).
-# PREFETCH_W: at the start each program asks L2 for its rows of the later phases' weights
-# (o, gate_up, down); PREFETCH_NEXT: at the end, for its rows of the next layer's qkv;
-# PREFETCH_KV: at the start, for the cached K/V of its attention split (only the new key
-# depends on phase A). POLL_LOAD: barriers poll with acquire loads (else atomics).
-# CHUNK: weights per K chunk of a matvec; ROW_ACC: see _matvec. SPLITS: most key splits of
-# a kv head (at most programs / kv heads). WORK=False: the barriers alone (timing only).
-# H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer (one call):
-# this config's parts 33.9 -> 32.2 with CHUNK 16384 (4096: 39.8), 32.9 with PREFETCH_NEXT;
-# PREFETCH_W 37.8 (its 22 MB compete with phase A's reads), 8 warps 35.0, atomics polling
-# 33.6, no K/V prefetch 34.0, SPLITS 4 / 8: 34.7 / 34.1. The barriers alone: 7.2 a layer.
-CONFIG = dict(num_warps=4, PREFETCH_W=False, PREFETCH_NEXT=True, PREFETCH_KV=True,
-              POLL_LOAD=True, CHUNK=16384, SPLITS=64, ROW_ACC=False, WORK=True)
+# Tunables (module level so tools/bench_layer_kernel.py can sweep them). PREFETCH_NEXT: at
+# the end each program asks L2 for its rows of the next layer's qkv weight, which the next
+# launch reads first. CHUNK: weights per K chunk of a matvec. SPLITS: most key splits of a kv
+# head (at most programs / kv heads). WORK=False: the barriers alone (timing only).
+# H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer: 33.9 with
+# 8192-weight chunks -> 32.2 with 16384 (4096: 39.8; 32768 no better); 30.6 -> 30.3 with
+# PREFETCH_NEXT. Tried and dropped (docs/PERF_NOTES.md): the later phases' weights
+# prefetched into L2 at the start (30.3 -> 33.8: their 22 MB compete with phase A's reads),
+# the cached K/V of each split prefetched (no gain), barriers polling with atomics (the
+# barriers alone 8.8 vs 8.3 with acquire loads), each K chunk summed to [rows] at once
+# (32.1), 8 warps (31.1).
+CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, WORK=True)
 
 
 @triton.jit
@@ -65,41 +64,18 @@ def _prefetch_rows(w_ptr, rows, row_mask, K: tl.constexpr, K_POW2: tl.constexpr,
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target, POLL_LOAD: tl.constexpr):
+def _grid_sync(bar_ptr, target):
     """Wait until every program has arrived here (the counter reaches target): each CTA's
     stores are issued before its thread 0 counts in (release), and read after it sees the
-    total (acquire)."""
+    total (acquire loads, which leave the counter's line to the arrivals)."""
     tl.debug_barrier()
     seen = tl.atomic_add(bar_ptr, 1, sem="acq_rel") + 1
-    if POLL_LOAD:
-        addr = (bar_ptr + tl.zeros([1], tl.int32)).to(tl.int64)
-        while seen < target:
-            seen = tl.max(tl.inline_asm_elementwise(
-                "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
-                is_pure=False, pack=1), axis=0)
-    else:
-        while seen < target:
-            seen = tl.atomic_add(bar_ptr, 0, sem="acquire")
+    addr = (bar_ptr + tl.zeros([1], tl.int32)).to(tl.int64)
+    while seen < target:
+        seen = tl.max(tl.inline_asm_elementwise(
+            "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
+            is_pure=False, pack=1), axis=0)
     tl.debug_barrier()
-
-
-@triton.jit
-def _prefetch_kv(k_cache_ptr, v_cache_ptr, bt_ptr, kvh, start, end, stride_kblk, stride_kslot,
-                 HD: tl.constexpr, BLOCK_SIZE: tl.constexpr, ELEM_BYTES: tl.constexpr,
-                 KEYS: tl.constexpr):
-    """Ask L2 for the cached K and V rows start..end of kv head kvh, KEYS keys at a time."""
-    LINE: tl.constexpr = 128 // ELEM_BYTES
-    lines = tl.arange(0, (HD + LINE - 1) // LINE) * LINE
-    for k0 in range(start, end, KEYS):
-        keys = k0 + tl.arange(0, KEYS)
-        keys = tl.where(keys < end, keys, k0)
-        page = tl.load(bt_ptr + keys // BLOCK_SIZE).to(tl.int64)
-        off = page * stride_kblk + (keys % BLOCK_SIZE) * stride_kslot + kvh * HD
-        k_addr = (k_cache_ptr + off[:, None] + lines[None, :]).to(tl.int64)
-        v_addr = (v_cache_ptr + off[:, None] + lines[None, :]).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nprefetch.global.L2 [$2];\n"
-                                  "mov.u32 $0, 0;", "=r,l,l", [k_addr, v_addr],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -142,25 +118,18 @@ def _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexp
 @triton.jit
 def _matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
             BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-            HAS_R: tl.constexpr, DTYPE: tl.constexpr, ROW_ACC: tl.constexpr):
+            HAS_R: tl.constexpr, DTYPE: tl.constexpr):
     """W[rows] @ x over the whole K (fp32 [ROWS]); the K loop is unrolled so every weight
-    load of the program can be in flight at once. ROW_ACC: each chunk summed into [ROWS]
-    at once (fewer registers held, a cross-lane sum per chunk)."""
+    load of the program can be in flight at once."""
     acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
-    acc_rows = tl.zeros([ROWS], tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
     for k0 in tl.static_range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
         w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
                     other=0.0, eviction_policy="evict_first")
-        if ROW_ACC:
-            acc_rows += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        else:
-            acc += w.to(tl.float32) * x[None, :]
-    if not ROW_ACC:
-        acc_rows = tl.sum(acc, axis=1)
-    return acc_rows
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit
@@ -210,10 +179,8 @@ def _layer_kernel(
     QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr,
     QK_NORM: tl.constexpr, SPLITS: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr,
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr, PHASE: tl.constexpr, PREFETCH_W: tl.constexpr,
-    PREFETCH_NEXT: tl.constexpr, PREFETCH_KV: tl.constexpr, POLL_LOAD: tl.constexpr,
-    KV_KEYS: tl.constexpr, WORK: tl.constexpr, ROW_ACC: tl.constexpr, D_POW2: tl.constexpr,
-    Q_POW2: tl.constexpr, I_POW2: tl.constexpr,
+    DOT_PREC: tl.constexpr, PHASE: tl.constexpr, PREFETCH_NEXT: tl.constexpr,
+    WORK: tl.constexpr, D_POW2: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -226,24 +193,6 @@ def _layer_kernel(
     pos = tl.load(pos_ptr).to(tl.int64)
     split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
     n_valid = tl.cdiv(ctx, split_len)
-    if PREFETCH_KV:  # the cached keys of this program's first split (all but the new one)
-        kv0 = pid % HKV
-        s0 = pid // HKV
-        if s0 < SPLITS:
-            _prefetch_kv(k_cache_ptr, v_cache_ptr, bt_ptr, kv0, s0 * split_len,
-                         tl.minimum(s0 * split_len + split_len, ctx - 1), stride_kblk,
-                         stride_kslot, HD, BLOCK_SIZE, EB, KV_KEYS)
-    if PREFETCH_W:
-        rows = pid * R_O + tl.arange(0, RP_O)
-        _prefetch_rows(w_o_ptr, rows, (rows < D) & (tl.arange(0, RP_O) < R_O), HQ * HD,
-                       Q_POW2, EB)
-        j = tl.arange(0, 2 * RP_GU)
-        pair = pid * R_GU + j // 2
-        _prefetch_rows(w_gu_ptr, pair + (j % 2) * I, (pair < I) & (j // 2 < R_GU), D, D_POW2,
-                       EB)
-        rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
-        _prefetch_rows(w_down_ptr, rows, (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN), I,
-                       I_POW2, EB)
 
     # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T ------------------------------------
     if (PHASE < 0 or PHASE == 0) and WORK:
@@ -256,12 +205,12 @@ def _layer_kernel(
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
         mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
         out = _matvec(w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, rstd, D, BK_D,
-                      RP_QKV, True, True, DTYPE, ROW_ACC)
+                      RP_QKV, True, True, DTYPE)
         if QKV_BIAS:
             out += tl.load(b_qkv_ptr + rows, mask=mask, other=0.0).to(tl.float32)
         tl.store(qkv_ptr + rows, out.to(DTYPE), mask=mask)
     if PHASE < 0:
-        _grid_sync(bar_ptr, nprog, POLL_LOAD)
+        _grid_sync(bar_ptr, nprog)
 
     # -- B: norms, RoPE, K/V store, attention over one key split, combine ------------------
     if (PHASE < 0 or PHASE == 1) and WORK:
@@ -298,19 +247,19 @@ def _layer_kernel(
                 split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
                            SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK, HD)
     if PHASE < 0:
-        _grid_sync(bar_ptr, 2 * nprog, POLL_LOAD)
+        _grid_sync(bar_ptr, 2 * nprog)
 
     # -- C: o_proj ----------------------------------------------------------------------------
     if (PHASE < 0 or PHASE == 2) and WORK:
         rows = pid * R_O + tl.arange(0, RP_O)
         mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
         out = _matvec(w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD, BK_Q,
-                      RP_O, False, False, DTYPE, ROW_ACC)
+                      RP_O, False, False, DTYPE)
         if O_BIAS:
             out += tl.load(b_o_ptr + rows, mask=mask, other=0.0).to(tl.float32)
         tl.store(ao_ptr + rows, out.to(DTYPE), mask=mask)
     if PHASE < 0:
-        _grid_sync(bar_ptr, 3 * nprog, POLL_LOAD)
+        _grid_sync(bar_ptr, 3 * nprog)
 
     # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ----------------------------------
     if (PHASE < 0 or PHASE == 3) and WORK:
@@ -326,21 +275,21 @@ def _layer_kernel(
         rows = pair + (j % 2) * I
         mask = (pair < I) & (j // 2 < R_GU)
         out = _matvec(w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, rstd, D, BK_D,
-                      2 * RP_GU, True, True, DTYPE, ROW_ACC)
+                      2 * RP_GU, True, True, DTYPE)
         gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
         act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
         cols = pid * R_GU + tl.arange(0, RP_GU)
         tl.store(act_ptr + cols, (act * up).to(DTYPE),
                  mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
     if PHASE < 0:
-        _grid_sync(bar_ptr, 4 * nprog, POLL_LOAD)
+        _grid_sync(bar_ptr, 4 * nprog)
 
     # -- E: down_proj -------------------------------------------------------------------------
     if (PHASE < 0 or PHASE == 4) and WORK:
         rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
         mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
         out = _matvec(w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                      RP_DOWN, False, False, DTYPE, ROW_ACC)
+                      RP_DOWN, False, False, DTYPE)
         tl.store(y_ptr + rows, out.to(DTYPE), mask=mask)
     if PREFETCH_NEXT:  # the next layer's qkv rows of this program
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
@@ -444,12 +393,8 @@ def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w
         SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
         RED_CHUNK=red_chunk, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(dtype),
-        D_POW2=triton.next_power_of_2(d), Q_POW2=triton.next_power_of_2(hq * hd),
-        I_POW2=triton.next_power_of_2(inter),
-        PREFETCH_W=CONFIG["PREFETCH_W"] and not phased,
-        PREFETCH_NEXT=CONFIG["PREFETCH_NEXT"] and not phased,
-        PREFETCH_KV=CONFIG["PREFETCH_KV"] and not INTERPRET, POLL_LOAD=CONFIG["POLL_LOAD"],
-        KV_KEYS=BLOCK_N, WORK=CONFIG["WORK"], ROW_ACC=CONFIG["ROW_ACC"],
+        D_POW2=triton.next_power_of_2(d),
+        PREFETCH_NEXT=CONFIG["PREFETCH_NEXT"] and not phased, WORK=CONFIG["WORK"],
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     if phased:
         for phase in phases:

@@ -93,7 +93,7 @@ class DecoderLayer(nn.Module):
                             self_attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)))
         # Whether a batch-1 decode step may run the whole layer as one launch
         # (kernels/layer_kernel.py): dense weights, one rank, a power-of-two head_dim.
-        self.one_launch = (layer_kernel_enabled() and isinstance(self_attn, DecoderAttention)
+        self.one_launch = (layer_kernel_mode() != "0" and isinstance(self_attn, DecoderAttention)
                            and isinstance(mlp, GatedMLP) and mlp.gate_up_proj.bias is None
                            and mlp.down_proj.bias is None and self_attn.qkv_proj.tp_size == 1
                            and self_attn.head_dim & (self_attn.head_dim - 1) == 0
@@ -103,7 +103,8 @@ class DecoderLayer(nn.Module):
         self.next_qkv = ()  # (the next layer's qkv_proj,) when it runs one_launch too
 
     def forward(self, positions, x, residual):
-        if self.one_launch and x.shape[0] == 1 and (x.is_cuda or _INTERPRET):
+        if self.one_launch and x.shape[0] == 1 and (
+                x.is_cuda or (_INTERPRET and layer_kernel_mode() == "1")):
             out = self.forward_one_launch(positions, x, residual)
             if out is not None:
                 return out
@@ -174,14 +175,16 @@ def fused_prologues_enabled() -> bool:
 
 
 @functools.cache
-def layer_kernel_enabled() -> bool:
-    """NANOVLLM_LAYER_KERNEL=1 runs each dense layer of a batch-1 decode step as one launch
-    (kernels/layer_kernel.py)."""
-    value = os.environ.get("NANOVLLM_LAYER_KERNEL", "0")
-    if value not in ("0", "1"):
+def layer_kernel_mode() -> str:
+    """NANOVLLM_LAYER_KERNEL: each dense layer of a batch-1 decode step as one launch
+    (kernels/layer_kernel.py). Unset: on a GPU; "1": also under the Triton interpreter on a
+    CPU (tests); "0": off (a launch per op)."""
+    value = os.environ.get("NANOVLLM_LAYER_KERNEL", "")
+    if value not in ("", "0", "1"):
         raise ValueError(f"NANOVLLM_LAYER_KERNEL={value!r}: use 1 (a batch-1 decode layer in "
-                         "one launch) or 0 (a launch per op)")
-    return value == "1"
+                         "one launch, also in the interpreter), 0 (a launch per op) or leave "
+                         "it unset (one launch on a GPU)")
+    return value
 
 
 def fused_rows(x: torch.Tensor) -> bool:

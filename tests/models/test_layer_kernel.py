@@ -1,6 +1,7 @@
-"""NANOVLLM_LAYER_KERNEL=1: a batch-1 decode step runs each dense layer as one launch
-(kernels/layer_kernel.py). On the CPU the interpreter runs it a phase per launch; marked gpu,
-the persistent launch with its grid barriers runs on the device."""
+"""A batch-1 decode step runs each dense layer as one launch (kernels/layer_kernel.py; on by
+default on a GPU, NANOVLLM_LAYER_KERNEL=1 forces it on the CPU, 0 turns it off). On the CPU
+the interpreter runs it a phase per launch; marked gpu, the persistent launch with its grid
+barriers runs on the device."""
 import random
 
 import pytest
@@ -16,15 +17,15 @@ CPU = dict(device="cpu", num_kvcache_blocks=16, kvcache_block_size=16, max_model
 
 
 def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
-    """Teacher-forced logits of a 40-token context (8 prefilled, then batch-1 decode steps
-    over contexts that span several cache blocks and key splits)."""
+    """Teacher-forced logits of a 24-token context (8 prefilled, then batch-1 decode steps
+    over contexts that cross a cache block and span two key splits)."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1" if on else "0")
-    decoder.layer_kernel_enabled.cache_clear()
+    decoder.layer_kernel_mode.cache_clear()
     llm = LLM(path, **engine)
     try:
         layers = llm.clients[0].core.executor.runner.model.model.layers
         assert all(layer.one_launch == on for layer in layers)
-        ctx = [random.Random(1).randrange(400) for _ in range(40)]
+        ctx = [random.Random(1).randrange(400) for _ in range(24)]
         before = len(calls)
         out = context_logits(llm, ctx, 8)
         if on:  # every layer of every decode step went through the kernel
@@ -32,7 +33,7 @@ def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
         return out
     finally:
         llm.shutdown()
-        decoder.layer_kernel_enabled.cache_clear()
+        decoder.layer_kernel_mode.cache_clear()
 
 
 @pytest.fixture
@@ -70,22 +71,22 @@ def test_qwen2_and_llama_layers_in_one_launch(arch_models, monkeypatch, counted,
 def test_layers_it_cannot_run_keep_their_path(arch_models, monkeypatch):
     """An MLP with bias (Llama's mlp_bias) is not one the kernel computes."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1")
-    decoder.layer_kernel_enabled.cache_clear()
+    decoder.layer_kernel_mode.cache_clear()
     llm = LLM(arch_models["llama3_tied_bias"], **CPU)
     try:
         layers = llm.clients[0].core.executor.runner.model.model.layers
         assert not any(layer.one_launch for layer in layers)
     finally:
         llm.shutdown()
-        decoder.layer_kernel_enabled.cache_clear()
+        decoder.layer_kernel_mode.cache_clear()
 
 
 def test_bad_flag_is_a_value_error(monkeypatch):
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "on")
-    decoder.layer_kernel_enabled.cache_clear()
+    decoder.layer_kernel_mode.cache_clear()
     with pytest.raises(ValueError, match="NANOVLLM_LAYER_KERNEL='on'"):
-        decoder.layer_kernel_enabled()
-    decoder.layer_kernel_enabled.cache_clear()
+        decoder.layer_kernel_mode()
+    decoder.layer_kernel_mode.cache_clear()
 
 
 GPU = dict(kvcache_block_size=16, max_model_len=512, enforce_eager=True, dtype="bfloat16")
