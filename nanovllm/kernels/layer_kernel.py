@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision
+from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precision, e4m3_to_bf16
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.triton_decode import _num_sms, _split_counters
@@ -118,9 +118,10 @@ def _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexp
 @triton.jit
 def _matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
             BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-            HAS_R: tl.constexpr, DTYPE: tl.constexpr):
+            HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr):
     """W[rows] @ x over the whole K (fp32 [ROWS]); the K loop is unrolled so every weight
-    load of the program can be in flight at once."""
+    load of the program can be in flight at once. WIDEN: e4m3 weights widened to bf16 with
+    integer ops (_common.e4m3_to_bf16) before the fp32 products."""
     acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
     for k0 in tl.static_range(0, K, BLOCK_K):
@@ -128,6 +129,8 @@ def _matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.co
         x = _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
         w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
                     other=0.0, eviction_policy="evict_first")
+        if WIDEN:
+            w = e4m3_to_bf16(w)
         acc += w.to(tl.float32) * x[None, :]
     return tl.sum(acc, axis=1)
 
@@ -169,7 +172,7 @@ def _layer_kernel(
     x_ptr, res_ptr, h_ptr, res_out_ptr, y_ptr,
     qkv_ptr, po_ptr, lse_ptr, o_ptr, ao_ptr, act_ptr,
     w_in_ptr, w_qkv_ptr, b_qkv_ptr, qn_ptr, kn_ptr, w_o_ptr, b_o_ptr, w_post_ptr, w_gu_ptr,
-    w_down_ptr,
+    w_down_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_down_ptr,
     cos_sin_ptr, pos_ptr, slot_ptr, ctx_ptr, bt_ptr, k_cache_ptr, v_cache_ptr,
     stride_kblk, stride_kslot, bar_ptr, cnt_ptr, w_next_ptr, eps, qk_scale,
     D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, I: tl.constexpr,
@@ -180,14 +183,14 @@ def _layer_kernel(
     QK_NORM: tl.constexpr, SPLITS: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr,
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr, PHASE: tl.constexpr, PREFETCH_NEXT: tl.constexpr,
-    WORK: tl.constexpr, D_POW2: tl.constexpr,
+    WORK: tl.constexpr, D_POW2: tl.constexpr, W_SCALE: tl.constexpr, WIDEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     G: tl.constexpr = HQ // HKV
     NQKV: tl.constexpr = (HQ + 2 * HKV) * HD
-    EB: tl.constexpr = w_o_ptr.dtype.element_ty.primitive_bitwidth // 8
+    EB: tl.constexpr = w_qkv_ptr.dtype.element_ty.primitive_bitwidth // 8
     # The step's metadata, read once (the attention phase needs it after the first barrier).
     ctx = tl.load(ctx_ptr)
     pos = tl.load(pos_ptr).to(tl.int64)
@@ -205,7 +208,9 @@ def _layer_kernel(
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
         mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
         out = _matvec(w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, rstd, D, BK_D,
-                      RP_QKV, True, True, DTYPE)
+                      RP_QKV, True, True, DTYPE, WIDEN)
+        if W_SCALE:
+            out *= tl.load(s_qkv_ptr + rows, mask=mask, other=0.0)
         if QKV_BIAS:
             out += tl.load(b_qkv_ptr + rows, mask=mask, other=0.0).to(tl.float32)
         tl.store(qkv_ptr + rows, out.to(DTYPE), mask=mask)
@@ -254,7 +259,9 @@ def _layer_kernel(
         rows = pid * R_O + tl.arange(0, RP_O)
         mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
         out = _matvec(w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD, BK_Q,
-                      RP_O, False, False, DTYPE)
+                      RP_O, False, False, DTYPE, WIDEN)
+        if W_SCALE:
+            out *= tl.load(s_o_ptr + rows, mask=mask, other=0.0)
         if O_BIAS:
             out += tl.load(b_o_ptr + rows, mask=mask, other=0.0).to(tl.float32)
         tl.store(ao_ptr + rows, out.to(DTYPE), mask=mask)
@@ -275,7 +282,9 @@ def _layer_kernel(
         rows = pair + (j % 2) * I
         mask = (pair < I) & (j // 2 < R_GU)
         out = _matvec(w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, rstd, D, BK_D,
-                      2 * RP_GU, True, True, DTYPE)
+                      2 * RP_GU, True, True, DTYPE, WIDEN)
+        if W_SCALE:
+            out *= tl.load(s_gu_ptr + rows, mask=mask, other=0.0)
         gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
         act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
         cols = pid * R_GU + tl.arange(0, RP_GU)
@@ -289,7 +298,9 @@ def _layer_kernel(
         rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
         mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
         out = _matvec(w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                      RP_DOWN, False, False, DTYPE)
+                      RP_DOWN, False, False, DTYPE, WIDEN)
+        if W_SCALE:
+            out *= tl.load(s_down_ptr + rows, mask=mask, other=0.0)
         tl.store(y_ptr + rows, out.to(DTYPE), mask=mask)
     if PREFETCH_NEXT:  # the next layer's qkv rows of this program
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
@@ -325,6 +336,24 @@ def _zeros(device, n: int, dtype) -> torch.Tensor:
     return _ZEROS[key]
 
 
+# The most weights one program's matvec tile may hold (rows padded x K padded): the K loop is
+# unrolled, so past this compile time and registers blow up (the Qwen3-8B shape: 5 minutes of
+# compiling and 10 KB of spills a thread); such models keep the launch-per-op path.
+MAX_TILE = 1 << 17
+
+
+def fits(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
+         programs: int | None = None) -> bool:
+    """Whether a layer of these sizes stays within MAX_TILE weights a program."""
+    p = programs or (4 if INTERPRET else _num_sms(torch.device("cuda")))
+    pow2 = triton.next_power_of_2
+    qkv = _rows((num_heads + 2 * num_kv_heads) * head_dim, p)[1] * pow2(hidden)
+    o = _rows(hidden, p)[1] * pow2(num_heads * head_dim)
+    gate_up = 2 * _rows(intermediate, p)[1] * pow2(hidden)
+    down = _rows(hidden, p)[1] * pow2(intermediate)
+    return max(qkv, o, gate_up, down) <= MAX_TILE
+
+
 def _rows(n: int, programs: int) -> tuple[int, int]:
     """(rows per program, that rounded up to a power of two)."""
     r = triton.cdiv(n, programs)
@@ -338,13 +367,14 @@ def _block_k(rows_pad: int, k: int) -> int:
 
 def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w_post, w_gu,
                  w_down, eps, num_heads, num_kv_heads, head_dim, scale, cos_sin, positions,
-                 slot_mapping, context_lens, block_tables, k_cache, v_cache,
+                 slot_mapping, context_lens, block_tables, k_cache, v_cache, scales=None,
                  w_next=None, programs: int | None = None, phased: bool | None = None,
                  phases: tuple[int, ...] = tuple(range(NUM_PHASES))):
     """One decoder layer for one token: x, residual [1, D] (residual None in the first layer)
     -> (mlp output, new residual), as DecoderLayer.forward returns them, with this token's
     K/V stored in k_cache / v_cache [blocks, block_size, Hkv, D] at slot_mapping[0].
-    w_gu is the packed [2I, D] gate_up weight; cos_sin the RoPE table [max_pos, head_dim]
+    w_gu is the packed [2I, D] gate_up weight; fp8 e4m3 weights come with `scales`, fp32
+    row scales of (qkv, o, gate_up, down); cos_sin the RoPE table [max_pos, head_dim]
     (fp32, cos half then sin half); w_next the next layer's qkv weight (prefetched into L2)
     or None. phased: one launch per phase (default: interpreter), of `phases` only (timing
     one phase: tools/bench_layer_kernel.py)."""
@@ -381,6 +411,7 @@ def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w
         w_in, w_qkv, b_qkv if b_qkv is not None else w_qkv,
         q_norm if q_norm is not None else w_in, k_norm if k_norm is not None else w_in,
         w_o, b_o if b_o is not None else w_o, w_post, w_gu, w_down,
+        *(scales if scales is not None else (w_qkv,) * 4),
         cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache, v_cache,
         k_cache.stride(0), k_cache.stride(1), _barrier(device),
         _split_counters(device, hkv), w_next, eps, scale * LOG2E)
@@ -393,7 +424,8 @@ def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w
         SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
         RED_CHUNK=red_chunk, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(dtype),
-        D_POW2=triton.next_power_of_2(d),
+        D_POW2=triton.next_power_of_2(d), W_SCALE=scales is not None,
+        WIDEN=bits_to_bf16(w_qkv.dtype, dtype),
         PREFETCH_NEXT=CONFIG["PREFETCH_NEXT"] and not phased, WORK=CONFIG["WORK"],
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     if phased:

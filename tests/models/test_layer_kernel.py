@@ -59,6 +59,14 @@ def test_qwen3_layers_in_one_launch_match_op_by_op(toy_models, monkeypatch, coun
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
+def test_fp8_weights_in_one_launch(toy_models, monkeypatch, counted):
+    """Weights quantized to fp8 at load (row scales): the layer kernel scales each row's
+    sum, as the fp8 GEMM does."""
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        quantization="fp8", **CPU) for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["qwen2_untied_gqa7", "llama_untied_linear"])
 def test_qwen2_and_llama_layers_in_one_launch(arch_models, monkeypatch, counted, name):
     """Qwen2 (q/k/v bias, a hidden size and GQA group that are not powers of two) and Llama
@@ -93,9 +101,22 @@ GPU = dict(kvcache_block_size=16, max_model_len=512, enforce_eager=True, dtype="
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["untied_gqa4_d64", "tied_gqa4_d16_l4"])
-def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name):
-    """On the device, one persistent launch with grid barriers, bf16."""
-    runs = {on: _logits(toy_models[name], on, monkeypatch, counted, **GPU)
-            for on in (False, True)}
+@pytest.mark.parametrize("name,quantization", [("untied_gqa4_d64", None),
+                                               ("tied_gqa4_d16_l4", None),
+                                               ("untied_gqa4_d64", "fp8")])
+def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name, quantization):
+    """On the device, one persistent launch with grid barriers, bf16 (fp8 weights widened
+    with integer ops)."""
+    runs = {on: _logits(toy_models[name], on, monkeypatch, counted, quantization=quantization,
+                        **GPU) for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
+
+
+def test_large_layers_keep_the_launch_per_op_path():
+    """Per-program tiles past MAX_TILE (the K loop is unrolled) are refused: Qwen3-8B and
+    Llama-3.2-1B shapes on an H100's 132 SMs, while Qwen3-0.6B, SmolLM2-135M and
+    Qwen2.5-0.5B fit."""
+    assert not layer_kernel.fits(4096, 32, 8, 128, 12288, programs=132)
+    assert not layer_kernel.fits(2048, 32, 8, 64, 8192, programs=132)
+    for shape in ((1024, 16, 8, 128, 3072), (576, 9, 3, 64, 1536), (896, 14, 2, 64, 4864)):
+        assert layer_kernel.fits(*shape, programs=132)
