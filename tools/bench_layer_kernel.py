@@ -90,6 +90,8 @@ VARIANTS = [
     ("8 warps", dict(num_warps=8)),
     ("chunk 8192", dict(CHUNK=8192)),
     ("splits 8", dict(SPLITS=8)),
+    ("2 programs per SM", dict(PER_SM=2)),
+    ("2 per SM, 2 warps", dict(PER_SM=2, num_warps=2)),
 ]
 
 

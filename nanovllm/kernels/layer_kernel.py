@@ -39,7 +39,8 @@ BLOCK_N = 16 if INTERPRET else 64
 # Tunables (module level so tools/bench_layer_kernel.py can sweep them). PREFETCH_NEXT: at
 # the end each program asks L2 for its rows of the next layer's qkv weight, which the next
 # launch reads first. CHUNK: weights per K chunk of a matvec. SPLITS: most key splits of a kv
-# head (at most programs / kv heads). WORK=False: the barriers alone (timing only).
+# head (at most programs / kv heads). PER_SM: programs per SM (2: not yet measured; half the
+# rows each, twice the loads in flight). WORK=False: the barriers alone (timing only).
 # H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer: 33.9 with
 # 8192-weight chunks -> 32.2 with 16384 (4096: 39.8; 32768 no better); 30.6 -> 30.3 with
 # PREFETCH_NEXT. Tried and dropped (docs/PERF_NOTES.md): the later phases' weights
@@ -47,7 +48,7 @@ BLOCK_N = 16 if INTERPRET else 64
 # the cached K/V of each split prefetched (no gain), barriers polling with atomics (the
 # barriers alone 8.8 vs 8.3 with acquire loads), each K chunk summed to [rows] at once
 # (32.1), 8 warps (31.1).
-CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, WORK=True)
+CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, PER_SM=1, WORK=True)
 
 
 @triton.jit
@@ -342,10 +343,16 @@ def _zeros(device, n: int, dtype) -> torch.Tensor:
 MAX_TILE = 1 << 17
 
 
+def _programs(device) -> int:
+    """The grid: PER_SM programs on each SM (all must be resident at once for the barriers:
+    each program's registers and shared memory must leave room for PER_SM of them)."""
+    return 4 if INTERPRET else CONFIG["PER_SM"] * _num_sms(device)
+
+
 def fits(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
          programs: int | None = None) -> bool:
     """Whether a layer of these sizes stays within MAX_TILE weights a program."""
-    p = programs or (4 if INTERPRET else _num_sms(torch.device("cuda")))
+    p = programs or _programs(torch.device("cuda"))
     pow2 = triton.next_power_of_2
     qkv = _rows((num_heads + 2 * num_kv_heads) * head_dim, p)[1] * pow2(hidden)
     o = _rows(hidden, p)[1] * pow2(num_heads * head_dim)
@@ -385,7 +392,7 @@ def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w
     assert hd & (hd - 1) == 0 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
     assert k_cache.stride(2) == hd and k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
     if programs is None:
-        programs = 4 if INTERPRET else _num_sms(device)
+        programs = _programs(device)
     if phased is None:
         phased = INTERPRET
     splits = max(1, min(CONFIG["SPLITS"], programs // hkv))
