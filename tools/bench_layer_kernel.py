@@ -92,6 +92,9 @@ VARIANTS = [
     ("splits 8", dict(SPLITS=8)),
     ("2 programs per SM", dict(PER_SM=2)),
     ("2 per SM, 2 warps", dict(PER_SM=2, num_warps=2)),
+    ("dot, 3 stages", dict(MATVEC="dot", num_stages=3)),
+    ("dot, 4 stages", dict(MATVEC="dot", num_stages=4)),
+    ("dot, 3 stages, 8 warps", dict(MATVEC="dot", num_stages=3, num_warps=8)),
 ]
 
 
@@ -100,6 +103,8 @@ def main():
     ap.add_argument("--shapes", default="qwen3-0.6b,smollm2-135m")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--phases", action="store_true", help="also time each phase alone")
+    ap.add_argument("--only", default="", help="time only the variants whose label has this "
+                    "text (e.g. dot: the Qwen3-8B shape takes minutes to compile unrolled)")
     args = ap.parse_args()
     for shape in args.shapes.split(","):
         layers, step, x = build(shape, args.context)
@@ -110,6 +115,8 @@ def main():
               f"CONFIG {lk.CONFIG}")
         base = dict(lk.CONFIG)
         for label, change in VARIANTS:
+            if args.only not in label:
+                continue
             lk.CONFIG.update(base, **change)
             us = time_graph(lambda: forward(layers, step, x))
             print(f"  {label:26s} {us / n:6.2f} us a layer")

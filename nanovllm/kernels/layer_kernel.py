@@ -40,7 +40,9 @@ BLOCK_N = 16 if INTERPRET else 64
 # the end each program asks L2 for its rows of the next layer's qkv weight, which the next
 # launch reads first. CHUNK: weights per K chunk of a matvec. SPLITS: most key splits of a kv
 # head (at most programs / kv heads). PER_SM: programs per SM (2: not yet measured; half the
-# rows each, twice the loads in flight). WORK=False: the barriers alone (timing only).
+# rows each, twice the loads in flight). MATVEC: "fma" (unrolled K, fp32 products) or "dot"
+# (tensor-core dots over a pipelined K loop, with num_stages > 1; not yet measured).
+# WORK=False: the barriers alone (timing only).
 # H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer: 33.9 with
 # 8192-weight chunks -> 32.2 with 16384 (4096: 39.8; 32768 no better); 30.6 -> 30.3 with
 # PREFETCH_NEXT. Tried and dropped (docs/PERF_NOTES.md): the later phases' weights
@@ -48,7 +50,8 @@ BLOCK_N = 16 if INTERPRET else 64
 # the cached K/V of each split prefetched (no gain), barriers polling with atomics (the
 # barriers alone 8.8 vs 8.3 with acquire loads), each K chunk summed to [rows] at once
 # (32.1), 8 warps (31.1).
-CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, PER_SM=1, WORK=True)
+CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, PER_SM=1,
+              MATVEC="fma", num_stages=1, WORK=True)
 
 
 @triton.jit
@@ -119,10 +122,16 @@ def _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexp
 @triton.jit
 def _matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
             BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-            HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr):
+            HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr, DOT: tl.constexpr,
+            DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
     """W[rows] @ x over the whole K (fp32 [ROWS]); the K loop is unrolled so every weight
     load of the program can be in flight at once. WIDEN: e4m3 weights widened to bf16 with
-    integer ops (_common.e4m3_to_bf16) before the fp32 products."""
+    integer ops (_common.e4m3_to_bf16) before the fp32 products. DOT: tensor-core dots with
+    x in row 0 of a 16-row tile, over a K loop that is not unrolled (the compiler pipelines
+    the weight tiles through shared memory instead; ROWS >= 16)."""
+    if DOT:
+        return _matvec_dot(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K,
+                           BLOCK_K, ROWS, NORM, HAS_R, DTYPE, WIDEN, DOT_PREC, DOT_F32)
     acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
     for k0 in tl.static_range(0, K, BLOCK_K):
@@ -134,6 +143,32 @@ def _matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.co
             w = e4m3_to_bf16(w)
         acc += w.to(tl.float32) * x[None, :]
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _matvec_dot(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
+                BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
+                HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr,
+                DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
+    """_matvec with DOT (see there); DOT_F32: fp32 dots (the interpreter's bf16 dot is
+    wrong, skinny_gemm.py)."""
+    m = tl.arange(0, 16)[:, None]
+    acc = tl.zeros([16, ROWS], tl.float32)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
+        x16 = tl.where(m == 0, x[None, :], 0.0)
+        w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        if WIDEN:
+            w = e4m3_to_bf16(w)
+        if DOT_F32:
+            acc += tl.dot(x16, tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            w = w.to(DTYPE)  # (fp8 -> the model dtype is exact)
+            acc += tl.dot(x16.to(DTYPE), tl.trans(w), input_precision=DOT_PREC)
+    return tl.sum(tl.where(m == 0, acc, 0.0), axis=0)
 
 
 @triton.jit
@@ -185,6 +220,7 @@ def _layer_kernel(
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr, PHASE: tl.constexpr, PREFETCH_NEXT: tl.constexpr,
     WORK: tl.constexpr, D_POW2: tl.constexpr, W_SCALE: tl.constexpr, WIDEN: tl.constexpr,
+    MV_DOT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -209,7 +245,8 @@ def _layer_kernel(
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
         mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
         out = _matvec(w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, rstd, D, BK_D,
-                      RP_QKV, True, True, DTYPE, WIDEN)
+                      RP_QKV, True, True, DTYPE, WIDEN,
+                      MV_DOT, DOT_PREC, DOT_F32)
         if W_SCALE:
             out *= tl.load(s_qkv_ptr + rows, mask=mask, other=0.0)
         if QKV_BIAS:
@@ -260,7 +297,8 @@ def _layer_kernel(
         rows = pid * R_O + tl.arange(0, RP_O)
         mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
         out = _matvec(w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD, BK_Q,
-                      RP_O, False, False, DTYPE, WIDEN)
+                      RP_O, False, False, DTYPE, WIDEN,
+                      MV_DOT, DOT_PREC, DOT_F32)
         if W_SCALE:
             out *= tl.load(s_o_ptr + rows, mask=mask, other=0.0)
         if O_BIAS:
@@ -283,7 +321,8 @@ def _layer_kernel(
         rows = pair + (j % 2) * I
         mask = (pair < I) & (j // 2 < R_GU)
         out = _matvec(w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, rstd, D, BK_D,
-                      2 * RP_GU, True, True, DTYPE, WIDEN)
+                      2 * RP_GU, True, True, DTYPE, WIDEN,
+                      MV_DOT, DOT_PREC, DOT_F32)
         if W_SCALE:
             out *= tl.load(s_gu_ptr + rows, mask=mask, other=0.0)
         gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
@@ -299,7 +338,8 @@ def _layer_kernel(
         rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
         mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
         out = _matvec(w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                      RP_DOWN, False, False, DTYPE, WIDEN)
+                      RP_DOWN, False, False, DTYPE, WIDEN,
+                      MV_DOT, DOT_PREC, DOT_F32)
         if W_SCALE:
             out *= tl.load(s_down_ptr + rows, mask=mask, other=0.0)
         tl.store(y_ptr + rows, out.to(DTYPE), mask=mask)
@@ -351,7 +391,10 @@ def _programs(device) -> int:
 
 def fits(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
          programs: int | None = None) -> bool:
-    """Whether a layer of these sizes stays within MAX_TILE weights a program."""
+    """Whether a layer of these sizes stays within MAX_TILE weights a program (the unrolled
+    "fma" matvec's limit; the "dot" one loops over K and takes any size)."""
+    if CONFIG["MATVEC"] == "dot":
+        return True
     p = programs or _programs(torch.device("cuda"))
     pow2 = triton.next_power_of_2
     qkv = _rows((num_heads + 2 * num_kv_heads) * head_dim, p)[1] * pow2(hidden)
@@ -362,9 +405,9 @@ def fits(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermed
 
 
 def _rows(n: int, programs: int) -> tuple[int, int]:
-    """(rows per program, that rounded up to a power of two)."""
+    """(rows per program, that rounded up to a power of two; at least 16 for the dots)."""
     r = triton.cdiv(n, programs)
-    return r, triton.next_power_of_2(r)
+    return r, max(triton.next_power_of_2(r), 16 if CONFIG["MATVEC"] == "dot" else 1)
 
 
 def _block_k(rows_pad: int, k: int) -> int:
@@ -432,7 +475,8 @@ def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w
         RED_CHUNK=red_chunk, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(dtype),
         D_POW2=triton.next_power_of_2(d), W_SCALE=scales is not None,
-        WIDEN=bits_to_bf16(w_qkv.dtype, dtype),
+        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), MV_DOT=CONFIG["MATVEC"] == "dot",
+        DOT_F32=INTERPRET, num_stages=CONFIG["num_stages"],
         PREFETCH_NEXT=CONFIG["PREFETCH_NEXT"] and not phased, WORK=CONFIG["WORK"],
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     if phased:

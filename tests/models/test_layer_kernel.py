@@ -59,6 +59,14 @@ def test_qwen3_layers_in_one_launch_match_op_by_op(toy_models, monkeypatch, coun
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
+def test_dot_matvecs_match_op_by_op(toy_models, monkeypatch, counted):
+    """MATVEC="dot" (tensor-core dots over a K loop): the same logits."""
+    monkeypatch.setitem(layer_kernel.CONFIG, "MATVEC", "dot")
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted, **CPU)
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
+
+
 def test_fp8_weights_in_one_launch(toy_models, monkeypatch, counted):
     """Weights quantized to fp8 at load (row scales): the layer kernel scales each row's
     sum, as the fp8 GEMM does."""
