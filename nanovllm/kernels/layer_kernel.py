@@ -27,9 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precision, e4m3_to_bf16
+from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precision
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
+from nanovllm.kernels.gemm_prologue import rstd
+from nanovllm.kernels.layer_parts import (grid_sync, h_chunk, matvec, prefetch_weight_rows,
+                                          rope_rows, row_sumsq)
 from nanovllm.kernels.triton_decode import _num_sms, _split_counters
 
 ALL_PHASES = -1
@@ -55,152 +58,14 @@ CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, PER_SM=1,
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, rows, row_mask, K: tl.constexpr, K_POW2: tl.constexpr,
-                   ELEM_BYTES: tl.constexpr):
-    """Ask L2 for W[rows, :K] (128-byte lines; K_POW2 >= K a power of two), not waiting."""
-    LINE: tl.constexpr = 128 // ELEM_BYTES
-    LINES: tl.constexpr = (K + LINE - 1) // LINE
-    cols = tl.minimum(tl.arange(0, K_POW2 // LINE), LINES - 1) * LINE
-    rows = tl.where(row_mask, rows, 0)
-    addr = (w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :]).to(tl.int64)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _grid_sync(bar_ptr, target):
-    """Wait until every program has arrived here (the counter reaches target): each CTA's
-    stores are issued before its thread 0 counts in (release), and read after it sees the
-    total (acquire loads, which leave the counter's line to the arrivals)."""
-    tl.debug_barrier()
-    seen = tl.atomic_add(bar_ptr, 1, sem="acq_rel") + 1
-    addr = (bar_ptr + tl.zeros([1], tl.int32)).to(tl.int64)
-    while seen < target:
-        seen = tl.max(tl.inline_asm_elementwise(
-            "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
-            is_pure=False, pack=1), axis=0)
-    tl.debug_barrier()
-
-
-@triton.jit
-def _row_sumsq(x_ptr, r_ptr, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_R: tl.constexpr,
-               DTYPE: tl.constexpr):
-    """sum of h^2 over the row h = x (+ r, rounded to DTYPE)."""
-    acc = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        h = _h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE)
-        acc += h * h
-    return tl.sum(acc, axis=0)
-
-
-@triton.jit
-def _h_chunk(x_ptr, r_ptr, offs, K: tl.constexpr, HAS_R: tl.constexpr, DTYPE: tl.constexpr):
-    """h = x (+ r) at offs, rounded to DTYPE as the unfused residual add does (fp32)."""
-    mask = offs < K
-    h = tl.load(x_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    if HAS_R:
-        r = tl.load(r_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        h = (h + r).to(DTYPE).to(tl.float32)
-    return h
-
-
-@triton.jit
-def _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexpr,
-             HAS_R: tl.constexpr, DTYPE: tl.constexpr):
-    """A chunk of the matmul's input: x itself, or RMSNorm(x (+ r)) rounded as layernorm.py
-    rounds ((h * rstd) to DTYPE, then its product with the weight)."""
-    if NORM:
-        h = _h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE)
-        g = tl.load(g_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
-        x = ((h * rstd).to(DTYPE).to(tl.float32) * g).to(DTYPE).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + offs, mask=offs < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-    return x
-
-
-@triton.jit
-def _matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
-            BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-            HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr, DOT: tl.constexpr,
-            DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
-    """W[rows] @ x over the whole K (fp32 [ROWS]); the K loop is unrolled so every weight
-    load of the program can be in flight at once. WIDEN: e4m3 weights widened to bf16 with
-    integer ops (_common.e4m3_to_bf16) before the fp32 products. DOT: tensor-core dots with
-    x in row 0 of a 16-row tile, over a K loop that is not unrolled (the compiler pipelines
-    the weight tiles through shared memory instead; ROWS >= 16)."""
-    if DOT:
-        return _matvec_dot(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K,
-                           BLOCK_K, ROWS, NORM, HAS_R, DTYPE, WIDEN, DOT_PREC, DOT_F32)
-    acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
-        w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
-                    other=0.0, eviction_policy="evict_first")
-        if WIDEN:
-            w = e4m3_to_bf16(w)
-        acc += w.to(tl.float32) * x[None, :]
-    return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def _matvec_dot(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
-                BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-                HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr,
-                DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
-    """_matvec with DOT (see there); DOT_F32: fp32 dots (the interpreter's bf16 dot is
-    wrong, skinny_gemm.py)."""
-    m = tl.arange(0, 16)[:, None]
-    acc = tl.zeros([16, ROWS], tl.float32)
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = _x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
-        x16 = tl.where(m == 0, x[None, :], 0.0)
-        w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
-                    other=0.0, eviction_policy="evict_first")
-        if WIDEN:
-            w = e4m3_to_bf16(w)
-        if DOT_F32:
-            acc += tl.dot(x16, tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            w = w.to(DTYPE)  # (fp8 -> the model dtype is exact)
-            acc += tl.dot(x16.to(DTYPE), tl.trans(w), input_precision=DOT_PREC)
-    return tl.sum(tl.where(m == 0, acc, 0.0), axis=0)
-
-
-@triton.jit
-def _rstd(sumsq, K: tl.constexpr, eps):
-    return 1.0 / tl.sqrt(sumsq / K + eps)
-
-
-@triton.jit
-def _rope_rows(src_ptr, heads, head_mask, pos, cos_sin_ptr, w_ptr, eps, HD: tl.constexpr,
-               HAS_NORM: tl.constexpr, DTYPE: tl.constexpr):
-    """Rows [R, HD] of heads at src_ptr (head h at h * HD): per-head RMSNorm (optional) and
-    RoPE in the rotate-half layout, rounded to DTYPE where triton_rope rounds; fp32."""
-    HALF: tl.constexpr = HD // 2
-    offs = tl.arange(0, HD)
-    partner = (offs + HALF) % HD
-    mask = head_mask[:, None]
-    x = tl.load(src_ptr + heads[:, None] * HD + offs[None, :], mask=mask, other=0.0,
-                cache_modifier=".cg").to(tl.float32)
-    y = tl.load(src_ptr + heads[:, None] * HD + partner[None, :], mask=mask, other=0.0,
-                cache_modifier=".cg").to(tl.float32)
-    if HAS_NORM:
-        r = (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HD + eps))[:, None]
-        wx = tl.load(w_ptr + offs).to(tl.float32)[None, :]
-        wy = tl.load(w_ptr + partner).to(tl.float32)[None, :]
-        x = ((x * r).to(DTYPE).to(tl.float32) * wx).to(DTYPE).to(tl.float32)
-        y = ((y * r).to(DTYPE).to(tl.float32) * wy).to(DTYPE).to(tl.float32)
-    cs = cos_sin_ptr + pos * HD
-    cos = tl.load(cs + offs % HALF)[None, :]
-    sin = tl.load(cs + HALF + offs % HALF)[None, :]
-    # rotate_half: the first half takes -partner, the second +partner.
-    sign = tl.where(offs < HALF, -1.0, 1.0)[None, :]
-    return x * cos + sign * y * sin
+def _epilogue(out, rows, mask, s_ptr, b_ptr, y_ptr, W_SCALE: tl.constexpr,
+              HAS_BIAS: tl.constexpr):
+    """y[rows] = out (times fp8 row scales) (+ bias), rounded once to y's dtype."""
+    if W_SCALE:
+        out *= tl.load(s_ptr + rows, mask=mask, other=0.0)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -236,24 +101,20 @@ def _layer_kernel(
 
     # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T ------------------------------------
     if (PHASE < 0 or PHASE == 0) and WORK:
-        rstd = _rstd(_row_sumsq(x_ptr, res_ptr, D, BK_D, True, DTYPE), D, eps)
+        inv = rstd(row_sumsq(x_ptr, res_ptr, D, BK_D, True, DTYPE), D, eps)
         if pid == 0:  # h, the residual the attention output is added to
             for k0 in tl.static_range(0, D, BK_D):
                 offs = k0 + tl.arange(0, BK_D)
-                tl.store(h_ptr + offs, _h_chunk(x_ptr, res_ptr, offs, D, True, DTYPE),
+                tl.store(h_ptr + offs, h_chunk(x_ptr, res_ptr, offs, D, True, DTYPE),
                          mask=offs < D)
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
         mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
-        out = _matvec(w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, rstd, D, BK_D,
+        out = matvec(w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, inv, D, BK_D,
                       RP_QKV, True, True, DTYPE, WIDEN,
                       MV_DOT, DOT_PREC, DOT_F32)
-        if W_SCALE:
-            out *= tl.load(s_qkv_ptr + rows, mask=mask, other=0.0)
-        if QKV_BIAS:
-            out += tl.load(b_qkv_ptr + rows, mask=mask, other=0.0).to(tl.float32)
-        tl.store(qkv_ptr + rows, out.to(DTYPE), mask=mask)
+        _epilogue(out, rows, mask, s_qkv_ptr, b_qkv_ptr, qkv_ptr, W_SCALE, QKV_BIAS)
     if PHASE < 0:
-        _grid_sync(bar_ptr, nprog)
+        grid_sync(bar_ptr, nprog)
 
     # -- B: norms, RoPE, K/V store, attention over one key split, combine ------------------
     if (PHASE < 0 or PHASE == 1) and WORK:
@@ -266,7 +127,7 @@ def _layer_kernel(
                 offs_d = tl.arange(0, HD)
                 if s == n_valid - 1:  # the split that holds the new key stores it first
                     kv_head = tl.full([1], 0, tl.int32) + kvh
-                    k = _rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos,
+                    k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos,
                                    cos_sin_ptr, kn_ptr, eps, HD, QK_NORM, DTYPE)
                     v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs_d,
                                 cache_modifier=".cg")
@@ -277,7 +138,7 @@ def _layer_kernel(
                     tl.debug_barrier()
                 heads = kvh * G + tl.arange(0, G_PAD)
                 g_mask = tl.arange(0, G_PAD) < G
-                q = _rope_rows(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, qn_ptr, eps, HD,
+                q = rope_rows(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, qn_ptr, eps, HD,
                                QK_NORM, DTYPE).to(DTYPE)
                 acc, m_i, l_i = attend_tiles(
                     q, k_cache_ptr, v_cache_ptr, k_cache_ptr, k_cache_ptr, bt_ptr, kvh * HD,
@@ -290,37 +151,33 @@ def _layer_kernel(
                 split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
                            SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK, HD)
     if PHASE < 0:
-        _grid_sync(bar_ptr, 2 * nprog)
+        grid_sync(bar_ptr, 2 * nprog)
 
     # -- C: o_proj ----------------------------------------------------------------------------
     if (PHASE < 0 or PHASE == 2) and WORK:
         rows = pid * R_O + tl.arange(0, RP_O)
         mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
-        out = _matvec(w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD, BK_Q,
+        out = matvec(w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD, BK_Q,
                       RP_O, False, False, DTYPE, WIDEN,
                       MV_DOT, DOT_PREC, DOT_F32)
-        if W_SCALE:
-            out *= tl.load(s_o_ptr + rows, mask=mask, other=0.0)
-        if O_BIAS:
-            out += tl.load(b_o_ptr + rows, mask=mask, other=0.0).to(tl.float32)
-        tl.store(ao_ptr + rows, out.to(DTYPE), mask=mask)
+        _epilogue(out, rows, mask, s_o_ptr, b_o_ptr, ao_ptr, W_SCALE, O_BIAS)
     if PHASE < 0:
-        _grid_sync(bar_ptr, 3 * nprog)
+        grid_sync(bar_ptr, 3 * nprog)
 
     # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ----------------------------------
     if (PHASE < 0 or PHASE == 3) and WORK:
-        rstd = _rstd(_row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
+        inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
         if pid == 0:  # h2: the next layer's residual
             for k0 in tl.static_range(0, D, BK_D):
                 offs = k0 + tl.arange(0, BK_D)
-                tl.store(res_out_ptr + offs, _h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
+                tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
                          mask=offs < D)
         # Rows interleaved gate, up, gate, up...: one matvec, split apart afterwards.
         j = tl.arange(0, 2 * RP_GU)
         pair = pid * R_GU + j // 2
         rows = pair + (j % 2) * I
         mask = (pair < I) & (j // 2 < R_GU)
-        out = _matvec(w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, rstd, D, BK_D,
+        out = matvec(w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, inv, D, BK_D,
                       2 * RP_GU, True, True, DTYPE, WIDEN,
                       MV_DOT, DOT_PREC, DOT_F32)
         if W_SCALE:
@@ -331,21 +188,19 @@ def _layer_kernel(
         tl.store(act_ptr + cols, (act * up).to(DTYPE),
                  mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
     if PHASE < 0:
-        _grid_sync(bar_ptr, 4 * nprog)
+        grid_sync(bar_ptr, 4 * nprog)
 
     # -- E: down_proj -------------------------------------------------------------------------
     if (PHASE < 0 or PHASE == 4) and WORK:
         rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
         mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
-        out = _matvec(w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
+        out = matvec(w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
                       RP_DOWN, False, False, DTYPE, WIDEN,
                       MV_DOT, DOT_PREC, DOT_F32)
-        if W_SCALE:
-            out *= tl.load(s_down_ptr + rows, mask=mask, other=0.0)
-        tl.store(y_ptr + rows, out.to(DTYPE), mask=mask)
+        _epilogue(out, rows, mask, s_down_ptr, s_down_ptr, y_ptr, W_SCALE, False)
     if PREFETCH_NEXT:  # the next layer's qkv rows of this program
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
-        _prefetch_rows(w_next_ptr, rows, (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV), D,
+        prefetch_weight_rows(w_next_ptr, rows, (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV), D,
                        D_POW2, EB)
     if PHASE < 0:
         # The last program out resets the counter for the next launch (no one polls then).

@@ -13,11 +13,8 @@ from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanovllm.layers.rotary_embedding import get_rope
+from nanovllm.models import one_launch
 from nanovllm.models.quantization import linear_method
-from nanovllm.utils.context import get_context
-
-# Under TRITON_INTERPRET=1 (tests without a GPU) the one-launch layer runs on CPU tensors too.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 class DecoderAttention(nn.Module):
@@ -92,19 +89,15 @@ class DecoderLayer(nn.Module):
                         and all(p.gemm_operands() is not None for p in (
                             self_attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)))
         # Whether a batch-1 decode step may run the whole layer as one launch
-        # (kernels/layer_kernel.py): one rank, a power-of-two head_dim, no MLP bias, and
-        # weights all plain or all fp8 with row scales.
-        self.one_launch = (layer_kernel_wanted() and isinstance(self_attn, DecoderAttention)
-                           and isinstance(mlp, GatedMLP) and mlp.gate_up_proj.bias is None
-                           and mlp.down_proj.bias is None and self_attn.qkv_proj.tp_size == 1
-                           and self_attn.head_dim & (self_attn.head_dim - 1) == 0
-                           and self._operands() is not None and self._fits(cfg))
+        # (kernels/layer_kernel.py; models/one_launch.py says which layers can).
+        self.one_launch = (isinstance(self_attn, DecoderAttention)
+                           and isinstance(mlp, GatedMLP)
+                           and one_launch.eligible(self, cfg.hidden_size))
         self.next_qkv = ()  # (the next layer's qkv_proj,) when it runs one_launch too
 
     def forward(self, positions, x, residual):
-        if self.one_launch and x.shape[0] == 1 and (
-                x.is_cuda or (_INTERPRET and layer_kernel_mode() == "1")):
-            out = self.forward_one_launch(positions, x, residual)
+        if self.one_launch and x.shape[0] == 1:
+            out = one_launch.forward(self, positions, x, residual)
             if out is not None:
                 return out
         if self.fusable and fused_rows(x):
@@ -128,51 +121,6 @@ class DecoderLayer(nn.Module):
                                          residual)
         return mlp.down_proj(gate_up, act="silu_mul"), residual
 
-    def _fits(self, cfg: ModelConfig) -> bool:
-        """Whether the layer kernel's per-program tiles hold this model's layers."""
-        from nanovllm.kernels.layer_kernel import fits
-
-        attn = self.self_attn
-        return fits(cfg.hidden_size, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                    self.mlp.gate_up_proj.output_sizes[0])
-
-    def _operands(self):
-        """(weights, row scales or None) of qkv, o, gate_up and down for the layer kernel, or
-        None where it cannot read them (block scales, a mix of weight kinds)."""
-        attn, mlp = self.self_attn, self.mlp
-        ops = [p.gemm_operands() for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
-                                           mlp.down_proj)]
-        if any(op is None or op[2] is not None for op in ops):
-            return None
-        if len({op[0].dtype for op in ops}) != 1 or len({op[1] is None for op in ops}) != 1:
-            return None
-        weights = [op[0] for op in ops]
-        return weights, None if ops[0][1] is None else [op[1] for op in ops]
-
-    def forward_one_launch(self, positions, x, residual):
-        """forward as one kernel launch for a decode step of one row, or None where that
-        step is not one (a prefill, a cache that is not in the model's dtype, no cache yet)."""
-        from nanovllm.kernels.layer_kernel import decode_layer
-
-        ctx = get_context()
-        attn = self.self_attn
-        core = attn.attn
-        if (ctx.is_prefill or core.k_cache.numel() == 0 or core.k_cache.dtype != x.dtype
-                or core.backend.mix_kv):
-            return None
-        (w_qkv, w_o, w_gu, w_down), scales = self._operands()
-        return decode_layer(
-            x, residual, w_in=self.input_layernorm.weight, w_qkv=w_qkv,
-            b_qkv=attn.qkv_proj.bias, q_norm=None if attn.q_norm is None else attn.q_norm.weight,
-            k_norm=None if attn.k_norm is None else attn.k_norm.weight, w_o=w_o,
-            b_o=attn.o_proj.bias, w_post=self.post_attention_layernorm.weight, w_gu=w_gu,
-            w_down=w_down, scales=scales, eps=self.input_layernorm.eps, num_heads=attn.num_heads,
-            num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scale=core.scale,
-            cos_sin=attn.rotary_emb.cos_sin_cache.view(-1, attn.head_dim),
-            positions=positions, slot_mapping=ctx.slot_mapping, context_lens=ctx.context_lens,
-            block_tables=ctx.block_tables, k_cache=core.k_cache, v_cache=core.v_cache,
-            w_next=self.next_qkv[0].gemm_operands()[0] if self.next_qkv else None)
-
     @staticmethod
     def _normed(proj, norm: RMSNorm, x, residual):
         """(proj(norm(x + residual)), x + residual); the first layer has no residual yet."""
@@ -192,26 +140,6 @@ def fused_prologues_enabled() -> bool:
         raise ValueError(f"NANOVLLM_FUSED_PROLOGUES={value!r}: use 1 (norms and SiLU-and-mul "
                          "inside the decode matmuls) or 0 (separate kernels)")
     return value == "1"
-
-
-@functools.cache
-def layer_kernel_mode() -> str:
-    """NANOVLLM_LAYER_KERNEL: each dense layer of a batch-1 decode step as one launch
-    (kernels/layer_kernel.py). Unset: on a GPU; "1": also under the Triton interpreter on a
-    CPU (tests); "0": off (a launch per op)."""
-    value = os.environ.get("NANOVLLM_LAYER_KERNEL", "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"NANOVLLM_LAYER_KERNEL={value!r}: use 1 (a batch-1 decode layer in "
-                         "one launch, also in the interpreter), 0 (a launch per op) or leave "
-                         "it unset (one launch on a GPU)")
-    return value
-
-
-def layer_kernel_wanted() -> bool:
-    """Whether layers are built for the layer kernel: forced, or on by default with a GPU
-    (a CPU-only install may have no Triton to import)."""
-    mode = layer_kernel_mode()
-    return mode == "1" or (mode == "" and torch.cuda.is_available())
 
 
 def fused_rows(x: torch.Tensor) -> bool:

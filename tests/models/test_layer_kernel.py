@@ -9,7 +9,7 @@ import torch
 
 from nanovllm import LLM
 from nanovllm.kernels import layer_kernel
-from nanovllm.models import decoder
+from nanovllm.models import one_launch
 from tools.fp8_accuracy import context_logits
 
 CPU = dict(device="cpu", num_kvcache_blocks=16, kvcache_block_size=16, max_model_len=512,
@@ -20,7 +20,7 @@ def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
     """Teacher-forced logits of a 24-token context (8 prefilled, then batch-1 decode steps
     over contexts that cross a cache block and span two key splits)."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1" if on else "0")
-    decoder.layer_kernel_mode.cache_clear()
+    one_launch.layer_kernel_mode.cache_clear()
     llm = LLM(path, **engine)
     try:
         layers = llm.clients[0].core.executor.runner.model.model.layers
@@ -33,7 +33,7 @@ def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
         return out
     finally:
         llm.shutdown()
-        decoder.layer_kernel_mode.cache_clear()
+        one_launch.layer_kernel_mode.cache_clear()
 
 
 @pytest.fixture
@@ -87,22 +87,22 @@ def test_qwen2_and_llama_layers_in_one_launch(arch_models, monkeypatch, counted,
 def test_layers_it_cannot_run_keep_their_path(arch_models, monkeypatch):
     """An MLP with bias (Llama's mlp_bias) is not one the kernel computes."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1")
-    decoder.layer_kernel_mode.cache_clear()
+    one_launch.layer_kernel_mode.cache_clear()
     llm = LLM(arch_models["llama3_tied_bias"], **CPU)
     try:
         layers = llm.clients[0].core.executor.runner.model.model.layers
         assert not any(layer.one_launch for layer in layers)
     finally:
         llm.shutdown()
-        decoder.layer_kernel_mode.cache_clear()
+        one_launch.layer_kernel_mode.cache_clear()
 
 
 def test_bad_flag_is_a_value_error(monkeypatch):
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "on")
-    decoder.layer_kernel_mode.cache_clear()
+    one_launch.layer_kernel_mode.cache_clear()
     with pytest.raises(ValueError, match="NANOVLLM_LAYER_KERNEL='on'"):
-        decoder.layer_kernel_mode()
-    decoder.layer_kernel_mode.cache_clear()
+        one_launch.layer_kernel_mode()
+    one_launch.layer_kernel_mode.cache_clear()
 
 
 GPU = dict(kvcache_block_size=16, max_model_len=512, enforce_eager=True, dtype="bfloat16")

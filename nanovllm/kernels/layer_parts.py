@@ -1,0 +1,151 @@
+"""The layer kernel's parts (kernels/layer_kernel.py): the grid barrier, L2 prefetches of
+weight rows, the residual add + RMSNorm on chunks of a row, the two matvec forms, and per-head
+q/k RMSNorm + RoPE rows. Each rounds where the launch-per-op path rounds."""
+import triton
+import triton.language as tl
+
+from nanovllm.kernels._common import e4m3_to_bf16
+
+
+@triton.jit
+def prefetch_weight_rows(w_ptr, rows, row_mask, K: tl.constexpr, K_POW2: tl.constexpr,
+                         ELEM_BYTES: tl.constexpr):
+    """Ask L2 for W[rows, :K] (128-byte lines; K_POW2 >= K a power of two), not waiting."""
+    LINE: tl.constexpr = 128 // ELEM_BYTES
+    LINES: tl.constexpr = (K + LINE - 1) // LINE
+    cols = tl.minimum(tl.arange(0, K_POW2 // LINE), LINES - 1) * LINE
+    rows = tl.where(row_mask, rows, 0)
+    addr = (w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :]).to(tl.int64)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def grid_sync(bar_ptr, target):
+    """Wait until every program has arrived here (the counter reaches target): each CTA's
+    stores are issued before its thread 0 counts in (release), and read after it sees the
+    total (acquire loads, which leave the counter's line to the arrivals)."""
+    tl.debug_barrier()
+    seen = tl.atomic_add(bar_ptr, 1, sem="acq_rel") + 1
+    addr = (bar_ptr + tl.zeros([1], tl.int32)).to(tl.int64)
+    while seen < target:
+        seen = tl.max(tl.inline_asm_elementwise(
+            "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
+            is_pure=False, pack=1), axis=0)
+    tl.debug_barrier()
+
+
+@triton.jit
+def row_sumsq(x_ptr, r_ptr, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_R: tl.constexpr,
+              DTYPE: tl.constexpr):
+    """sum of h^2 over the row h = x (+ r, rounded to DTYPE)."""
+    acc = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        h = h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE)
+        acc += h * h
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def h_chunk(x_ptr, r_ptr, offs, K: tl.constexpr, HAS_R: tl.constexpr, DTYPE: tl.constexpr):
+    """h = x (+ r) at offs, rounded to DTYPE as the unfused residual add does (fp32)."""
+    mask = offs < K
+    h = tl.load(x_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    if HAS_R:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        h = (h + r).to(DTYPE).to(tl.float32)
+    return h
+
+
+@triton.jit
+def x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexpr,
+            HAS_R: tl.constexpr, DTYPE: tl.constexpr):
+    """A chunk of the matmul's input: x itself, or RMSNorm(x (+ r)) rounded as layernorm.py
+    rounds ((h * rstd) to DTYPE, then its product with the weight)."""
+    if NORM:
+        h = h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE)
+        g = tl.load(g_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+        x = ((h * rstd).to(DTYPE).to(tl.float32) * g).to(DTYPE).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + offs, mask=offs < K, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return x
+
+
+@triton.jit
+def matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
+           BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
+           HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr, DOT: tl.constexpr,
+           DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
+    """W[rows] @ x over the whole K (fp32 [ROWS]); the K loop is unrolled so every weight
+    load of the program can be in flight at once. WIDEN: e4m3 weights widened to bf16 with
+    integer ops (_common.e4m3_to_bf16) before the fp32 products. DOT: tensor-core dots with
+    x in row 0 of a 16-row tile, over a K loop that is not unrolled (the compiler pipelines
+    the weight tiles through shared memory instead; ROWS >= 16)."""
+    if DOT:
+        return matvec_dot(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K,
+                           BLOCK_K, ROWS, NORM, HAS_R, DTYPE, WIDEN, DOT_PREC, DOT_F32)
+    acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
+        w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        if WIDEN:
+            w = e4m3_to_bf16(w)
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def matvec_dot(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
+               BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
+               HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr,
+               DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
+    """matvec with DOT (see there); DOT_F32: fp32 dots (the interpreter's bf16 dot is
+    wrong, skinny_gemm.py)."""
+    m = tl.arange(0, 16)[:, None]
+    acc = tl.zeros([16, ROWS], tl.float32)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
+        x16 = tl.where(m == 0, x[None, :], 0.0)
+        w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        if WIDEN:
+            w = e4m3_to_bf16(w)
+        if DOT_F32:
+            acc += tl.dot(x16, tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            w = w.to(DTYPE)  # (fp8 -> the model dtype is exact)
+            acc += tl.dot(x16.to(DTYPE), tl.trans(w), input_precision=DOT_PREC)
+    return tl.sum(tl.where(m == 0, acc, 0.0), axis=0)
+
+
+@triton.jit
+def rope_rows(src_ptr, heads, head_mask, pos, cos_sin_ptr, w_ptr, eps, HD: tl.constexpr,
+              HAS_NORM: tl.constexpr, DTYPE: tl.constexpr):
+    """Rows [R, HD] of heads at src_ptr (head h at h * HD): per-head RMSNorm (optional) and
+    RoPE in the rotate-half layout, rounded to DTYPE where triton_rope rounds; fp32."""
+    HALF: tl.constexpr = HD // 2
+    offs = tl.arange(0, HD)
+    partner = (offs + HALF) % HD
+    mask = head_mask[:, None]
+    x = tl.load(src_ptr + heads[:, None] * HD + offs[None, :], mask=mask, other=0.0,
+                cache_modifier=".cg").to(tl.float32)
+    y = tl.load(src_ptr + heads[:, None] * HD + partner[None, :], mask=mask, other=0.0,
+                cache_modifier=".cg").to(tl.float32)
+    if HAS_NORM:
+        r = (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HD + eps))[:, None]
+        wx = tl.load(w_ptr + offs).to(tl.float32)[None, :]
+        wy = tl.load(w_ptr + partner).to(tl.float32)[None, :]
+        x = ((x * r).to(DTYPE).to(tl.float32) * wx).to(DTYPE).to(tl.float32)
+        y = ((y * r).to(DTYPE).to(tl.float32) * wy).to(DTYPE).to(tl.float32)
+    cs = cos_sin_ptr + pos * HD
+    cos = tl.load(cs + offs % HALF)[None, :]
+    sin = tl.load(cs + HALF + offs % HALF)[None, :]
+    # rotate_half: the first half takes -partner, the second +partner.
+    sign = tl.where(offs < HALF, -1.0, 1.0)[None, :]
+    return x * cos + sign * y * sin
