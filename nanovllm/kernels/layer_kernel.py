@@ -3,9 +3,10 @@
 At batch 1 a layer is ~10 kernels (norm, qkv GEMM, split-K reduce, RoPE + store, attention,
 o GEMM, norm, gate_up GEMM, SiLU-and-mul, down GEMM), each moving a few megabytes at most:
 their launch, ramp and tail cost more than their bytes (docs/PERF_NOTES.md: ~37 us a layer
-of Qwen3-0.6B for ~10 us of weight reads). Here one program per SM runs the layer's five
-phases, separated by grid-wide barriers (an atomic counter that every program bumps and
-then polls; all programs are resident at once, as the grid is at most the SM count):
+of Qwen3-0.6B for ~10 us of weight reads). Here one program per SM (CONFIG["PER_SM"]) runs
+the layer's five phases, separated by grid-wide barriers (an atomic counter that every
+program bumps and then polls; all programs are resident at once, as the grid is sized to what
+the SMs hold side by side):
 
   A  h = x + residual, RMSNorm (each program on the whole row: a few KB), qkv rows
   B  per (kv head, key split): q/k norm and RoPE, the new K/V into the paged cache (by the
