@@ -71,7 +71,7 @@ def forward(layer, positions, x, residual):
     if (ctx.is_prefill or core.k_cache.numel() == 0 or core.k_cache.dtype != x.dtype
             or core.backend.mix_kv):
         return None
-    (w_qkv, w_o, w_gu, w_down), scales = operands(layer)
+    (w_qkv, w_o, w_gu, w_down), scales, w_next = _launch_operands(layer)
     return decode_layer(
         x, residual, w_in=layer.input_layernorm.weight, w_qkv=w_qkv,
         b_qkv=attn.qkv_proj.bias, q_norm=None if attn.q_norm is None else attn.q_norm.weight,
@@ -82,4 +82,15 @@ def forward(layer, positions, x, residual):
         cos_sin=attn.rotary_emb.cos_sin_cache.view(-1, attn.head_dim),
         positions=positions, slot_mapping=ctx.slot_mapping, context_lens=ctx.context_lens,
         block_tables=ctx.block_tables, k_cache=core.k_cache, v_cache=core.v_cache,
-        w_next=layer.next_qkv[0].gemm_operands()[0] if layer.next_qkv else None)
+        w_next=w_next)
+
+
+def _launch_operands(layer):
+    """operands(layer) and the next layer's qkv weight, found once per layer (after the
+    weights are loaded: the first forward) rather than on every eager decode step."""
+    cached = layer.__dict__.get("_launch_operands")
+    if cached is None:
+        weights, scales = operands(layer)
+        nxt = layer.next_qkv[0].gemm_operands()[0] if layer.next_qkv else None
+        cached = layer.__dict__["_launch_operands"] = (weights, scales, nxt)
+    return cached
