@@ -86,15 +86,9 @@ def forward(layers, step, x, **kw):
 VARIANTS = [
     ("config", {}),
     ("barriers alone", dict(WORK=False)),
-    ("no next qkv prefetch", dict(PREFETCH_NEXT=False)),
-    ("8 warps", dict(num_warps=8)),
-    ("chunk 8192", dict(CHUNK=8192)),
-    ("splits 8", dict(SPLITS=8)),
-    ("2 programs per SM", dict(PER_SM=2)),
-    ("2 per SM, 2 warps", dict(PER_SM=2, num_warps=2)),
-    ("dot, 3 stages", dict(MATVEC="dot", num_stages=3)),
-    ("dot, 4 stages", dict(MATVEC="dot", num_stages=4)),
-    ("dot, 3 stages, 8 warps", dict(MATVEC="dot", num_stages=3, num_warps=8)),
+    ("no preload", dict(PRELOAD=False)),
+    ("group 1", dict(GROUP=1)),
+    ("chunk 32K", dict(CHUNK=32768)),
 ]
 
 
@@ -104,7 +98,7 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--phases", action="store_true", help="also time each phase alone")
     ap.add_argument("--only", default="", help="time only the variants whose label has this "
-                    "text (e.g. dot: the Qwen3-8B shape takes minutes to compile unrolled)")
+                    "text")
     args = ap.parse_args()
     for shape in args.shapes.split(","):
         layers, step, x = build(shape, args.context)

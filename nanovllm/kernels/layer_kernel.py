@@ -32,8 +32,8 @@ from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precisi
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
-from nanovllm.kernels.layer_parts import (grid_sync, h_chunk, matvec, prefetch_weight_rows,
-                                          rope_rows, row_sumsq)
+from nanovllm.kernels.layer_parts import (arrive, h_chunk, matvec, prefetch_weight_rows,
+                                          rope_rows, row_sumsq, wait, weight_chunk)
 from nanovllm.kernels.triton_decode import _num_sms, _split_counters
 
 ALL_PHASES = -1
@@ -43,19 +43,23 @@ BLOCK_N = 16 if INTERPRET else 64
 # Tunables (module level so tools/bench_layer_kernel.py can sweep them). PREFETCH_NEXT: at
 # the end each program asks L2 for its rows of the next layer's qkv weight, which the next
 # launch reads first. CHUNK: weights per K chunk of a matvec. SPLITS: most key splits of a kv
-# head (at most programs / kv heads). PER_SM: programs per SM (2: not yet measured; half the
-# rows each, twice the loads in flight). MATVEC: "fma" (unrolled K, fp32 products) or "dot"
-# (tensor-core dots over a pipelined K loop, with num_stages > 1; not yet measured).
+# head (at most programs / kv heads). PER_SM: programs per SM. GROUP: products each thread
+# sums at once in a matvec (1: a partial sum per product). PRELOAD: each matrix phase's first
+# weight chunk requested before the wait it follows (a grid barrier's, or the norm's).
 # WORK=False: the barriers alone (timing only).
 # H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer: 33.9 with
 # 8192-weight chunks -> 32.2 with 16384 (4096: 39.8; 32768 no better); 30.6 -> 30.3 with
-# PREFETCH_NEXT. Tried and dropped (docs/PERF_NOTES.md): the later phases' weights
-# prefetched into L2 at the start (30.3 -> 33.8: their 22 MB compete with phase A's reads),
-# the cached K/V of each split prefetched (no gain), barriers polling with atomics (the
-# barriers alone 8.8 vs 8.3 with acquire loads), each K chunk summed to [rows] at once
-# (32.1), 8 warps (31.1).
-CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, PER_SM=1,
-              MATVEC="fma", num_stages=1, WORK=True)
+# PREFETCH_NEXT; 30.3 -> 27.0 with PRELOAD and GROUP=8 (SmolLM2 shape 18.8 -> 18.0; either
+# alone 27.8 / 29.8; a release-only arrival that skips the count: 27.0 vs 26.8; 8 warps or
+# 8K / 32K chunks with them: 29.6 / 30.4 / 28.1). Tried and dropped (docs/PERF_NOTES.md):
+# the later phases' weights prefetched into L2 at the start (30.3 -> 33.8: their 22 MB
+# compete with phase A's reads), the cached K/V of each split prefetched (no gain),
+# barriers polling with atomics (the barriers alone 8.8 vs 8.3 with acquire loads), each K
+# chunk summed to [rows] at once (32.1), 8 warps (31.1), 2 programs per SM (31.2),
+# tensor-core dots over a pipelined K loop instead of unrolled fp32 products (36.8; Qwen3-8B
+# shape 224 us a layer).
+CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8,
+              PRELOAD=True, WORK=True)
 
 
 @triton.jit
@@ -86,7 +90,7 @@ def _layer_kernel(
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr, PHASE: tl.constexpr, PREFETCH_NEXT: tl.constexpr,
     WORK: tl.constexpr, D_POW2: tl.constexpr, W_SCALE: tl.constexpr, WIDEN: tl.constexpr,
-    MV_DOT: tl.constexpr, DOT_F32: tl.constexpr,
+    GROUP: tl.constexpr, PRELOAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -102,20 +106,24 @@ def _layer_kernel(
 
     # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T ------------------------------------
     if (PHASE < 0 or PHASE == 0) and WORK:
+        rows = pid * R_QKV + tl.arange(0, RP_QKV)
+        mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
+        if PRELOAD:  # requested before the norm's reduction, which it overlaps
+            w0 = weight_chunk(w_qkv_ptr, D, rows, mask, 0, D, BK_D)
         inv = rstd(row_sumsq(x_ptr, res_ptr, D, BK_D, True, DTYPE), D, eps)
         if pid == 0:  # h, the residual the attention output is added to
             for k0 in tl.static_range(0, D, BK_D):
                 offs = k0 + tl.arange(0, BK_D)
                 tl.store(h_ptr + offs, h_chunk(x_ptr, res_ptr, offs, D, True, DTYPE),
                          mask=offs < D)
-        rows = pid * R_QKV + tl.arange(0, RP_QKV)
-        mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
-        out = matvec(w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, inv, D, BK_D,
-                      RP_QKV, True, True, DTYPE, WIDEN,
-                      MV_DOT, DOT_PREC, DOT_F32)
+        if not PRELOAD:
+            w0 = weight_chunk(w_qkv_ptr, D, rows, mask, 0, D, BK_D)
+        out = matvec(w0, w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, inv, D, BK_D,
+                     RP_QKV, True, True, DTYPE, WIDEN, GROUP)
         _epilogue(out, rows, mask, s_qkv_ptr, b_qkv_ptr, qkv_ptr, W_SCALE, QKV_BIAS)
     if PHASE < 0:
-        grid_sync(bar_ptr, nprog)
+        seen = arrive(bar_ptr)
+        wait(bar_ptr, nprog, seen)
 
     # -- B: norms, RoPE, K/V store, attention over one key split, combine ------------------
     if (PHASE < 0 or PHASE == 1) and WORK:
@@ -151,36 +159,48 @@ def _layer_kernel(
                 tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
                 split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
                            SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK, HD)
-    if PHASE < 0:
-        grid_sync(bar_ptr, 2 * nprog)
-
     # -- C: o_proj ----------------------------------------------------------------------------
-    if (PHASE < 0 or PHASE == 2) and WORK:
+    # Each matrix phase's first weight chunk is requested between the barrier's arrival and
+    # its wait (PRELOAD): weights do not depend on the other programs' results.
+    C_ON: tl.constexpr = (PHASE < 0 or PHASE == 2) and WORK
+    if C_ON:
         rows = pid * R_O + tl.arange(0, RP_O)
         mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
-        out = matvec(w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD, BK_Q,
-                      RP_O, False, False, DTYPE, WIDEN,
-                      MV_DOT, DOT_PREC, DOT_F32)
-        _epilogue(out, rows, mask, s_o_ptr, b_o_ptr, ao_ptr, W_SCALE, O_BIAS)
     if PHASE < 0:
-        grid_sync(bar_ptr, 3 * nprog)
+        seen = arrive(bar_ptr)
+        if C_ON and PRELOAD:
+            w0 = weight_chunk(w_o_ptr, HQ * HD, rows, mask, 0, HQ * HD, BK_Q)
+        wait(bar_ptr, 2 * nprog, seen)
+    if C_ON:
+        if PHASE >= 0 or not PRELOAD:
+            w0 = weight_chunk(w_o_ptr, HQ * HD, rows, mask, 0, HQ * HD, BK_Q)
+        out = matvec(w0, w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
+                     BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
+        _epilogue(out, rows, mask, s_o_ptr, b_o_ptr, ao_ptr, W_SCALE, O_BIAS)
 
     # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ----------------------------------
-    if (PHASE < 0 or PHASE == 3) and WORK:
+    D_ON: tl.constexpr = (PHASE < 0 or PHASE == 3) and WORK
+    if D_ON:  # rows interleaved gate, up, gate, up...: one matvec, split apart afterwards
+        j = tl.arange(0, 2 * RP_GU)
+        pair = pid * R_GU + j // 2
+        rows = pair + (j % 2) * I
+        mask = (pair < I) & (j // 2 < R_GU)
+    if PHASE < 0:
+        seen = arrive(bar_ptr)
+        if D_ON and PRELOAD:
+            w0 = weight_chunk(w_gu_ptr, D, rows, mask, 0, D, BK_D)
+        wait(bar_ptr, 3 * nprog, seen)
+    if D_ON:
+        if PHASE >= 0 or not PRELOAD:
+            w0 = weight_chunk(w_gu_ptr, D, rows, mask, 0, D, BK_D)
         inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
         if pid == 0:  # h2: the next layer's residual
             for k0 in tl.static_range(0, D, BK_D):
                 offs = k0 + tl.arange(0, BK_D)
                 tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
                          mask=offs < D)
-        # Rows interleaved gate, up, gate, up...: one matvec, split apart afterwards.
-        j = tl.arange(0, 2 * RP_GU)
-        pair = pid * R_GU + j // 2
-        rows = pair + (j % 2) * I
-        mask = (pair < I) & (j // 2 < R_GU)
-        out = matvec(w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, inv, D, BK_D,
-                      2 * RP_GU, True, True, DTYPE, WIDEN,
-                      MV_DOT, DOT_PREC, DOT_F32)
+        out = matvec(w0, w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, inv, D, BK_D,
+                     2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
         if W_SCALE:
             out *= tl.load(s_gu_ptr + rows, mask=mask, other=0.0)
         gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
@@ -188,16 +208,22 @@ def _layer_kernel(
         cols = pid * R_GU + tl.arange(0, RP_GU)
         tl.store(act_ptr + cols, (act * up).to(DTYPE),
                  mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
-    if PHASE < 0:
-        grid_sync(bar_ptr, 4 * nprog)
 
     # -- E: down_proj -------------------------------------------------------------------------
-    if (PHASE < 0 or PHASE == 4) and WORK:
+    E_ON: tl.constexpr = (PHASE < 0 or PHASE == 4) and WORK
+    if E_ON:
         rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
         mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
-        out = matvec(w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                      RP_DOWN, False, False, DTYPE, WIDEN,
-                      MV_DOT, DOT_PREC, DOT_F32)
+    if PHASE < 0:
+        seen = arrive(bar_ptr)
+        if E_ON and PRELOAD:
+            w0 = weight_chunk(w_down_ptr, I, rows, mask, 0, I, BK_I)
+        wait(bar_ptr, 4 * nprog, seen)
+    if E_ON:
+        if PHASE >= 0 or not PRELOAD:
+            w0 = weight_chunk(w_down_ptr, I, rows, mask, 0, I, BK_I)
+        out = matvec(w0, w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
+                     RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
         _epilogue(out, rows, mask, s_down_ptr, s_down_ptr, y_ptr, W_SCALE, False)
     if PREFETCH_NEXT:  # the next layer's qkv rows of this program
         rows = pid * R_QKV + tl.arange(0, RP_QKV)
@@ -247,10 +273,8 @@ def _programs(device) -> int:
 
 def fits(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
          programs: int | None = None) -> bool:
-    """Whether a layer of these sizes stays within MAX_TILE weights a program (the unrolled
-    "fma" matvec's limit; the "dot" one loops over K and takes any size)."""
-    if CONFIG["MATVEC"] == "dot":
-        return True
+    """Whether a layer of these sizes stays within MAX_TILE weights a program (the limit of
+    the matvec's unrolled K loop)."""
     p = programs or _programs(torch.device("cuda"))
     pow2 = triton.next_power_of_2
     qkv = _rows((num_heads + 2 * num_kv_heads) * head_dim, p)[1] * pow2(hidden)
@@ -261,9 +285,9 @@ def fits(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermed
 
 
 def _rows(n: int, programs: int) -> tuple[int, int]:
-    """(rows per program, that rounded up to a power of two; at least 16 for the dots)."""
+    """(rows per program, that rounded up to a power of two)."""
     r = triton.cdiv(n, programs)
-    return r, max(triton.next_power_of_2(r), 16 if CONFIG["MATVEC"] == "dot" else 1)
+    return r, triton.next_power_of_2(r)
 
 
 def _block_k(rows_pad: int, k: int) -> int:
@@ -331,8 +355,8 @@ def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w
         RED_CHUNK=red_chunk, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(dtype),
         D_POW2=triton.next_power_of_2(d), W_SCALE=scales is not None,
-        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), MV_DOT=CONFIG["MATVEC"] == "dot",
-        DOT_F32=INTERPRET, num_stages=CONFIG["num_stages"],
+        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), GROUP=CONFIG["GROUP"],
+        PRELOAD=CONFIG["PRELOAD"],
         PREFETCH_NEXT=CONFIG["PREFETCH_NEXT"] and not phased, WORK=CONFIG["WORK"],
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     if phased:

@@ -1,6 +1,7 @@
-"""The layer kernel's parts (kernels/layer_kernel.py): the grid barrier, L2 prefetches of
-weight rows, the residual add + RMSNorm on chunks of a row, the two matvec forms, and per-head
-q/k RMSNorm + RoPE rows. Each rounds where the launch-per-op path rounds."""
+"""The layer kernel's parts (kernels/layer_kernel.py): the grid barrier (arrive, then wait),
+L2 prefetches of weight rows, the residual add + RMSNorm on chunks of a row, the matvec over
+weight chunks, and per-head q/k RMSNorm + RoPE rows. Each rounds where the launch-per-op
+path rounds."""
 import triton
 import triton.language as tl
 
@@ -21,12 +22,20 @@ def prefetch_weight_rows(w_ptr, rows, row_mask, K: tl.constexpr, K_POW2: tl.cons
 
 
 @triton.jit
-def grid_sync(bar_ptr, target):
-    """Wait until every program has arrived here (the counter reaches target): each CTA's
-    stores are issued before its thread 0 counts in (release), and read after it sees the
-    total (acquire loads, which leave the counter's line to the arrivals)."""
+def arrive(bar_ptr):
+    """Count this program in at the grid barrier; the count so far, with this one. Each
+    CTA's stores are issued before its thread 0 bumps the counter (release); the count's
+    acquire lets the last program to arrive go on without polling. Loads the program issues
+    between arrive and wait (the next phase's first weight chunk) fly while it waits."""
     tl.debug_barrier()
-    seen = tl.atomic_add(bar_ptr, 1, sem="acq_rel") + 1
+    return tl.atomic_add(bar_ptr, 1, sem="acq_rel") + 1
+
+
+@triton.jit
+def wait(bar_ptr, target, seen):
+    """Wait until the counter reaches target (seen: arrive's count), polling with acquire
+    loads (which leave the counter's line to the arrivals); then every thread may read
+    what the others stored."""
     addr = (bar_ptr + tl.zeros([1], tl.int32)).to(tl.int64)
     while seen < target:
         seen = tl.max(tl.inline_asm_elementwise(
@@ -73,55 +82,41 @@ def x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexpr
 
 
 @triton.jit
-def matvec(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
-           BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-           HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr, DOT: tl.constexpr,
-           DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
-    """W[rows] @ x over the whole K (fp32 [ROWS]); the K loop is unrolled so every weight
-    load of the program can be in flight at once. WIDEN: e4m3 weights widened to bf16 with
-    integer ops (_common.e4m3_to_bf16) before the fp32 products. DOT: tensor-core dots with
-    x in row 0 of a 16-row tile, over a K loop that is not unrolled (the compiler pipelines
-    the weight tiles through shared memory instead; ROWS >= 16)."""
-    if DOT:
-        return matvec_dot(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K,
-                           BLOCK_K, ROWS, NORM, HAS_R, DTYPE, WIDEN, DOT_PREC, DOT_F32)
-    acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
-        w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
-                    other=0.0, eviction_policy="evict_first")
-        if WIDEN:
-            w = e4m3_to_bf16(w)
-        acc += w.to(tl.float32) * x[None, :]
-    return tl.sum(acc, axis=1)
+def weight_chunk(w_ptr, stride_w, rows, row_mask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W[rows, k0:k0 + BLOCK_K] as stored (zero where masked), read once (evicted first)."""
+    offs = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + offs[None, :],
+                   mask=row_mask[:, None] & (offs < K)[None, :], other=0.0,
+                   eviction_policy="evict_first")
 
 
 @triton.jit
-def matvec_dot(w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
-               BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-               HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr,
-               DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
-    """matvec with DOT (see there); DOT_F32: fp32 dots (the interpreter's bf16 dot is
-    wrong, skinny_gemm.py)."""
-    m = tl.arange(0, 16)[:, None]
-    acc = tl.zeros([16, ROWS], tl.float32)
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K, NORM, HAS_R, DTYPE)
-        x16 = tl.where(m == 0, x[None, :], 0.0)
-        w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :],
-                    other=0.0, eviction_policy="evict_first")
+def matvec(w0, w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
+           BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
+           HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr,
+           GROUP: tl.constexpr):
+    """W[rows] @ x over the whole K (fp32 [ROWS]). w0 is its first K chunk (weight_chunk),
+    which the caller loads early: before a grid barrier's wait or the norm's reduction, so
+    its latency hides behind them. The K loop is unrolled, each chunk's successor requested
+    before the chunk is used. WIDEN: e4m3 weights widened to bf16 with integer ops
+    (_common.e4m3_to_bf16) before the fp32 products. GROUP > 1: each thread sums GROUP
+    adjacent products at once, so the partial sums take 1/GROUP of the registers."""
+    acc = tl.zeros([ROWS, BLOCK_K // GROUP], tl.float32)
+    w_next = w0
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        w = w_next
+        if k0 + BLOCK_K < K:
+            w_next = weight_chunk(w_ptr, stride_w, rows, row_mask, k0 + BLOCK_K, K, BLOCK_K)
+        x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, k0 + tl.arange(0, BLOCK_K), K, NORM, HAS_R,
+                    DTYPE)
         if WIDEN:
             w = e4m3_to_bf16(w)
-        if DOT_F32:
-            acc += tl.dot(x16, tl.trans(w.to(tl.float32)), input_precision="ieee")
+        p = w.to(tl.float32) * x[None, :]
+        if GROUP > 1:
+            acc += tl.sum(tl.reshape(p, [ROWS, BLOCK_K // GROUP, GROUP]), axis=2)
         else:
-            w = w.to(DTYPE)  # (fp8 -> the model dtype is exact)
-            acc += tl.dot(x16.to(DTYPE), tl.trans(w), input_precision=DOT_PREC)
-    return tl.sum(tl.where(m == 0, acc, 0.0), axis=0)
+            acc += p
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit
