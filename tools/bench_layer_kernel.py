@@ -1,7 +1,7 @@
-"""Time the one-launch decode layer (kernels/layer_kernel.py) at batch 1 on a GPU: a CUDA
+"""Time the one-launch decode layers (kernels/layer_kernel.py) at batch 1 on a GPU: a CUDA
 graph of every layer of a model shape (random weights, each layer its own, so L2 holds none
-of them between replays), as one persistent launch a layer, as its barriers alone, and as
-each phase alone (a launch a phase).
+of them between replays), as one persistent launch of all layers or one a layer, as their
+barriers alone, and as each phase alone (a launch a layer and phase).
 
     python tools/bench_layer_kernel.py [--shapes qwen3-0.6b,smollm2-135m] [--context 512]
 """
@@ -40,6 +40,7 @@ def build(shape: str, context: int, block_size: int = 256):
             q_norm=1 + rand(hd) if qwen3 else None, k_norm=1 + rand(hd) if qwen3 else None,
             w_o=rand(d, hq * hd), b_o=None, w_post=1 + rand(d), w_gu=rand(2 * inter, d),
             w_down=rand(d, inter),
+            s_qkv=None, s_o=None, s_gu=None, s_down=None,
             k_cache=rand(blocks, block_size, hkv, hd, std=1.0),
             v_cache=rand(blocks, block_size, hkv, hd, std=1.0)))
     theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 1e6)
@@ -73,20 +74,21 @@ def time_graph(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) * 1000 / iters
 
 
-def forward(layers, step, x, **kw):
-    """Every layer's step, chained as the model chains them."""
+def forward(stacks, step, x, **kw):
+    """Every layer's step: one launch per stack (stack_layers), chained."""
     residual = None
-    for i, w in enumerate(layers):
-        nxt = layers[i + 1]["w_qkv"] if i + 1 < len(layers) else None
-        x, residual = lk.decode_layer(x, residual, **w, **step, w_next=nxt, **kw)
+    for stack in stacks:
+        x, residual = lk.decode_layers(x, residual, stack, **step, **kw)
     return x
 
 
 # (label, CONFIG changes) timed one after another against the module's CONFIG.
+# per_layer: a launch a layer instead of one for all layers.
 VARIANTS = [
     ("config", {}),
+    ("a launch a layer", dict(per_layer=True)),
     ("barriers alone", dict(WORK=False)),
-    ("no preload", dict(PRELOAD=False)),
+    ("barriers alone, a launch a layer", dict(WORK=False, per_layer=True)),
     ("group 1", dict(GROUP=1)),
     ("chunk 32K", dict(CHUNK=32768)),
 ]
@@ -103,6 +105,7 @@ def main():
     for shape in args.shapes.split(","):
         layers, step, x = build(shape, args.context)
         n = len(layers)
+        whole, each = [lk.stack_layers(layers)], [lk.stack_layers([w]) for w in layers]
         nbytes = sum(w[k].numel() * 2 for w in layers for k in ("w_qkv", "w_o", "w_gu", "w_down"))
         print(f"{shape}: {n} layers, {nbytes / n / 1e6:.1f} MB of weights a layer "
               f"({nbytes / n / 3.0e12 * 1e6:.1f} us at 3.0 TB/s), context {args.context}; "
@@ -111,13 +114,15 @@ def main():
         for label, change in VARIANTS:
             if args.only not in label:
                 continue
+            change = dict(change)
+            stacks = each if change.pop("per_layer", False) else whole
             lk.CONFIG.update(base, **change)
-            us = time_graph(lambda: forward(layers, step, x))
-            print(f"  {label:26s} {us / n:6.2f} us a layer")
+            us = time_graph(lambda: forward(stacks, step, x))
+            print(f"  {label:34s} {us / n:6.2f} us a layer")
         lk.CONFIG.update(base)
         if args.phases:
             for p, name in enumerate(PHASE_NAMES):
-                us = time_graph(lambda: forward(layers, step, x, phased=True, phases=(p,)))
+                us = time_graph(lambda: forward(whole, step, x, phased=True, phases=(p,)))
                 print(f"  phase {name:16s} alone: {us / n:6.2f} us a layer")
 
 

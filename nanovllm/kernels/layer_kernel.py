@@ -1,12 +1,12 @@
-"""A whole dense decoder layer of a batch-1 decode step in one persistent Triton launch.
+"""Every dense decoder layer of a batch-1 decode step in one persistent Triton launch.
 
 At batch 1 a layer is ~10 kernels (norm, qkv GEMM, split-K reduce, RoPE + store, attention,
 o GEMM, norm, gate_up GEMM, SiLU-and-mul, down GEMM), each moving a few megabytes at most:
 their launch, ramp and tail cost more than their bytes (docs/PERF_NOTES.md: ~37 us a layer
 of Qwen3-0.6B for ~10 us of weight reads). Here one program per SM (CONFIG["PER_SM"]) runs
-the layer's five phases, separated by grid-wide barriers (an atomic counter that every
-program bumps and then polls; all programs are resident at once, as the grid is sized to what
-the SMs hold side by side):
+each layer's five phases in turn, layer after layer, separated by grid-wide barriers (an
+atomic counter that every program bumps and then polls; all programs are resident at once,
+as the grid is sized to what the SMs hold side by side):
 
   A  h = x + residual, RMSNorm (each program on the whole row: a few KB), qkv rows
   B  per (kv head, key split): q/k norm and RoPE, the new K/V into the paged cache (by the
@@ -17,12 +17,14 @@ the SMs hold side by side):
   E  down rows -> the layer's output (h2 is the next residual)
 
 Each matrix phase gives each program ceil(N / programs) whole rows, read over the full K,
-so no split-K partials are needed. Values are rounded to the model dtype where the unfused
-path rounds (the matmul outputs, h, the normed rows, the rotated q/k, silu), so the two
-paths differ only by summation order.
+so no split-K partials are needed; its first weight chunk is requested between the barrier's
+arrival and its wait. Values are rounded to the model dtype where the unfused path rounds
+(the matmul outputs, h, the normed rows, the rotated q/k, silu), so the two paths differ only
+by summation order. Layers find their tensors through a table of offsets from the first
+layer's (stack_layers), so one compiled variant serves any number of layers.
 
-PHASE >= 0 runs one phase per launch without barriers: the interpreter (which runs programs
-one after another, so a barrier would wait forever) and tests take that path.
+PHASE >= 0 runs one phase of one layer per launch without barriers: the interpreter (which
+runs programs one after another, so a barrier would wait forever) and tests take that path.
 """
 import torch
 import triton
@@ -32,34 +34,31 @@ from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precisi
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
-from nanovllm.kernels.layer_parts import (arrive, h_chunk, matvec, prefetch_weight_rows,
-                                          rope_rows, row_sumsq, wait, weight_chunk)
+from nanovllm.kernels.layer_parts import (arrive, h_chunk, matvec, rope_rows, row_sumsq,
+                                          wait, weight_chunk)
 from nanovllm.kernels.triton_decode import _num_sms, _split_counters
 
 ALL_PHASES = -1
 NUM_PHASES = 5
 # Keys per attention tile (the decode kernel's).
 BLOCK_N = 16 if INTERPRET else 64
-# Tunables (module level so tools/bench_layer_kernel.py can sweep them). PREFETCH_NEXT: at
-# the end each program asks L2 for its rows of the next layer's qkv weight, which the next
-# launch reads first. CHUNK: weights per K chunk of a matvec. SPLITS: most key splits of a kv
-# head (at most programs / kv heads). PER_SM: programs per SM. GROUP: products each thread
-# sums at once in a matvec (1: a partial sum per product). PRELOAD: each matrix phase's first
-# weight chunk requested before the wait it follows (a grid barrier's, or the norm's).
-# WORK=False: the barriers alone (timing only).
-# H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer: 33.9 with
-# 8192-weight chunks -> 32.2 with 16384 (4096: 39.8; 32768 no better); 30.6 -> 30.3 with
-# PREFETCH_NEXT; 30.3 -> 27.0 with PRELOAD and GROUP=8 (SmolLM2 shape 18.8 -> 18.0; either
-# alone 27.8 / 29.8; a release-only arrival that skips the count: 27.0 vs 26.8; 8 warps or
-# 8K / 32K chunks with them: 29.6 / 30.4 / 28.1). Tried and dropped (docs/PERF_NOTES.md):
-# the later phases' weights prefetched into L2 at the start (30.3 -> 33.8: their 22 MB
-# compete with phase A's reads), the cached K/V of each split prefetched (no gain),
-# barriers polling with atomics (the barriers alone 8.8 vs 8.3 with acquire loads), each K
-# chunk summed to [rows] at once (32.1), 8 warps (31.1), 2 programs per SM (31.2),
-# tensor-core dots over a pipelined K loop instead of unrolled fp32 products (36.8; Qwen3-8B
-# shape 224 us a layer).
-CONFIG = dict(num_warps=4, PREFETCH_NEXT=True, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8,
-              PRELOAD=True, WORK=True)
+# Tunables (module level so tools/bench_layer_kernel.py can sweep them). CHUNK: weights per
+# K chunk of a matvec. SPLITS: most key splits of a kv head (at most programs / kv heads).
+# PER_SM: programs per SM. GROUP: products each thread sums at once in a matvec (1: a partial
+# sum per product). WORK=False: the barriers alone (timing only).
+# H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer, a launch a
+# layer: 33.9 with 8192-weight chunks -> 32.2 with 16384 (4096: 39.8; 32768 no better);
+# 30.6 -> 30.3 with the next layer's qkv rows prefetched into L2 at the end; 30.3 -> 27.0
+# with each matrix phase's first chunk requested before the wait it follows and GROUP=8
+# (SmolLM2 shape 18.8 -> 18.0; either alone 27.8 / 29.8; a release-only arrival that skips
+# the count: 27.0 vs 26.8; 8 warps or 8K / 32K chunks with them: 29.6 / 30.4 / 28.1).
+# Tried and dropped (docs/PERF_NOTES.md): the later phases' weights prefetched into L2 at
+# the start (30.3 -> 33.8: their 22 MB compete with phase A's reads), the cached K/V of each
+# split prefetched (no gain), barriers polling with atomics (the barriers alone 8.8 vs 8.3
+# with acquire loads), each K chunk summed to [rows] at once (32.1), 8 warps (31.1), 2
+# programs per SM (31.2), tensor-core dots over a pipelined K loop instead of unrolled fp32
+# products (36.8; Qwen3-8B shape 224 us a layer).
+CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True)
 
 
 @triton.jit
@@ -74,13 +73,21 @@ def _epilogue(out, rows, mask, s_ptr, b_ptr, y_ptr, W_SCALE: tl.constexpr,
 
 
 @triton.jit
-def _layer_kernel(
+def _at(base, off_ptr, layer, COL: tl.constexpr, NOFF: tl.constexpr):
+    """base moved to a layer's tensor: base + off[layer, COL] elements (the host checks that
+    each is a whole number of 16-byte steps, so the loads stay vectorized)."""
+    EB: tl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
+    return base + tl.multiple_of(tl.load(off_ptr + layer * NOFF + COL), 16 // EB)
+
+
+@triton.jit
+def _layers_kernel(
     x_ptr, res_ptr, h_ptr, res_out_ptr, y_ptr,
     qkv_ptr, po_ptr, lse_ptr, o_ptr, ao_ptr, act_ptr,
     w_in_ptr, w_qkv_ptr, b_qkv_ptr, qn_ptr, kn_ptr, w_o_ptr, b_o_ptr, w_post_ptr, w_gu_ptr,
-    w_down_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_down_ptr,
-    cos_sin_ptr, pos_ptr, slot_ptr, ctx_ptr, bt_ptr, k_cache_ptr, v_cache_ptr,
-    stride_kblk, stride_kslot, bar_ptr, cnt_ptr, w_next_ptr, eps, qk_scale,
+    w_down_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_down_ptr, k_cache_ptr, v_cache_ptr, off_ptr,
+    first, count, cos_sin_ptr, pos_ptr, slot_ptr, ctx_ptr, bt_ptr,
+    stride_kblk, stride_kslot, bar_ptr, cnt_ptr, eps, qk_scale,
     D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, I: tl.constexpr,
     R_QKV: tl.constexpr, RP_QKV: tl.constexpr, R_O: tl.constexpr, RP_O: tl.constexpr,
     R_GU: tl.constexpr, RP_GU: tl.constexpr, R_DOWN: tl.constexpr, RP_DOWN: tl.constexpr,
@@ -88,148 +95,181 @@ def _layer_kernel(
     QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr,
     QK_NORM: tl.constexpr, SPLITS: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr,
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr, PHASE: tl.constexpr, PREFETCH_NEXT: tl.constexpr,
-    WORK: tl.constexpr, D_POW2: tl.constexpr, W_SCALE: tl.constexpr, WIDEN: tl.constexpr,
-    GROUP: tl.constexpr, PRELOAD: tl.constexpr,
+    DOT_PREC: tl.constexpr, PHASE: tl.constexpr, NOFF: tl.constexpr,
+    WORK: tl.constexpr, W_SCALE: tl.constexpr, WIDEN: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     G: tl.constexpr = HQ // HKV
     NQKV: tl.constexpr = (HQ + 2 * HKV) * HD
-    EB: tl.constexpr = w_qkv_ptr.dtype.element_ty.primitive_bitwidth // 8
+    PERSIST: tl.constexpr = PHASE < 0
     # The step's metadata, read once (the attention phase needs it after the first barrier).
     ctx = tl.load(ctx_ptr)
     pos = tl.load(pos_ptr).to(tl.int64)
     split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
     n_valid = tl.cdiv(ctx, split_len)
+    # Each program's qkv rows, the same in every layer; the first layer's first weight chunk
+    # and its norm weight, requested now. Later layers' come during the barrier before them.
+    rows_a = pid * R_QKV + tl.arange(0, RP_QKV)
+    mask_a = (rows_a < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
+    w_in = _at(w_in_ptr, off_ptr, first, 0, NOFF)
+    w_qkv = _at(w_qkv_ptr, off_ptr, first, 1, NOFF)
+    w0_a = weight_chunk(w_qkv, D, rows_a, mask_a, 0, D, BK_D)
+    last = first + count - 1
+    for layer in range(first, first + count):
+        bar0 = 5 * (layer - first) * nprog  # the counter's value as this layer begins
+        # The layer's other tensors: their offsets load while phase A runs.
+        b_qkv = _at(b_qkv_ptr, off_ptr, layer, 2, NOFF)
+        s_qkv = _at(s_qkv_ptr, off_ptr, layer, 10, NOFF)
+        q_norm = _at(qn_ptr, off_ptr, layer, 3, NOFF)
+        k_norm = _at(kn_ptr, off_ptr, layer, 4, NOFF)
+        k_cache = _at(k_cache_ptr, off_ptr, layer, 14, NOFF)
+        v_cache = _at(v_cache_ptr, off_ptr, layer, 15, NOFF)
+        w_o = _at(w_o_ptr, off_ptr, layer, 5, NOFF)
+        b_o = _at(b_o_ptr, off_ptr, layer, 6, NOFF)
+        s_o = _at(s_o_ptr, off_ptr, layer, 11, NOFF)
+        w_post = _at(w_post_ptr, off_ptr, layer, 7, NOFF)
+        w_gu = _at(w_gu_ptr, off_ptr, layer, 8, NOFF)
+        s_gu = _at(s_gu_ptr, off_ptr, layer, 12, NOFF)
+        w_down = _at(w_down_ptr, off_ptr, layer, 9, NOFF)
+        s_down = _at(s_down_ptr, off_ptr, layer, 13, NOFF)
+        # The first layer reads the launch's input; later ones the previous layer's output.
+        x_in = tl.where(layer == first, x_ptr, y_ptr)
+        r_in = tl.where(layer == first, res_ptr, res_out_ptr)
 
-    # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T ------------------------------------
-    if (PHASE < 0 or PHASE == 0) and WORK:
-        rows = pid * R_QKV + tl.arange(0, RP_QKV)
-        mask = (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
-        if PRELOAD:  # requested before the norm's reduction, which it overlaps
-            w0 = weight_chunk(w_qkv_ptr, D, rows, mask, 0, D, BK_D)
-        inv = rstd(row_sumsq(x_ptr, res_ptr, D, BK_D, True, DTYPE), D, eps)
-        if pid == 0:  # h, the residual the attention output is added to
-            for k0 in tl.static_range(0, D, BK_D):
-                offs = k0 + tl.arange(0, BK_D)
-                tl.store(h_ptr + offs, h_chunk(x_ptr, res_ptr, offs, D, True, DTYPE),
-                         mask=offs < D)
-        if not PRELOAD:
-            w0 = weight_chunk(w_qkv_ptr, D, rows, mask, 0, D, BK_D)
-        out = matvec(w0, w_qkv_ptr, D, rows, mask, x_ptr, res_ptr, w_in_ptr, inv, D, BK_D,
-                     RP_QKV, True, True, DTYPE, WIDEN, GROUP)
-        _epilogue(out, rows, mask, s_qkv_ptr, b_qkv_ptr, qkv_ptr, W_SCALE, QKV_BIAS)
-    if PHASE < 0:
-        seen = arrive(bar_ptr)
-        wait(bar_ptr, nprog, seen)
+        # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T --------------------------------
+        if (PHASE < 0 or PHASE == 0) and WORK:
+            inv = rstd(row_sumsq(x_in, r_in, D, BK_D, True, DTYPE), D, eps)
+            if pid == 0:  # h, the residual the attention output is added to
+                for k0 in tl.static_range(0, D, BK_D):
+                    offs = k0 + tl.arange(0, BK_D)
+                    tl.store(h_ptr + offs, h_chunk(x_in, r_in, offs, D, True, DTYPE),
+                             mask=offs < D)
+            out = matvec(w0_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_D,
+                         RP_QKV, True, True, DTYPE, WIDEN, GROUP)
+            _epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
+        if PERSIST:
+            seen = arrive(bar_ptr)
+            wait(bar_ptr, bar0 + nprog, seen)
 
-    # -- B: norms, RoPE, K/V store, attention over one key split, combine ------------------
-    if (PHASE < 0 or PHASE == 1) and WORK:
-        for item in range(pid, HKV * SPLITS, nprog):
-            kvh = item % HKV  # a token's kv heads side by side: whole cache rows per wave
-            s = item // HKV
-            start = s * split_len
-            end = tl.minimum(start + split_len, ctx)
-            if start < end:
-                offs_d = tl.arange(0, HD)
-                if s == n_valid - 1:  # the split that holds the new key stores it first
-                    kv_head = tl.full([1], 0, tl.int32) + kvh
-                    k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos,
-                                   cos_sin_ptr, kn_ptr, eps, HD, QK_NORM, DTYPE)
-                    v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs_d,
-                                cache_modifier=".cg")
-                    slot = tl.load(slot_ptr).to(tl.int64)
-                    dst = slot * stride_kslot + kvh * HD + offs_d
-                    tl.store(k_cache_ptr + dst[None, :], k.to(DTYPE))
-                    tl.store(v_cache_ptr + dst, v)
-                    tl.debug_barrier()
-                heads = kvh * G + tl.arange(0, G_PAD)
-                g_mask = tl.arange(0, G_PAD) < G
-                q = rope_rows(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, qn_ptr, eps, HD,
-                               QK_NORM, DTYPE).to(DTYPE)
-                acc, m_i, l_i = attend_tiles(
-                    q, k_cache_ptr, v_cache_ptr, k_cache_ptr, k_cache_ptr, bt_ptr, kvh * HD,
-                    start, end, qk_scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
-                    BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC, False,
-                    False, DTYPE, False)
-                po = po_ptr + heads[:, None] * (SPLITS * HD) + s * HD + offs_d[None, :]
-                tl.store(po, acc / l_i[:, None], mask=g_mask[:, None])
-                tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
-                split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
-                           SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK, HD)
-    # -- C: o_proj ----------------------------------------------------------------------------
-    # Each matrix phase's first weight chunk is requested between the barrier's arrival and
-    # its wait (PRELOAD): weights do not depend on the other programs' results.
-    C_ON: tl.constexpr = (PHASE < 0 or PHASE == 2) and WORK
-    if C_ON:
-        rows = pid * R_O + tl.arange(0, RP_O)
-        mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
-    if PHASE < 0:
-        seen = arrive(bar_ptr)
-        if C_ON and PRELOAD:
-            w0 = weight_chunk(w_o_ptr, HQ * HD, rows, mask, 0, HQ * HD, BK_Q)
-        wait(bar_ptr, 2 * nprog, seen)
-    if C_ON:
-        if PHASE >= 0 or not PRELOAD:
-            w0 = weight_chunk(w_o_ptr, HQ * HD, rows, mask, 0, HQ * HD, BK_Q)
-        out = matvec(w0, w_o_ptr, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
-                     BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
-        _epilogue(out, rows, mask, s_o_ptr, b_o_ptr, ao_ptr, W_SCALE, O_BIAS)
+        # -- B: norms, RoPE, K/V store, attention over one key split, combine --------------
+        if (PHASE < 0 or PHASE == 1) and WORK:
+            for item in range(pid, HKV * SPLITS, nprog):
+                kvh = item % HKV  # a token's kv heads side by side: whole cache rows a wave
+                s = item // HKV
+                start = s * split_len
+                end = tl.minimum(start + split_len, ctx)
+                if start < end:
+                    offs_d = tl.arange(0, HD)
+                    if s == n_valid - 1:  # the split that holds the new key stores it first
+                        kv_head = tl.full([1], 0, tl.int32) + kvh
+                        k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos,
+                                      cos_sin_ptr, k_norm, eps, HD, QK_NORM, DTYPE)
+                        v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs_d,
+                                    cache_modifier=".cg")
+                        slot = tl.load(slot_ptr).to(tl.int64)
+                        dst = slot * stride_kslot + kvh * HD + offs_d
+                        tl.store(k_cache + dst[None, :], k.to(DTYPE))
+                        tl.store(v_cache + dst, v)
+                        tl.debug_barrier()
+                    heads = kvh * G + tl.arange(0, G_PAD)
+                    g_mask = tl.arange(0, G_PAD) < G
+                    q = rope_rows(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps, HD,
+                                  QK_NORM, DTYPE).to(DTYPE)
+                    acc, m_i, l_i = attend_tiles(
+                        q, k_cache, v_cache, k_cache, k_cache, bt_ptr, kvh * HD,
+                        start, end, qk_scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
+                        BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC, False,
+                        False, DTYPE, False)
+                    po = po_ptr + heads[:, None] * (SPLITS * HD) + s * HD + offs_d[None, :]
+                    tl.store(po, acc / l_i[:, None], mask=g_mask[:, None])
+                    tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
+                    split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
+                               SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK,
+                               HD)
 
-    # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ----------------------------------
-    D_ON: tl.constexpr = (PHASE < 0 or PHASE == 3) and WORK
-    if D_ON:  # rows interleaved gate, up, gate, up...: one matvec, split apart afterwards
-        j = tl.arange(0, 2 * RP_GU)
-        pair = pid * R_GU + j // 2
-        rows = pair + (j % 2) * I
-        mask = (pair < I) & (j // 2 < R_GU)
-    if PHASE < 0:
-        seen = arrive(bar_ptr)
-        if D_ON and PRELOAD:
-            w0 = weight_chunk(w_gu_ptr, D, rows, mask, 0, D, BK_D)
-        wait(bar_ptr, 3 * nprog, seen)
-    if D_ON:
-        if PHASE >= 0 or not PRELOAD:
-            w0 = weight_chunk(w_gu_ptr, D, rows, mask, 0, D, BK_D)
-        inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
-        if pid == 0:  # h2: the next layer's residual
-            for k0 in tl.static_range(0, D, BK_D):
-                offs = k0 + tl.arange(0, BK_D)
-                tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
-                         mask=offs < D)
-        out = matvec(w0, w_gu_ptr, D, rows, mask, ao_ptr, h_ptr, w_post_ptr, inv, D, BK_D,
-                     2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
-        if W_SCALE:
-            out *= tl.load(s_gu_ptr + rows, mask=mask, other=0.0)
-        gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
-        act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
-        cols = pid * R_GU + tl.arange(0, RP_GU)
-        tl.store(act_ptr + cols, (act * up).to(DTYPE),
-                 mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
+        # Each matrix phase's first weight chunk is requested between the barrier's arrival
+        # and its wait: weights do not depend on the other programs' results.
+        # -- C: o_proj ------------------------------------------------------------------------
+        C_ON: tl.constexpr = (PHASE < 0 or PHASE == 2) and WORK
+        if C_ON:
+            rows = pid * R_O + tl.arange(0, RP_O)
+            mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
+        if PERSIST:
+            seen = arrive(bar_ptr)
+            if C_ON:
+                w0 = weight_chunk(w_o, HQ * HD, rows, mask, 0, HQ * HD, BK_Q)
+            wait(bar_ptr, bar0 + 2 * nprog, seen)
+        if C_ON:
+            if not PERSIST:
+                w0 = weight_chunk(w_o, HQ * HD, rows, mask, 0, HQ * HD, BK_Q)
+            out = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
+                         BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
+            _epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
 
-    # -- E: down_proj -------------------------------------------------------------------------
-    E_ON: tl.constexpr = (PHASE < 0 or PHASE == 4) and WORK
-    if E_ON:
-        rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
-        mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
-    if PHASE < 0:
-        seen = arrive(bar_ptr)
-        if E_ON and PRELOAD:
-            w0 = weight_chunk(w_down_ptr, I, rows, mask, 0, I, BK_I)
-        wait(bar_ptr, 4 * nprog, seen)
-    if E_ON:
-        if PHASE >= 0 or not PRELOAD:
-            w0 = weight_chunk(w_down_ptr, I, rows, mask, 0, I, BK_I)
-        out = matvec(w0, w_down_ptr, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                     RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
-        _epilogue(out, rows, mask, s_down_ptr, s_down_ptr, y_ptr, W_SCALE, False)
-    if PREFETCH_NEXT:  # the next layer's qkv rows of this program
-        rows = pid * R_QKV + tl.arange(0, RP_QKV)
-        prefetch_weight_rows(w_next_ptr, rows, (rows < NQKV) & (tl.arange(0, RP_QKV) < R_QKV), D,
-                       D_POW2, EB)
-    if PHASE < 0:
+        # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ------------------------------
+        D_ON: tl.constexpr = (PHASE < 0 or PHASE == 3) and WORK
+        if D_ON:  # rows interleaved gate, up, gate, up...: one matvec, split apart afterwards
+            j = tl.arange(0, 2 * RP_GU)
+            pair = pid * R_GU + j // 2
+            rows = pair + (j % 2) * I
+            mask = (pair < I) & (j // 2 < R_GU)
+        if PERSIST:
+            seen = arrive(bar_ptr)
+            if D_ON:
+                w0 = weight_chunk(w_gu, D, rows, mask, 0, D, BK_D)
+            wait(bar_ptr, bar0 + 3 * nprog, seen)
+        if D_ON:
+            if not PERSIST:
+                w0 = weight_chunk(w_gu, D, rows, mask, 0, D, BK_D)
+            inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
+            if pid == 0:  # h2: the next layer's residual
+                for k0 in tl.static_range(0, D, BK_D):
+                    offs = k0 + tl.arange(0, BK_D)
+                    tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
+                             mask=offs < D)
+            out = matvec(w0, w_gu, D, rows, mask, ao_ptr, h_ptr, w_post, inv, D, BK_D,
+                         2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
+            if W_SCALE:
+                out *= tl.load(s_gu + rows, mask=mask, other=0.0)
+            gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
+            act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
+            cols = pid * R_GU + tl.arange(0, RP_GU)
+            tl.store(act_ptr + cols, (act * up).to(DTYPE),
+                     mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
+
+        # -- E: down_proj ---------------------------------------------------------------------
+        E_ON: tl.constexpr = (PHASE < 0 or PHASE == 4) and WORK
+        if E_ON:
+            rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
+            mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
+        if PERSIST:
+            seen = arrive(bar_ptr)
+            if E_ON:
+                w0 = weight_chunk(w_down, I, rows, mask, 0, I, BK_I)
+            wait(bar_ptr, bar0 + 4 * nprog, seen)
+        if E_ON:
+            if not PERSIST:
+                w0 = weight_chunk(w_down, I, rows, mask, 0, I, BK_I)
+            out = matvec(w0, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
+                         RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
+            _epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
+
+        # The next layer's norm weight and first qkv chunk, requested while this layer's last
+        # programs finish (a launch of a phase runs one layer: nothing comes next).
+        nxt = tl.minimum(layer + 1, last)
+        w_in = _at(w_in_ptr, off_ptr, nxt, 0, NOFF)
+        w_qkv = _at(w_qkv_ptr, off_ptr, nxt, 1, NOFF)
+        # (Masked off past the last layer rather than skipped: a chunk kept from before
+        # would stay live, in registers, through the whole layer.)
+        if PERSIST and layer < last:
+            seen = arrive(bar_ptr)
+        w0_a = weight_chunk(w_qkv, D, rows_a, mask_a & (layer < last), 0, D, BK_D)
+        if PERSIST and layer < last:
+            wait(bar_ptr, bar0 + 5 * nprog, seen)
+    if PERSIST:
         # The last program out resets the counter for the next launch (no one polls then).
         if tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel") == nprog - 1:
             tl.atomic_xchg(bar_ptr, 0)
@@ -295,22 +335,59 @@ def _block_k(rows_pad: int, k: int) -> int:
     return max(16, min(triton.next_power_of_2(k), CONFIG["CHUNK"] // rows_pad))
 
 
-def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w_post, w_gu,
-                 w_down, eps, num_heads, num_kv_heads, head_dim, scale, cos_sin, positions,
-                 slot_mapping, context_lens, block_tables, k_cache, v_cache, scales=None,
-                 w_next=None, programs: int | None = None, phased: bool | None = None,
-                 phases: tuple[int, ...] = tuple(range(NUM_PHASES))):
-    """One decoder layer for one token: x, residual [1, D] (residual None in the first layer)
-    -> (mlp output, new residual), as DecoderLayer.forward returns them, with this token's
-    K/V stored in k_cache / v_cache [blocks, block_size, Hkv, D] at slot_mapping[0].
-    w_gu is the packed [2I, D] gate_up weight; fp8 e4m3 weights come with `scales`, fp32
-    row scales of (qkv, o, gate_up, down); cos_sin the RoPE table [max_pos, head_dim]
-    (fp32, cos half then sin half); w_next the next layer's qkv weight (prefetched into L2)
-    or None. phased: one launch per phase (default: interpreter), of `phases` only (timing
-    one phase: tools/bench_layer_kernel.py)."""
+# The per-layer tensors of the kernel, in the order of its offsets table's columns (_at).
+COLUMNS = ("w_in", "w_qkv", "b_qkv", "q_norm", "k_norm", "w_o", "b_o", "w_post", "w_gu",
+           "w_down", "s_qkv", "s_o", "s_gu", "s_down", "k_cache", "v_cache")
+_STAND_IN = {"b_qkv": "w_qkv", "q_norm": "w_in", "k_norm": "w_in", "b_o": "w_o",
+             "s_qkv": "w_qkv", "s_o": "w_qkv", "s_gu": "w_qkv", "s_down": "w_qkv"}
+
+
+def stack_layers(layers: list[dict]) -> dict | None:
+    """Consecutive layers' tensors for one launch: each column's first-layer tensor (a stand-in
+    where the layers have none, e.g. no bias) and "offsets", int64 [layers, columns] on the
+    device: where each layer's tensor lies from the first's, in elements. A layer dict holds
+    COLUMNS' names (b_qkv, q_norm, k_norm, b_o and the fp8 row scales s_* may be None); every
+    layer's tensors must have the first layer's shapes, strides and dtypes. None where one
+    lies off a 16-byte step from the first (the kernel's vectorized loads need that)."""
+    first = layers[0]
+    present = {c: first[c] is not None for c in COLUMNS}
+    base, offsets = {}, []
+    for c in COLUMNS:
+        base[c] = first[c] if present[c] else first[_STAND_IN[c]]
+    for layer in layers:
+        row = []
+        for c in COLUMNS:
+            t = layer[c] if present[c] else None
+            if t is None:
+                row.append(0)
+                continue
+            b = base[c]
+            assert (t.shape, t.stride(), t.dtype) == (b.shape, b.stride(), b.dtype), c
+            delta = t.data_ptr() - b.data_ptr()
+            if delta % 16:
+                return None
+            row.append(delta // t.element_size())
+        offsets.append(row)
+    table = torch.tensor(offsets, dtype=torch.int64, device=first["w_qkv"].device)
+    return dict(base, offsets=table, present=present, num_layers=len(layers))
+
+
+def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, head_dim, scale,
+                  cos_sin, positions, slot_mapping, context_lens, block_tables,
+                  programs: int | None = None, phased: bool | None = None,
+                  phases: tuple[int, ...] = tuple(range(NUM_PHASES))):
+    """Consecutive decoder layers (stack_layers) for one token, in one launch: x, residual
+    [1, D] (residual None before the first layer) -> (the last layer's mlp output, its new
+    residual), as DecoderLayer.forward chains them, with this token's K/V stored in each
+    layer's k_cache / v_cache [blocks, block_size, Hkv, D] at slot_mapping[0]. w_gu is the
+    packed [2I, D] gate_up weight; fp8 e4m3 weights come with fp32 row scales s_*; cos_sin
+    is the RoPE table [max_pos, head_dim] (fp32, cos half then sin half). phased: a launch
+    per layer and phase (default: interpreter), of `phases` only (timing one phase:
+    tools/bench_layer_kernel.py)."""
     device, dtype = x.device, x.dtype
+    w_qkv, k_cache, v_cache = stack["w_qkv"], stack["k_cache"], stack["v_cache"]
     d = x.shape[-1]
-    inter = w_down.shape[1]
+    inter = stack["w_down"].shape[1]
     hq, hkv, hd = num_heads, num_kv_heads, head_dim
     assert hd & (hd - 1) == 0 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
     assert k_cache.stride(2) == hd and k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
@@ -331,37 +408,33 @@ def decode_layer(x, residual, *, w_in, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, w
     r_gu, rp_gu = _rows(inter, programs)
     r_down, rp_down = _rows(d, programs)
     red_gp, red_chunk = reduce_tile(hq // hkv)
-    block_size = k_cache.shape[1]
-    if residual is None:  # the first layer: h = x + 0 (exact), so every layer shares a variant
+    if residual is None:  # before the first layer: h = x + 0 (exact)
         residual = _zeros(device, d, dtype)
-    if w_next is None:  # the last layer prefetches its own qkv rows again (a few MB, in L2)
-        w_next = w_qkv
-    args = (
-        x, residual, h, res_out, y, qkv, po, lse, o, ao, act,
-        w_in, w_qkv, b_qkv if b_qkv is not None else w_qkv,
-        q_norm if q_norm is not None else w_in, k_norm if k_norm is not None else w_in,
-        w_o, b_o if b_o is not None else w_o, w_post, w_gu, w_down,
-        *(scales if scales is not None else (w_qkv,) * 4),
-        cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache, v_cache,
-        k_cache.stride(0), k_cache.stride(1), _barrier(device),
-        _split_counters(device, hkv), w_next, eps, scale * LOG2E)
+    present = stack["present"]
+    head = (qkv, po, lse, o, ao, act, *(stack[c] for c in COLUMNS[:14]), k_cache, v_cache,
+            stack["offsets"])
+    tail = (cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache.stride(0),
+            k_cache.stride(1), _barrier(device), _split_counters(device, hkv), eps,
+            scale * LOG2E)
     meta = dict(
         D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
         R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down,
         BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
         BK_I=_block_k(rp_down, inter),
-        QKV_BIAS=b_qkv is not None, O_BIAS=b_o is not None, QK_NORM=q_norm is not None,
+        QKV_BIAS=present["b_qkv"], O_BIAS=present["b_o"], QK_NORM=present["q_norm"],
         SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
-        RED_CHUNK=red_chunk, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        DOT_PREC=dot_precision(dtype),
-        D_POW2=triton.next_power_of_2(d), W_SCALE=scales is not None,
-        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), GROUP=CONFIG["GROUP"],
-        PRELOAD=CONFIG["PRELOAD"],
-        PREFETCH_NEXT=CONFIG["PREFETCH_NEXT"] and not phased, WORK=CONFIG["WORK"],
+        RED_CHUNK=red_chunk, BLOCK_SIZE=k_cache.shape[1], BLOCK_N=BLOCK_N,
+        DOT_PREC=dot_precision(dtype), NOFF=len(COLUMNS), W_SCALE=present["s_qkv"],
+        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), GROUP=CONFIG["GROUP"], WORK=CONFIG["WORK"],
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
-    if phased:
+    grid = (programs,)
+    if not phased:
+        _layers_kernel[grid](x, residual, h, res_out, y, *head, 0, stack["num_layers"], *tail,
+                             PHASE=ALL_PHASES, **meta)
+        return y, res_out
+    for layer in range(stack["num_layers"]):  # each layer's input: the previous one's output
+        src = (x, residual) if layer == 0 else (y, res_out)
         for phase in phases:
-            _layer_kernel[(programs,)](*args, PHASE=phase, **meta)
-    else:
-        _layer_kernel[(programs,)](*args, PHASE=ALL_PHASES, **meta)
+            _layers_kernel[grid](*src, h, res_out, y, *head, layer, 1, *tail, PHASE=phase,
+                                 **meta)
     return y, res_out

@@ -1,24 +1,11 @@
 """The layer kernel's parts (kernels/layer_kernel.py): the grid barrier (arrive, then wait),
-L2 prefetches of weight rows, the residual add + RMSNorm on chunks of a row, the matvec over
-weight chunks, and per-head q/k RMSNorm + RoPE rows. Each rounds where the launch-per-op
+the residual add + RMSNorm on chunks of a row, the matvec over weight chunks, and per-head
+q/k RMSNorm + RoPE rows. Each rounds where the launch-per-op
 path rounds."""
 import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import e4m3_to_bf16
-
-
-@triton.jit
-def prefetch_weight_rows(w_ptr, rows, row_mask, K: tl.constexpr, K_POW2: tl.constexpr,
-                         ELEM_BYTES: tl.constexpr):
-    """Ask L2 for W[rows, :K] (128-byte lines; K_POW2 >= K a power of two), not waiting."""
-    LINE: tl.constexpr = 128 // ELEM_BYTES
-    LINES: tl.constexpr = (K + LINE - 1) // LINE
-    cols = tl.minimum(tl.arange(0, K_POW2 // LINE), LINES - 1) * LINE
-    rows = tl.where(row_mask, rows, 0)
-    addr = (w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :]).to(tl.int64)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -88,18 +88,13 @@ class DecoderLayer(nn.Module):
                         and isinstance(mlp, GatedMLP)
                         and all(p.gemm_operands() is not None for p in (
                             self_attn.qkv_proj, mlp.gate_up_proj, mlp.down_proj)))
-        # Whether a batch-1 decode step may run the whole layer as one launch
-        # (kernels/layer_kernel.py; models/one_launch.py says which layers can).
+        # Whether a batch-1 decode step may run this layer inside the one launch of all
+        # layers (kernels/layer_kernel.py; models/one_launch.py says which layers can).
         self.one_launch = (isinstance(self_attn, DecoderAttention)
                            and isinstance(mlp, GatedMLP)
                            and one_launch.eligible(self, cfg.hidden_size))
-        self.next_qkv = ()  # (the next layer's qkv_proj,) when it runs one_launch too
 
     def forward(self, positions, x, residual):
-        if self.one_launch and x.shape[0] == 1:
-            out = one_launch.forward(self, positions, x, residual)
-            if out is not None:
-                return out
         if self.fusable and fused_rows(x):
             return self.forward_fused(positions, x, residual)
         if residual is None:
@@ -156,15 +151,21 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layers)
-        for layer, nxt in zip(layers, layers[1:]):  # one_launch layers prefetch the next's qkv
-            if getattr(layer, "one_launch", False) and getattr(nxt, "one_launch", False):
-                layer.next_qkv = (nxt.self_attn.qkv_proj,)  # a tuple: not a submodule
+        # A batch-1 decode step runs every layer in one launch when each one can.
+        self.one_launch = bool(layers) and all(getattr(layer, "one_launch", False)
+                                               for layer in layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
+        out = None
+        if self.one_launch and x.shape[0] == 1:
+            out = one_launch.forward(self.layers, positions, x)
+        if out is not None:
+            x, residual = out
+        else:
+            for layer in self.layers:
+                x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
         return x
 

@@ -1,5 +1,5 @@
-"""Which decoder layers run a batch-1 decode step as one launch (kernels/layer_kernel.py),
-and that launch's arguments from a layer's modules (models/decoder.DecoderLayer)."""
+"""Which decoder layers run a batch-1 decode step in one launch (kernels/layer_kernel.py),
+and that launch's arguments from the layers' modules (models/decoder.DecoderLayer)."""
 import functools
 import os
 
@@ -13,7 +13,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 @functools.cache
 def layer_kernel_mode() -> str:
-    """NANOVLLM_LAYER_KERNEL: each dense layer of a batch-1 decode step as one launch
+    """NANOVLLM_LAYER_KERNEL: the dense layers of a batch-1 decode step in one launch
     (kernels/layer_kernel.py). Unset: on a GPU; "1": also under the Triton interpreter on a
     CPU (tests); "0": off (a launch per op)."""
     value = os.environ.get("NANOVLLM_LAYER_KERNEL", "")
@@ -57,40 +57,56 @@ def operands(layer):
     return weights, None if ops[0][1] is None else [op[1] for op in ops]
 
 
-def forward(layer, positions, x, residual):
-    """layer.forward as one kernel launch for a decode step of one row, or None where that
-    step is not one (a prefill, a cache not in the model's dtype, no cache yet, a CPU tensor
-    unless forced)."""
+def forward(layers, positions, x):
+    """The decoder layers (all eligible) of a decode step of one row as one kernel launch:
+    (the last layer's output, its residual) as chaining DecoderLayer.forward gives them, or
+    None where that step is not one (a prefill, a cache not in the model's dtype, no cache
+    yet, a CPU tensor unless forced)."""
     if not (x.is_cuda or (_INTERPRET and layer_kernel_mode() == "1")):
         return None
-    from nanovllm.kernels.layer_kernel import decode_layer
+    from nanovllm.kernels.layer_kernel import decode_layers
 
     ctx = get_context()
-    attn = layer.self_attn
+    attn = layers[0].self_attn
     core = attn.attn
     if (ctx.is_prefill or core.k_cache.numel() == 0 or core.k_cache.dtype != x.dtype
             or core.backend.mix_kv):
         return None
-    (w_qkv, w_o, w_gu, w_down), scales, w_next = _launch_operands(layer)
-    return decode_layer(
-        x, residual, w_in=layer.input_layernorm.weight, w_qkv=w_qkv,
-        b_qkv=attn.qkv_proj.bias, q_norm=None if attn.q_norm is None else attn.q_norm.weight,
+    stack = _stack(layers)
+    if stack is None:
+        return None
+    return decode_layers(
+        x, None, stack, eps=layers[0].input_layernorm.eps, num_heads=attn.num_heads,
+        num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scale=core.scale,
+        cos_sin=attn.rotary_emb.cos_sin_cache.view(-1, attn.head_dim), positions=positions,
+        slot_mapping=ctx.slot_mapping, context_lens=ctx.context_lens,
+        block_tables=ctx.block_tables)
+
+
+def _stack(layers):
+    """layer_kernel.stack_layers of the layers' tensors, built once (after the weights are
+    loaded: the first forward) and again only if the KV cache moves; None where the kernel
+    cannot address them."""
+    first = layers[0].self_attn.attn
+    key = (first.k_cache.data_ptr(), first.v_cache.data_ptr())
+    cached = layers[0].__dict__.get("_layer_stack")
+    if cached is None or cached[0] != key:
+        from nanovllm.kernels.layer_kernel import stack_layers
+
+        cached = layers[0].__dict__["_layer_stack"] = (key, stack_layers(
+            [_tensors(layer) for layer in layers]))
+    return cached[1]
+
+
+def _tensors(layer) -> dict:
+    """A layer's tensors by layer_kernel.COLUMNS' names."""
+    attn, core = layer.self_attn, layer.self_attn.attn
+    (w_qkv, w_o, w_gu, w_down), scales = operands(layer)
+    s_qkv, s_o, s_gu, s_down = scales if scales is not None else (None,) * 4
+    return dict(
+        w_in=layer.input_layernorm.weight, w_qkv=w_qkv, b_qkv=attn.qkv_proj.bias,
+        q_norm=None if attn.q_norm is None else attn.q_norm.weight,
         k_norm=None if attn.k_norm is None else attn.k_norm.weight, w_o=w_o,
         b_o=attn.o_proj.bias, w_post=layer.post_attention_layernorm.weight, w_gu=w_gu,
-        w_down=w_down, scales=scales, eps=layer.input_layernorm.eps, num_heads=attn.num_heads,
-        num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scale=core.scale,
-        cos_sin=attn.rotary_emb.cos_sin_cache.view(-1, attn.head_dim),
-        positions=positions, slot_mapping=ctx.slot_mapping, context_lens=ctx.context_lens,
-        block_tables=ctx.block_tables, k_cache=core.k_cache, v_cache=core.v_cache,
-        w_next=w_next)
-
-
-def _launch_operands(layer):
-    """operands(layer) and the next layer's qkv weight, found once per layer (after the
-    weights are loaded: the first forward) rather than on every eager decode step."""
-    cached = layer.__dict__.get("_launch_operands")
-    if cached is None:
-        weights, scales = operands(layer)
-        nxt = layer.next_qkv[0].gemm_operands()[0] if layer.next_qkv else None
-        cached = layer.__dict__["_launch_operands"] = (weights, scales, nxt)
-    return cached
+        w_down=w_down, s_qkv=s_qkv, s_o=s_o, s_gu=s_gu, s_down=s_down,
+        k_cache=core.k_cache, v_cache=core.v_cache)

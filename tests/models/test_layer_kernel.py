@@ -1,7 +1,7 @@
-"""A batch-1 decode step runs each dense layer as one launch (kernels/layer_kernel.py; on by
+"""A batch-1 decode step runs all dense layers in one launch (kernels/layer_kernel.py; on by
 default on a GPU, NANOVLLM_LAYER_KERNEL=1 forces it on the CPU, 0 turns it off). On the CPU
-the interpreter runs it a phase per launch; marked gpu, the persistent launch with its grid
-barriers runs on the device."""
+the interpreter runs it a launch per layer and phase; marked gpu, the persistent launch with
+its grid barriers runs on the device."""
 import random
 
 import pytest
@@ -28,8 +28,8 @@ def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
         ctx = [random.Random(1).randrange(400) for _ in range(24)]
         before = len(calls)
         out = context_logits(llm, ctx, 8)
-        if on:  # every layer of every decode step went through the kernel
-            assert len(calls) - before == len(layers) * (len(ctx) - 9)
+        if on:  # every decode step went through the kernel, all layers in one call
+            assert len(calls) - before == len(ctx) - 9
         return out
     finally:
         llm.shutdown()
@@ -38,15 +38,15 @@ def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Calls of layer_kernel.decode_layer, recorded."""
+    """Calls of layer_kernel.decode_layers, recorded."""
     calls = []
-    real = layer_kernel.decode_layer
+    real = layer_kernel.decode_layers
 
     def wrapper(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(layer_kernel, "decode_layer", wrapper)
+    monkeypatch.setattr(layer_kernel, "decode_layers", wrapper)
     return calls
 
 
@@ -95,6 +95,22 @@ def test_layers_it_cannot_run_keep_their_path(arch_models, monkeypatch):
     finally:
         llm.shutdown()
         one_launch.layer_kernel_mode.cache_clear()
+
+
+def test_stack_refuses_tensors_off_a_16_byte_step():
+    """The kernel loads weights 16 bytes at a time from offsets of the first layer's: a layer
+    whose tensor lies between such steps keeps the launch-per-op path (stack_layers: None)."""
+    def layer(buf, at):
+        t = {c: None for c in layer_kernel.COLUMNS}
+        for c in ("w_in", "w_qkv", "w_o", "w_post", "w_gu", "w_down", "k_cache", "v_cache"):
+            t[c] = buf[at:at + 64]
+        return t
+
+    buf = torch.zeros(256, dtype=torch.bfloat16)
+    stack = layer_kernel.stack_layers([layer(buf, 0), layer(buf, 64)])
+    assert stack["offsets"].tolist() == [[0] * 16, [64 if c else 0 for c in (
+        1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1)]]
+    assert layer_kernel.stack_layers([layer(buf, 0), layer(buf, 65)]) is None
 
 
 def test_bad_flag_is_a_value_error(monkeypatch):
