@@ -266,7 +266,8 @@ def _layers_kernel(
         # would stay live, in registers, through the whole layer.)
         if PERSIST and layer < last:
             seen = arrive(bar_ptr)
-        w0_a = weight_chunk(w_qkv, D, rows_a, mask_a & (layer < last), 0, D, BK_D)
+        more = tl.full([RP_QKV], layer, tl.int32) < last  # (a vector: the interpreter's mask)
+        w0_a = weight_chunk(w_qkv, D, rows_a, mask_a & more, 0, D, BK_D)
         if PERSIST and layer < last:
             wait(bar_ptr, bar0 + 5 * nprog, seen)
     if PERSIST:
