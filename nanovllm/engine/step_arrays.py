@@ -7,7 +7,9 @@ import numpy as np
 from nanovllm.engine.sampling_rows import LogprobPlan, PenaltyRows, SamplingRows
 
 # Rows of StepInputs.decode_meta, in order; the decode graphs read them at fixed places.
-DECODE_META_ROWS = 6  # ids, positions, slots, context lens, order, feed rows
+# The last: the rows' temperatures (float32 bits; 0 where none), which a decode graph that
+# samples reads (worker/cuda_graph.py).
+DECODE_META_ROWS = 7  # ids, positions, slots, context lens, order, feed rows, temperatures
 
 
 @dataclass
@@ -63,10 +65,14 @@ class StepInputs:
     @property
     def decode_meta(self) -> np.ndarray:
         """[DECODE_META_ROWS, rows]: ids, positions, slots, context lens, order, feed rows
-        (-1: none)."""
+        (-1: none), temperatures (float32 bits; 0 past the sampled rows and off rank 0)."""
         feed = np.full_like(self.input_ids, -1) if self.feed_rows is None else self.feed_rows
+        temps = np.zeros(len(self.input_ids), np.float32)
+        if self.sampling is not None:
+            t = self.sampling.temperatures[:len(temps)]
+            temps[:len(t)] = t
         return np.stack([self.input_ids, self.positions, self.slot_mapping, self.context_lens,
-                         self.order, feed])
+                         self.order, feed, temps.view(np.int32)])
 
     def device_parts(self) -> dict[str, np.ndarray]:
         """The arrays the device needs, by name, in upload order: a decode step's meta and

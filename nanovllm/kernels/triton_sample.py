@@ -25,9 +25,12 @@ def _fold(best, best_idx, logits_ptr, row, cols, vocab, stride_b, inv_t, greedy,
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, vocab, stride_b,
-                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr):
+def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, seed_ptr, vocab,
+                          stride_b, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                          NUM_CHUNKS: tl.constexpr, SEED_PTR: tl.constexpr):
     # Program = (row, chunk of the vocabulary): a partial (max, argmax) per chunk.
+    if SEED_PTR:  # the seed from device memory (a CUDA graph's replays: a new one each)
+        seed = tl.load(seed_ptr)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
@@ -57,21 +60,27 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, vocab, s
     tl.store(idx_ptr + row * NUM_CHUNKS + chunk, i)
 
 
-def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor, seed: int) -> torch.Tensor:
-    """Token ids [B] (int64): argmax for rows with T == 0, a softmax(logits / T) sample otherwise."""
+def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor,
+                       seed: int | torch.Tensor) -> torch.Tensor:
+    """Token ids [B] (int64): argmax for rows with T == 0, a softmax(logits / T) sample
+    otherwise. seed: an int, or a one-element int32 device tensor (read by the kernel)."""
     batch, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     # Four quarters of 1024 lanes per iteration: as wide as one 1024-lane pass per uniform,
-    # with a quarter of the Philox work.
-    block = 4096
-    num_chunks = 16 if batch < 64 else 4  # enough programs to fill the GPU at small batch
+    # with a quarter of the Philox work. At small batch, narrower blocks and more chunks
+    # fill the GPU (H100, batch 1, Qwen3's 151,936 logits: 16 chunks of 4096-wide blocks
+    # took 11.8 us).
+    block = 4096 if batch >= 8 else 1024
+    num_chunks = 4 if batch >= 64 else 16 if batch >= 8 else 128
     chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block) * block
     num_chunks = triton.cdiv(vocab, chunk)
     part_max = torch.empty(batch, num_chunks, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(batch, num_chunks, dtype=torch.int32, device=logits.device)
     _gumbel_argmax_kernel[(batch, num_chunks)](
-        logits, temperatures, part_max, part_idx, seed, vocab, logits.stride(0),
-        CHUNK=chunk, BLOCK=block, NUM_CHUNKS=num_chunks, num_warps=4)
+        logits, temperatures, part_max, part_idx, seed if isinstance(seed, int) else 0,
+        seed if isinstance(seed, torch.Tensor) else temperatures, vocab, logits.stride(0),
+        CHUNK=chunk, BLOCK=block, NUM_CHUNKS=num_chunks, SEED_PTR=isinstance(seed, torch.Tensor),
+        num_warps=4)
     best = part_max.argmax(1, keepdim=True)
     return part_idx.gather(1, best).squeeze(1).long()

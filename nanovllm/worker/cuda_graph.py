@@ -3,6 +3,13 @@ import torch
 
 from nanovllm.utils.compile_ahead import compile_ahead
 from nanovllm.utils.context import reset_context, set_context
+from nanovllm.worker.step_context import feed_tokens
+
+# Batch sizes up to this also get a graph that samples (LM head and temperature sampling in
+# the replay): at small batch the step is short and each launch from Python is host time
+# the GPU waits for (H100, batch 1: ~1.16 ms of host work a step against ~0.88 ms of
+# kernels). Larger batches keep the host ahead of the device, and each graph costs start-up.
+SAMPLE_MAX_BS = 8
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
@@ -30,19 +37,30 @@ def decode_graph_rows(config) -> int:
 
 class DecodeGraphs:
     """One graph per batch size, sharing a memory pool and reading their inputs from one
-    device buffer that the stager fills in place (worker/stager.py)."""
+    device buffer that the stager fills in place (worker/stager.py). Each takes the pending
+    input tokens from `sampled` (the previous step's ids) first. With sample=True the small
+    sizes (SAMPLE_MAX_BS) also get a graph that goes on to the logits and a temperature
+    sample into `sampled` (the whole step of a plain batch in one replay)."""
 
     def __init__(self, model, max_bs: int, meta: torch.Tensor, table: torch.Tensor,
-                 hidden_size: int, dtype: torch.dtype):
+                 hidden_size: int, dtype: torch.dtype, sampled: torch.Tensor,
+                 sample: bool = False):
         self.model = model
         self.batch_sizes = graph_batch_sizes(max_bs)
         self.max_bs = max_bs
         # meta [DECODE_META_ROWS, max_bs]: ids, positions, slots, context lens, order, feed
-        # rows (read outside the graph); table [max_bs, width]: the block table.
-        self.meta, self.table = meta, table
+        # rows, temperatures; table [max_bs, width]: the block table.
+        self.meta, self.table, self.sampled = meta, table, sampled
         self.meta[4] = torch.arange(max_bs, dtype=torch.int32, device=meta.device)  # a permutation
+        self.meta[5] = -1  # no pending tokens
         self.outputs = torch.zeros(max_bs, hidden_size, dtype=dtype, device=meta.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.sample_sizes = [b for b in self.batch_sizes
+                             if sample and b <= min(SAMPLE_MAX_BS, len(sampled))]
+        self.sample_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # The sampling graphs' seed: read by the sampler, bumped by each replay.
+        self.seed = torch.tensor([torch.initial_seed() & 0x7FFFFFFF], dtype=torch.int32,
+                                 device=meta.device)
         self._capture()
 
     def _set_batch(self, bs: int) -> tuple:
@@ -52,21 +70,39 @@ class DecodeGraphs:
                     decode_order=self.meta[4, :bs])
         return self.meta[0, :bs], self.meta[1, :bs]
 
+    def _step(self, bs: int, sample: bool) -> None:
+        """What a graph of bs rows runs: the pending tokens fed in, the model, and either
+        the hidden states into self.outputs or (sample) a sample into self.sampled."""
+        ids, pos = self._set_batch(bs)
+        feed_tokens(ids, self.meta[5, :bs], self.sampled)
+        hidden = self.model(ids, pos)
+        if not sample:
+            self.outputs[:bs] = hidden
+            return
+        from nanovllm.kernels.triton_sample import sample_temperature
+
+        logits = self.model.compute_logits(hidden)
+        temps = self.meta[6, :bs].view(torch.float32)
+        self.sampled[:bs].copy_(sample_temperature(logits, temps, self.seed))
+        self.seed.add_(1)
+
     @torch.inference_mode()
     def _capture(self) -> None:
-        with compile_ahead() as ahead:  # every size's kernel variants, compiled in parallel
-            for bs in self.batch_sizes if ahead else ():
-                self.model(*self._set_batch(bs))
+        todo = [(bs, False) for bs in reversed(self.batch_sizes)]
+        todo += [(bs, True) for bs in reversed(self.sample_sizes)]
+        with compile_ahead() as ahead:  # every graph's kernel variants, compiled in parallel
+            for bs, sample in todo if ahead else ():
+                self._step(bs, sample)
         pool = None
-        for bs in reversed(self.batch_sizes):
-            args = self._set_batch(bs)
-            self.outputs[:bs] = self.model(*args)  # warm-up (compiles, autotunes)
+        for bs, sample in todo:
+            self._step(bs, sample)  # warm-up (compiles, autotunes)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool):
-                self.outputs[:bs] = self.model(*args)
+                self._step(bs, sample)
             pool = pool or graph.pool()
-            self.graphs[bs] = graph
+            (self.sample_graphs if sample else self.graphs)[bs] = graph
             torch.cuda.synchronize()
+        self.sampled.zero_()  # the warm-ups sampled from zero inputs
         reset_context()
 
     def can_run(self, num_seqs: int) -> bool:
@@ -82,11 +118,21 @@ class DecodeGraphs:
         self.graphs[bs].replay()
         return self.outputs[:num_seqs]
 
+    def can_sample(self, num_seqs: int) -> bool:
+        """Whether a batch of num_seqs has a graph that samples too."""
+        return bool(self.sample_graphs) and num_seqs <= self.sample_sizes[-1]
+
+    def run_sampled(self, num_seqs: int) -> None:
+        """Replay the smallest sampling graph that holds the batch: the step's ids land in
+        sampled[:num_seqs] (a plain batch: temperatures only, no logprobs)."""
+        self.sample_graphs[next(b for b in self.sample_sizes if b >= num_seqs)].replay()
+
     def release(self, device: torch.device) -> None:
         """Destroy the graphs: NCCL cannot tear down a communicator that a live graph has
         captured (pytorch/pytorch#115388), so this comes before leaving the group."""
         torch.cuda.synchronize(device)
-        for graph in self.graphs.values():
-            graph.reset()
-        self.graphs.clear()
+        for graphs in (self.graphs, self.sample_graphs):
+            for graph in graphs.values():
+                graph.reset()
+            graphs.clear()
 

@@ -140,8 +140,11 @@ class ModelRunner:
         self.stager = Stager(self.device, [(DECODE_META_ROWS, max_bs),
                                            (max_bs, self.max_blocks_per_seq)])
         meta, table = self.stager.graph_views
+        # One rank samples the whole step in a graph: with tensor parallelism the logits
+        # gather across ranks, which stays outside.
         self.graphs = DecodeGraphs(self.model, max_bs, meta, table,
-                                   self.config.hf_config.hidden_size, self.dtype)
+                                   self.config.hf_config.hidden_size, self.dtype, self.sampled,
+                                   sample=self.config.tensor_parallel_size == 1)
 
     def set_eos_ids(self, eos_ids: set[int]) -> None:
         """The end tokens min_tokens holds back (rank 0 samples; the engine sets them)."""
@@ -181,6 +184,11 @@ class ModelRunner:
             lp = None if inputs.logprobs is None else LogprobsStep(inputs.logprobs, dev)
         if inputs.spec_starts is not None and self.drafter is not None:
             self.drafter.propose(seqs, inputs, dev)  # the draft model fills the draft rows
+        elif (graphed and st is not None and st.plain and lp is None and not late_masks
+                and inputs.spec_starts is None and self.graphs.can_sample(num_rows)):
+            self.graphs.run_sampled(num_rows)  # the whole step: forward, logits and sample
+            self.builder.launched(seqs)
+            return self._send(len(seqs), None)
         hidden = self.forward(inputs, dev, graphed)
         logits = self.model.compute_logits(hidden)
         if inputs.prompt_rows is not None:  # on every rank: the LM head gathers across ranks
@@ -224,11 +232,11 @@ class ModelRunner:
                 return self.prefill_graphs.run(ids, pos)
             return self.model(ids, pos)
         n = inputs.num_rows
-        ids, pos, slots, lens, order, feed = dev["decode_meta"][:, :n]
+        if graphed:  # (the graph feeds the pending tokens in itself)
+            return self.graphs.run(n)
+        ids, pos, slots, lens, order, feed = dev["decode_meta"][:6, :n]
         if inputs.feed_rows is not None:
             feed_tokens(ids, feed, self.sampled)
-        if graphed:
-            return self.graphs.run(n)
         set_context(is_prefill=False, slot_mapping=slots, context_lens=lens,
                     block_tables=dev["block_tables"][:n], decode_order=order)
         return self.model(ids, pos)
@@ -241,6 +249,10 @@ class ModelRunner:
         self.sampled[:n].copy_(self.sampler(logits, st))
         if lp is not None:
             lp.finish(self.sampled[:n], self.pinned)
+        return self._send(n, lp)
+
+    def _send(self, n: int, lp: LogprobsStep | None) -> StepResult:
+        """Rank 0: start the copy of sampled[:n] (and logprobs) back to the host."""
         if not self.pinned:
             return StepResult(self.sampled[:n].tolist(), logprobs=lp)
         # The step's device->host transfer (ids, and logprobs if any), waited for when asked.

@@ -28,6 +28,13 @@ class SamplingTensors:
     bitmask: torch.Tensor | None = None
     grammar_rows: torch.Tensor | None = None
 
+    @property
+    def plain(self) -> bool:
+        """Temperatures alone (0 = greedy): what the fused sampler and the decode graphs
+        that sample compute, with no top-k/p, min-p, seeds, penalties or grammar."""
+        return (self.top_ks is None and self.top_ps is None and self.min_ps is None
+                and not self.seeds and self.penalties is None and self.bitmask is None)
+
     @classmethod
     def from_rows(cls, rows: SamplingRows, dev: dict[str, torch.Tensor],
                   penalties: PenaltyTensors | None = None) -> "SamplingTensors":

@@ -43,7 +43,7 @@ def test_decode_rows_are_padded_to_write_nowhere_and_attend_to_nothing():
     assert x.context_lens.tolist() == [9, 4, 0, 0]
     assert x.block_tables.tolist() == [[3, 4, 6], [8, 0, 0], [0, 0, 0], [0, 0, 0]]
     assert x.order.tolist() == [0, 1, 2, 3]  # longest first, then the padding rows
-    assert x.decode_meta.shape == (6, 4) and x.decode_meta.dtype == np.int32
+    assert x.decode_meta.shape == (7, 4) and x.decode_meta.dtype == np.int32
     assert x.decode_meta[5].tolist() == [-1] * 4  # no pending input token: no feed rows
     y = decode_inputs([b, a], BS, width=3, rows=4)
     assert y.order.tolist() == [1, 0, 2, 3]

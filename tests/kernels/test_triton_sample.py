@@ -44,3 +44,11 @@ def test_on_gpu():
     test_greedy_rows_are_argmax()
     test_samples_follow_softmax(0.7)
     test_seeds_change_samples_and_bf16_input()
+
+
+def test_a_seed_in_device_memory_draws_as_the_same_int():
+    """The decode graphs that sample pass the seed as a tensor the kernel reads."""
+    logits = torch.randn(4, 5000, device=DEVICE)
+    t = torch.ones(4, device=DEVICE)
+    seed = torch.tensor([77], dtype=torch.int32, device=DEVICE)
+    assert torch.equal(sample_temperature(logits, t, seed), sample_temperature(logits, t, 77))

@@ -16,3 +16,33 @@ def test_graph_sizes_cover_every_batch_with_bounded_padding(max_bs):
 
 def test_graph_count_for_the_default_batch():
     assert len(graph_batch_sizes(512)) == 19
+
+
+@pytest.mark.gpu
+def test_graphs_that_sample_match_eager_steps(toy_models, monkeypatch):
+    """Small plain batches run each decode step as one replay (forward, logits, sample):
+    greedy ids equal eager steps', and sampled batches go through it too."""
+    from nanovllm import LLM, SamplingParams
+    from nanovllm.worker.cuda_graph import DecodeGraphs
+
+    replays = []
+    real = DecodeGraphs.run_sampled
+    monkeypatch.setattr(DecodeGraphs, "run_sampled",
+                        lambda self, n: (replays.append(n), real(self, n))[1])
+    prompts = [[3, 14, 15, 92], [65, 35], [89, 79, 32, 38, 46]]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(toy_models["untied_gqa4_d64"], enforce_eager=eager, max_model_len=256,
+                  dtype="bfloat16")
+        try:
+            outs[eager] = [o["token_ids"] for o in llm.generate(prompts, greedy, use_tqdm=False)]
+            if not eager:
+                assert replays and max(replays) == 3
+                replays.clear()
+                hot = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+                sampled = llm.generate(prompts[:1], hot, use_tqdm=False)[0]["token_ids"]
+                assert len(sampled) == 12 and replays == [1] * 11
+        finally:
+            llm.shutdown()
+    assert outs[True] == outs[False]

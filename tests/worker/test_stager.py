@@ -12,7 +12,7 @@ CPU = torch.device("cpu")
 
 
 def parts(rng: np.random.Generator, rows: int, width: int, extra: int) -> dict[str, np.ndarray]:
-    return dict(decode_meta=rng.integers(-5, 99, (6, rows), dtype=np.int32),
+    return dict(decode_meta=rng.integers(-5, 99, (7, rows), dtype=np.int32),
                 block_tables=rng.integers(0, 99, (rows, width), dtype=np.int32),
                 temperatures=rng.random(rows - 1, dtype=np.float32),  # odd size: padding
                 penalty_ids=rng.integers(0, 2**40, (3, extra), dtype=np.int64),
@@ -43,7 +43,7 @@ def test_parts_come_back_as_they_were():
 def test_graph_steps_land_in_the_graph_buffer(monkeypatch, extra):
     monkeypatch.setattr(stager_module, "TAIL_WORDS", 1024)
     rows, width = 8, 5
-    st = Stager(CPU, [(6, rows), (rows, width)])
+    st = Stager(CPU, [(7, rows), (rows, width)])
     meta, table = st.graph_views
     host = parts(np.random.default_rng(1), rows, width, extra)
     dev = st.upload(host, graph=True)
@@ -58,7 +58,7 @@ def test_graph_steps_land_in_the_graph_buffer(monkeypatch, extra):
 def test_pinned_buffers_take_turns_and_grow_on_a_gpu():
     """Steps through both pinned buffers (grown on the way), eager and into the graph
     buffer, arrive intact on the GPU."""
-    st = Stager(torch.device("cuda"), [(6, 8), (8, 5)])
+    st = Stager(torch.device("cuda"), [(7, 8), (8, 5)])
     rng = np.random.default_rng(2)
     for extra in (7, 5000, 70000, 3):
         for graph in (False, True):
