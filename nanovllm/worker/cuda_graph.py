@@ -6,10 +6,11 @@ from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.step_context import feed_tokens
 
 # Batch sizes up to this also get a graph that samples (LM head and temperature sampling in
-# the replay): at small batch the step is short and each launch from Python is host time
-# the GPU waits for (H100, batch 1: ~1.16 ms of host work a step against ~0.88 ms of
-# kernels). Larger batches keep the host ahead of the device, and each graph costs start-up.
-SAMPLE_MAX_BS = 8
+# the replay): at batch 1 the step is short and each launch from Python is host time the
+# GPU waits for (H100: ~1.16 ms of host work a step against ~0.88 ms of kernels). Larger
+# batches keep the host ahead of the device, and each graph costs start-up (sizes up to 8:
+# a fresh start's decode graphs 8.2 -> 11.2 s).
+SAMPLE_MAX_BS = 1
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
