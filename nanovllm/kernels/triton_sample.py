@@ -60,10 +60,22 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, seed_ptr
     tl.store(idx_ptr + row * NUM_CHUNKS + chunk, i)
 
 
+@triton.jit
+def _pick_kernel(max_ptr, idx_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, NC_POW2: tl.constexpr):
+    # Program = row: the chunk with the largest partial max (the first of equals), its id.
+    row = tl.program_id(0)
+    c = tl.arange(0, NC_POW2)
+    m = tl.load(max_ptr + row * NUM_CHUNKS + c, mask=c < NUM_CHUNKS, other=float("-inf"))
+    first = tl.min(tl.where(m == tl.max(m, 0), c, NC_POW2), 0)
+    best = tl.load(idx_ptr + row * NUM_CHUNKS + first)
+    tl.store(out_ptr + row, best.to(out_ptr.dtype.element_ty))
+
+
 def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor,
-                       seed: int | torch.Tensor) -> torch.Tensor:
-    """Token ids [B] (int64): argmax for rows with T == 0, a softmax(logits / T) sample
-    otherwise. seed: an int, or a one-element int32 device tensor (read by the kernel)."""
+                       seed: int | torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Token ids [B] (int64, or into `out`): argmax for rows with T == 0, a softmax(logits /
+    T) sample otherwise. seed: an int, or a one-element int32 device tensor (read by the
+    kernel)."""
     batch, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -82,5 +94,8 @@ def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor,
         seed if isinstance(seed, torch.Tensor) else temperatures, vocab, logits.stride(0),
         CHUNK=chunk, BLOCK=block, NUM_CHUNKS=num_chunks, SEED_PTR=isinstance(seed, torch.Tensor),
         num_warps=4)
-    best = part_max.argmax(1, keepdim=True)
-    return part_idx.gather(1, best).squeeze(1).long()
+    if out is None:
+        out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    _pick_kernel[(batch,)](part_max, part_idx, out, NUM_CHUNKS=num_chunks,
+                           NC_POW2=triton.next_power_of_2(num_chunks), num_warps=1)
+    return out

@@ -84,7 +84,7 @@ class DecodeGraphs:
 
         logits = self.model.compute_logits(hidden)
         temps = self.meta[6, :bs].view(torch.float32)
-        self.sampled[:bs].copy_(sample_temperature(logits, temps, self.seed))
+        sample_temperature(logits, temps, self.seed, out=self.sampled[:bs])
         self.seed.add_(1)
 
     @torch.inference_mode()
