@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from nanovllm.kernels import layer_kernel as lk  # noqa: E402
+from nanovllm.kernels import layer_launch as lk  # noqa: E402
 from nanovllm.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
 from nanovllm.utils.model_shapes import shape_config  # noqa: E402
 

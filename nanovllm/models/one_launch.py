@@ -37,7 +37,7 @@ def eligible(layer, hidden_size: int) -> bool:
             or attn.qkv_proj.tp_size != 1 or attn.head_dim & (attn.head_dim - 1)
             or operands(layer) is None):
         return False
-    from nanovllm.kernels.layer_kernel import fits
+    from nanovllm.kernels.layer_launch import fits
 
     return fits(hidden_size, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                 mlp.gate_up_proj.output_sizes[0])
@@ -64,7 +64,7 @@ def forward(layers, positions, x):
     yet, a CPU tensor unless forced)."""
     if not (x.is_cuda or (_INTERPRET and layer_kernel_mode() == "1")):
         return None
-    from nanovllm.kernels.layer_kernel import decode_layers
+    from nanovllm.kernels.layer_launch import decode_layers
 
     ctx = get_context()
     attn = layers[0].self_attn
@@ -84,14 +84,14 @@ def forward(layers, positions, x):
 
 
 def _stack(layers):
-    """layer_kernel.stack_layers of the layers' tensors, built once (after the weights are
+    """layer_launch.stack_layers of the layers' tensors, built once (after the weights are
     loaded: the first forward) and again only if the KV cache moves; None where the kernel
     cannot address them."""
     first = layers[0].self_attn.attn
     key = (first.k_cache.data_ptr(), first.v_cache.data_ptr())
     cached = layers[0].__dict__.get("_layer_stack")
     if cached is None or cached[0] != key:
-        from nanovllm.kernels.layer_kernel import stack_layers
+        from nanovllm.kernels.layer_launch import stack_layers
 
         cached = layers[0].__dict__["_layer_stack"] = (key, stack_layers(
             [_tensors(layer) for layer in layers]))
@@ -99,7 +99,7 @@ def _stack(layers):
 
 
 def _tensors(layer) -> dict:
-    """A layer's tensors by layer_kernel.COLUMNS' names."""
+    """A layer's tensors by layer_launch.COLUMNS' names."""
     attn, core = layer.self_attn, layer.self_attn.attn
     (w_qkv, w_o, w_gu, w_down), scales = operands(layer)
     s_qkv, s_o, s_gu, s_down = scales if scales is not None else (None,) * 4

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nanovllm import LLM
-from nanovllm.kernels import layer_kernel
+from nanovllm.kernels import layer_launch
 from nanovllm.models import one_launch
 from tools.fp8_accuracy import context_logits
 
@@ -38,15 +38,15 @@ def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Calls of layer_kernel.decode_layers, recorded."""
+    """Calls of layer_launch.decode_layers, recorded."""
     calls = []
-    real = layer_kernel.decode_layers
+    real = layer_launch.decode_layers
 
     def wrapper(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(layer_kernel, "decode_layers", wrapper)
+    monkeypatch.setattr(layer_launch, "decode_layers", wrapper)
     return calls
 
 
@@ -61,7 +61,7 @@ def test_qwen3_layers_in_one_launch_match_op_by_op(toy_models, monkeypatch, coun
 
 def test_ungrouped_sums_match_op_by_op(toy_models, monkeypatch, counted):
     """GROUP=1 (a partial sum per product, not per 8 adjacent ones): the same logits."""
-    monkeypatch.setitem(layer_kernel.CONFIG, "GROUP", 1)
+    monkeypatch.setitem(layer_launch.CONFIG, "GROUP", 1)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted, **CPU)
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
@@ -101,16 +101,16 @@ def test_stack_refuses_tensors_off_a_16_byte_step():
     """The kernel loads weights 16 bytes at a time from offsets of the first layer's: a layer
     whose tensor lies between such steps keeps the launch-per-op path (stack_layers: None)."""
     def layer(buf, at):
-        t = {c: None for c in layer_kernel.COLUMNS}
+        t = {c: None for c in layer_launch.COLUMNS}
         for c in ("w_in", "w_qkv", "w_o", "w_post", "w_gu", "w_down", "k_cache", "v_cache"):
             t[c] = buf[at:at + 64]
         return t
 
     buf = torch.zeros(256, dtype=torch.bfloat16)
-    stack = layer_kernel.stack_layers([layer(buf, 0), layer(buf, 64)])
+    stack = layer_launch.stack_layers([layer(buf, 0), layer(buf, 64)])
     assert stack["offsets"].tolist() == [[0] * 16, [64 if c else 0 for c in (
         1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1)]]
-    assert layer_kernel.stack_layers([layer(buf, 0), layer(buf, 65)]) is None
+    assert layer_launch.stack_layers([layer(buf, 0), layer(buf, 65)]) is None
 
 
 def test_bad_flag_is_a_value_error(monkeypatch):
@@ -140,7 +140,7 @@ def test_large_layers_keep_the_launch_per_op_path():
     """Per-program tiles past MAX_TILE (the K loop is unrolled) are refused: Qwen3-8B and
     Llama-3.2-1B shapes on an H100's 132 SMs, while Qwen3-0.6B, SmolLM2-135M and
     Qwen2.5-0.5B fit."""
-    assert not layer_kernel.fits(4096, 32, 8, 128, 12288, programs=132)
-    assert not layer_kernel.fits(2048, 32, 8, 64, 8192, programs=132)
+    assert not layer_launch.fits(4096, 32, 8, 128, 12288, programs=132)
+    assert not layer_launch.fits(2048, 32, 8, 64, 8192, programs=132)
     for shape in ((1024, 16, 8, 128, 3072), (576, 9, 3, 64, 1536), (896, 14, 2, 64, 4864)):
-        assert layer_kernel.fits(*shape, programs=132)
+        assert layer_launch.fits(*shape, programs=132)

@@ -1,0 +1,192 @@
+"""The host side of the one-launch decode layers (kernels/layer_kernel.py): which layer sizes
+fit, the layers' tensors as a table of offsets (stack_layers), and the launch itself
+(decode_layers: one persistent launch, or on the interpreter one per layer and phase)."""
+import torch
+import triton
+
+from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precision
+from nanovllm.kernels.decode_reduce import reduce_tile
+from nanovllm.kernels.layer_kernel import ALL_PHASES, BLOCK_N, NUM_PHASES, _layers_kernel
+from nanovllm.kernels.triton_decode import _num_sms, _split_counters
+
+# Tunables (module level so tools/bench_layer_kernel.py can sweep them). CHUNK: weights per
+# K chunk of a matvec. SPLITS: most key splits of a kv head (at most programs / kv heads).
+# PER_SM: programs per SM. GROUP: products each thread sums at once in a matvec (1: a partial
+# sum per product). WORK=False: the barriers alone (timing only).
+# H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer, a launch a
+# layer: 33.9 with 8192-weight chunks -> 32.2 with 16384 (4096: 39.8; 32768 no better);
+# 30.6 -> 30.3 with the next layer's qkv rows prefetched into L2 at the end; 30.3 -> 27.0
+# with each matrix phase's first chunk requested before the wait it follows and GROUP=8
+# (SmolLM2 shape 18.8 -> 18.0; either alone 27.8 / 29.8; a release-only arrival that skips
+# the count: 27.0 vs 26.8; 8 warps or 8K / 32K chunks with them: 29.6 / 30.4 / 28.1).
+# Tried and dropped (docs/PERF_NOTES.md): the later phases' weights prefetched into L2 at
+# the start (30.3 -> 33.8: their 22 MB compete with phase A's reads), the cached K/V of each
+# split prefetched (no gain), barriers polling with atomics (the barriers alone 8.8 vs 8.3
+# with acquire loads), each K chunk summed to [rows] at once (32.1), 8 warps (31.1), 2
+# programs per SM (31.2), tensor-core dots over a pipelined K loop instead of unrolled fp32
+# products (36.8; Qwen3-8B shape 224 us a layer).
+CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True)
+
+
+_BARRIERS: dict = {}
+
+
+def _barrier(device) -> torch.Tensor:
+    """Zeroed int32 [2] (arrivals, exits) per device, made once outside graph capture; every
+    launch leaves it zero."""
+    buf = _BARRIERS.get(device)
+    if buf is None:
+        buf = _BARRIERS[device] = torch.zeros(2, dtype=torch.int32, device=device)
+    return buf
+
+
+_ZEROS: dict = {}
+
+
+def _zeros(device, n: int, dtype) -> torch.Tensor:
+    """A zero [1, n] row, made once (the first call is a warm-up's, outside graph capture)."""
+    key = (device, n, dtype)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros(1, n, dtype=dtype, device=device)
+    return _ZEROS[key]
+
+
+# The most weights one program's matvec tile may hold (rows padded x K padded): the K loop is
+# unrolled, so past this compile time and registers blow up (the Qwen3-8B shape: 5 minutes of
+# compiling and 10 KB of spills a thread); such models keep the launch-per-op path.
+MAX_TILE = 1 << 17
+
+
+def _programs(device) -> int:
+    """The grid: PER_SM programs on each SM (all must be resident at once for the barriers:
+    each program's registers and shared memory must leave room for PER_SM of them)."""
+    return 4 if INTERPRET else CONFIG["PER_SM"] * _num_sms(device)
+
+
+def fits(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
+         programs: int | None = None) -> bool:
+    """Whether a layer of these sizes stays within MAX_TILE weights a program (the limit of
+    the matvec's unrolled K loop)."""
+    p = programs or _programs(torch.device("cuda"))
+    pow2 = triton.next_power_of_2
+    qkv = _rows((num_heads + 2 * num_kv_heads) * head_dim, p)[1] * pow2(hidden)
+    o = _rows(hidden, p)[1] * pow2(num_heads * head_dim)
+    gate_up = 2 * _rows(intermediate, p)[1] * pow2(hidden)
+    down = _rows(hidden, p)[1] * pow2(intermediate)
+    return max(qkv, o, gate_up, down) <= MAX_TILE
+
+
+def _rows(n: int, programs: int) -> tuple[int, int]:
+    """(rows per program, that rounded up to a power of two)."""
+    r = triton.cdiv(n, programs)
+    return r, triton.next_power_of_2(r)
+
+
+def _block_k(rows_pad: int, k: int) -> int:
+    """K chunk of a matvec: CONFIG["CHUNK"] weights a chunk, whole K if smaller."""
+    return max(16, min(triton.next_power_of_2(k), CONFIG["CHUNK"] // rows_pad))
+
+
+# The per-layer tensors of the kernel, in the order of its offsets table's columns (_at).
+COLUMNS = ("w_in", "w_qkv", "b_qkv", "q_norm", "k_norm", "w_o", "b_o", "w_post", "w_gu",
+           "w_down", "s_qkv", "s_o", "s_gu", "s_down", "k_cache", "v_cache")
+_STAND_IN = {"b_qkv": "w_qkv", "q_norm": "w_in", "k_norm": "w_in", "b_o": "w_o",
+             "s_qkv": "w_qkv", "s_o": "w_qkv", "s_gu": "w_qkv", "s_down": "w_qkv"}
+
+
+def stack_layers(layers: list[dict]) -> dict | None:
+    """Consecutive layers' tensors for one launch: each column's first-layer tensor (a stand-in
+    where the layers have none, e.g. no bias) and "offsets", int64 [layers, columns] on the
+    device: where each layer's tensor lies from the first's, in elements. A layer dict holds
+    COLUMNS' names (b_qkv, q_norm, k_norm, b_o and the fp8 row scales s_* may be None); every
+    layer's tensors must have the first layer's shapes, strides and dtypes. None where one
+    lies off a 16-byte step from the first (the kernel's vectorized loads need that)."""
+    first = layers[0]
+    present = {c: first[c] is not None for c in COLUMNS}
+    base, offsets = {}, []
+    for c in COLUMNS:
+        base[c] = first[c] if present[c] else first[_STAND_IN[c]]
+    for layer in layers:
+        row = []
+        for c in COLUMNS:
+            t = layer[c] if present[c] else None
+            if t is None:
+                row.append(0)
+                continue
+            b = base[c]
+            assert (t.shape, t.stride(), t.dtype) == (b.shape, b.stride(), b.dtype), c
+            delta = t.data_ptr() - b.data_ptr()
+            if delta % 16:
+                return None
+            row.append(delta // t.element_size())
+        offsets.append(row)
+    table = torch.tensor(offsets, dtype=torch.int64, device=first["w_qkv"].device)
+    return dict(base, offsets=table, present=present, num_layers=len(layers))
+
+
+def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, head_dim, scale,
+                  cos_sin, positions, slot_mapping, context_lens, block_tables,
+                  programs: int | None = None, phased: bool | None = None,
+                  phases: tuple[int, ...] = tuple(range(NUM_PHASES))):
+    """Consecutive decoder layers (stack_layers) for one token, in one launch: x, residual
+    [1, D] (residual None before the first layer) -> (the last layer's mlp output, its new
+    residual), as DecoderLayer.forward chains them, with this token's K/V stored in each
+    layer's k_cache / v_cache [blocks, block_size, Hkv, D] at slot_mapping[0]. w_gu is the
+    packed [2I, D] gate_up weight; fp8 e4m3 weights come with fp32 row scales s_*; cos_sin
+    is the RoPE table [max_pos, head_dim] (fp32, cos half then sin half). phased: a launch
+    per layer and phase (default: interpreter), of `phases` only (timing one phase:
+    tools/bench_layer_kernel.py)."""
+    device, dtype = x.device, x.dtype
+    w_qkv, k_cache, v_cache = stack["w_qkv"], stack["k_cache"], stack["v_cache"]
+    d = x.shape[-1]
+    inter = stack["w_down"].shape[1]
+    hq, hkv, hd = num_heads, num_kv_heads, head_dim
+    assert hd & (hd - 1) == 0 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(2) == hd and k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
+    if programs is None:
+        programs = _programs(device)
+    if phased is None:
+        phased = INTERPRET
+    splits = max(1, min(CONFIG["SPLITS"], programs // hkv))
+    f32 = dict(dtype=torch.float32, device=device)
+    qkv = torch.empty((hq + 2 * hkv) * hd, dtype=dtype, device=device)
+    po = torch.empty(hq * splits * hd, **f32)
+    lse = torch.empty(hq * splits, **f32)
+    o = torch.empty(hq * hd, dtype=dtype, device=device)
+    ao, h, res_out, y = (torch.empty(1, d, dtype=dtype, device=device) for _ in range(4))
+    act = torch.empty(inter, dtype=dtype, device=device)
+    r_qkv, rp_qkv = _rows((hq + 2 * hkv) * hd, programs)
+    r_o, rp_o = _rows(d, programs)
+    r_gu, rp_gu = _rows(inter, programs)
+    r_down, rp_down = _rows(d, programs)
+    red_gp, red_chunk = reduce_tile(hq // hkv)
+    if residual is None:  # before the first layer: h = x + 0 (exact)
+        residual = _zeros(device, d, dtype)
+    present = stack["present"]
+    head = (qkv, po, lse, o, ao, act, *(stack[c] for c in COLUMNS[:14]), k_cache, v_cache,
+            stack["offsets"])
+    tail = (cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache.stride(0),
+            k_cache.stride(1), _barrier(device), _split_counters(device, hkv), eps,
+            scale * LOG2E)
+    meta = dict(
+        D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
+        R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down,
+        BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
+        BK_I=_block_k(rp_down, inter),
+        QKV_BIAS=present["b_qkv"], O_BIAS=present["b_o"], QK_NORM=present["q_norm"],
+        SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
+        RED_CHUNK=red_chunk, BLOCK_SIZE=k_cache.shape[1], BLOCK_N=BLOCK_N,
+        DOT_PREC=dot_precision(dtype), NOFF=len(COLUMNS), W_SCALE=present["s_qkv"],
+        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), GROUP=CONFIG["GROUP"], WORK=CONFIG["WORK"],
+        num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
+    grid = (programs,)
+    if not phased:
+        _layers_kernel[grid](x, residual, h, res_out, y, *head, 0, stack["num_layers"], *tail,
+                             PHASE=ALL_PHASES, **meta)
+        return y, res_out
+    for layer in range(stack["num_layers"]):  # each layer's input: the previous one's output
+        src = (x, residual) if layer == 0 else (y, res_out)
+        for phase in phases:
+            _layers_kernel[grid](*src, h, res_out, y, *head, layer, 1, *tail, PHASE=phase,
+                                 **meta)
+    return y, res_out
