@@ -83,6 +83,32 @@ def forward(layers, positions, x):
         block_tables=ctx.block_tables)
 
 
+def warm(layers, dtype: torch.dtype, block_size: int) -> None:
+    """Launch the layers' kernel once on stand-in caches and step tensors, inside a
+    compile_ahead block (utils/compile_ahead.py) that runs before the KV cache exists: its
+    compile, the longest of a fresh start, then overlaps the prefill warm-up's. The stand-ins
+    have a decode graph's dtypes, strides and 16-byte alignment, so that launch finds the
+    kernel compiled."""
+    from nanovllm.kernels.layer_launch import decode_layers, stack_layers
+
+    attn = layers[0].self_attn
+    device = layers[0].input_layernorm.weight.device
+    cache = torch.empty(1, block_size, attn.num_kv_heads, attn.head_dim, dtype=dtype,
+                        device=device)
+    stack = stack_layers([dict(_tensors(layer), k_cache=cache, v_cache=cache)
+                          for layer in layers])
+    if stack is None:
+        return
+    i32 = dict(dtype=torch.int32, device=device)
+    x = torch.empty(1, layers[0].input_layernorm.weight.shape[0], dtype=dtype, device=device)
+    decode_layers(
+        x, None, stack, eps=layers[0].input_layernorm.eps, num_heads=attn.num_heads,
+        num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scale=attn.attn.scale,
+        cos_sin=attn.rotary_emb.cos_sin_cache.view(-1, attn.head_dim),
+        positions=torch.zeros(1, **i32), slot_mapping=torch.zeros(1, **i32),
+        context_lens=torch.ones(1, **i32), block_tables=torch.zeros(1, 1, **i32))
+
+
 def _stack(layers):
     """layer_launch.stack_layers of the layers' tensors, built once (after the weights are
     loaded: the first forward) and again only if the KV cache moves; None where the kernel

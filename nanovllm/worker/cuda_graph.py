@@ -45,7 +45,7 @@ class DecodeGraphs:
 
     def __init__(self, model, max_bs: int, meta: torch.Tensor, table: torch.Tensor,
                  hidden_size: int, dtype: torch.dtype, sampled: torch.Tensor,
-                 sample: bool = False):
+                 sample: bool = False, capture: bool = True):
         self.model = model
         self.batch_sizes = graph_batch_sizes(max_bs)
         self.max_bs = max_bs
@@ -62,7 +62,9 @@ class DecodeGraphs:
         # The sampling graphs' seed: read by the sampler, bumped by each replay.
         self.seed = torch.tensor([torch.initial_seed() & 0x7FFFFFFF], dtype=torch.int32,
                                  device=meta.device)
-        self._capture()
+        self._compiled = False
+        if capture:
+            self.capture()
 
     def _set_batch(self, bs: int) -> tuple:
         """The decode context of a bs-row graph; returns the model's inputs."""
@@ -87,15 +89,30 @@ class DecodeGraphs:
         sample_temperature(logits, temps, self.seed, out=self.sampled[:bs])
         self.seed.add_(1)
 
+    def _todo(self) -> list[tuple[int, bool]]:
+        """(batch size, samples) of every graph, largest first (the pool grows once)."""
+        return ([(bs, False) for bs in reversed(self.batch_sizes)]
+                + [(bs, True) for bs in reversed(self.sample_sizes)])
+
     @torch.inference_mode()
-    def _capture(self) -> None:
-        todo = [(bs, False) for bs in reversed(self.batch_sizes)]
-        todo += [(bs, True) for bs in reversed(self.sample_sizes)]
-        with compile_ahead() as ahead:  # every graph's kernel variants, compiled in parallel
-            for bs, sample in todo if ahead else ():
-                self._step(bs, sample)
+    def compile_steps(self) -> None:
+        """Every graph's step once, for its kernels' compiles: called inside a compile_ahead
+        block (the kernel warm-up's, so these compile in parallel with the prefills')."""
+        for bs, sample in self._todo():
+            self._step(bs, sample)
+        reset_context()
+        self._compiled = True
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every graph (compiling their kernels ahead first unless compile_steps
+        ran in an earlier compile_ahead block)."""
+        if not self._compiled:
+            with compile_ahead() as ahead:  # every graph's kernel variants, in parallel
+                if ahead:
+                    self.compile_steps()
         pool = None
-        for bs, sample in todo:
+        for bs, sample in self._todo():
             self._step(bs, sample)  # warm-up (compiles, autotunes)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool):

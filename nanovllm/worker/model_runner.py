@@ -101,15 +101,18 @@ class ModelRunner:
         extra = 0 if self.drafter is None else self.drafter.bytes_per_block
         calibrate = self._allocate_kv(self._backend, extra)
         self._clock.lap("KV cache")
-        compile_kernels(self)
+        graphs = self.device.type == "cuda" and not self.config.enforce_eager
+        if graphs:
+            self._make_graphs()
+        compile_kernels(self, self.graphs)
         self._clock.lap("kernel warm-up")
         # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch);
         # an fp8 K feedback is fitted to the first FIT_TOKENS prefill tokens' queries.
         self._calibrate_kv = calibrate
         if self.attn_layers[0].k_feedback is not None:
             self._feedback_fit_left = FIT_TOKENS
-        if self.device.type == "cuda" and not self.config.enforce_eager:
-            self._capture_graphs()
+        if graphs:
+            self.graphs.capture()
             self._clock.lap("decode graphs")
             tokens = prefill_graph_tokens(self.config)
             if tokens and not self._draft:
@@ -134,8 +137,9 @@ class ModelRunner:
                                                       self.kv_cache, backend)
         return calibrate
 
-    def _capture_graphs(self) -> None:
-        """Decode graphs reading their inputs from the stager's fixed buffer."""
+    def _make_graphs(self) -> None:
+        """Decode graphs reading their inputs from the stager's fixed buffer (captured
+        later: their kernels compile in the kernel warm-up's parallel pass first)."""
         max_bs = decode_graph_rows(self.config)
         self.stager = Stager(self.device, [(DECODE_META_ROWS, max_bs),
                                            (max_bs, self.max_blocks_per_seq)])
@@ -144,7 +148,8 @@ class ModelRunner:
         # gather across ranks, which stays outside.
         self.graphs = DecodeGraphs(self.model, max_bs, meta, table,
                                    self.config.hf_config.hidden_size, self.dtype, self.sampled,
-                                   sample=self.config.tensor_parallel_size == 1)
+                                   sample=self.config.tensor_parallel_size == 1,
+                                   capture=False)
 
     def set_eos_ids(self, eos_ids: set[int]) -> None:
         """The end tokens min_tokens holds back (rank 0 samples; the engine sets them)."""

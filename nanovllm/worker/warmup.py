@@ -1,6 +1,10 @@
 """Start-up passes of a ModelRunner: the activation peak that sizes the KV cache, and one
 run of every kernel variant so none compiles in the middle of a user's generate. Each pass
-runs once compile-only first (utils/compile_ahead.py), so its kernels compile in parallel."""
+runs once compile-only first (utils/compile_ahead.py), so its kernels compile in parallel;
+the batch-1 layer kernel compiles on a thread of its own across the passes."""
+import logging
+import threading
+
 import torch
 
 from nanovllm.engine.sequence import Sequence
@@ -8,6 +12,8 @@ from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.compile_ahead import compile_ahead
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.sampler import SamplingTensors
+
+logger = logging.getLogger(__name__)
 
 
 @torch.inference_mode()
@@ -17,6 +23,7 @@ def size_activations(runner) -> None:
         # Only the GPU sizes its KV cache from this peak; on a CPU the same 16k-token
         # prefill would cost minutes of start-up for nothing.
         return
+    runner.layer_kernel_compile = _compile_layer_kernel(runner)
     with compile_ahead() as ahead:
         if ahead:
             _largest_prefill(runner)
@@ -24,6 +31,27 @@ def size_activations(runner) -> None:
     torch.cuda.reset_peak_memory_stats()
     _largest_prefill(runner)
     torch.cuda.synchronize()
+
+
+def _compile_layer_kernel(runner) -> threading.Thread | None:
+    """Start compiling the batch-1 decode layers' one kernel (models/one_launch.py) on a
+    thread of its own: the longest compile of a fresh start (seconds), it then overlaps the
+    warm-up passes up to the decode graphs' (compile_kernels joins it)."""
+    model = getattr(runner.model, "model", None)
+    if not (getattr(model, "one_launch", False) and runner.kv_dtype == runner.dtype):
+        return None
+    from nanovllm.models import one_launch
+
+    def compile_it():
+        try:
+            with compile_ahead(workers=1):
+                one_launch.warm(model.layers, runner.dtype, runner.block_size)
+        except Exception as e:  # the decode graphs' pass compiles it then
+            logger.warning("compiling the layer kernel ahead failed: %r", e)
+
+    thread = threading.Thread(target=compile_it, name="nanovllm-layer-kernel", daemon=True)
+    thread.start()
+    return thread
 
 
 def _largest_prefill(runner) -> None:
@@ -43,9 +71,11 @@ def _largest_prefill(runner) -> None:
         warm_sampler(runner, min(cfg.max_num_seqs, 512), 1.0, torch.float32)
 
 
-def compile_kernels(runner) -> None:
+def compile_kernels(runner, graphs=None) -> None:
     """Run real prefills (short and long) and sampling so every kernel variant is compiled
-    before the first request, not in the middle of someone's generate."""
+    before the first request, not in the middle of someone's generate. graphs (DecodeGraphs
+    not yet captured): their steps' kernels compile in the same parallel pass (on a fresh
+    H100, a pass of its own after this one took the decode graphs' ~10 s of start-up)."""
     if runner.device.type != "cuda":
         return
     with compile_ahead() as ahead:
@@ -54,11 +84,23 @@ def compile_kernels(runner) -> None:
             if runner.rank == 0:
                 for rows in (1, 8, 64):  # the sampler's three variants
                     warm_sampler(runner, rows, 0.6, runner.dtype)
+            if graphs is not None:
+                _join_layer_kernel(runner)  # (not compiled twice)
+                graphs.compile_steps()
     warm_prefills(runner)
     if runner.rank == 0:
         for rows in (1, 8, 64):  # the sampler's three variants
             warm_sampler(runner, rows, 0.6, runner.dtype)
+    _join_layer_kernel(runner)  # (without decode graphs, before an eager batch-1 step)
     torch.cuda.synchronize()
+
+
+def _join_layer_kernel(runner) -> None:
+    """Wait for _compile_layer_kernel's thread, if one runs."""
+    thread = getattr(runner, "layer_kernel_compile", None)
+    if thread is not None:
+        thread.join()
+        runner.layer_kernel_compile = None
 
 
 def warm_prefills(runner) -> None:

@@ -144,3 +144,45 @@ def test_large_layers_keep_the_launch_per_op_path():
     assert not layer_launch.fits(2048, 32, 8, 64, 8192, programs=132)
     for shape in ((1024, 16, 8, 128, 3072), (576, 9, 3, 64, 1536), (896, 14, 2, 64, 4864)):
         assert layer_launch.fits(*shape, programs=132)
+
+
+def test_warm_launches_on_stand_ins(toy_models, monkeypatch):
+    """one_launch.warm builds a launch of every layer on stand-in caches and step tensors
+    (on a GPU only compiled, inside the start-up's compile-ahead pass; the interpreter runs
+    it)."""
+    monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1")
+    one_launch.layer_kernel_mode.cache_clear()
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], **CPU)
+    try:
+        runner = llm.clients[0].core.executor.runner
+        calls = []
+        real = layer_launch.decode_layers
+        monkeypatch.setattr(layer_launch, "decode_layers",
+                            lambda *a, **k: calls.append(k) or real(*a, **k))
+        one_launch.warm(runner.model.model.layers, runner.dtype, runner.block_size)
+        assert len(calls) == 1 and calls[0]["block_tables"].dtype == torch.int32
+    finally:
+        llm.shutdown()
+        one_launch.layer_kernel_mode.cache_clear()
+
+
+@pytest.mark.gpu
+def test_start_up_compiles_the_kernel_once(toy_models, monkeypatch):
+    """The start-up compiles the kernel in its first compile-ahead pass on stand-in tensors
+    (one_launch.warm); the decode graphs' capture then finds that variant: one compile, not
+    two."""
+    from nanovllm.kernels.layer_kernel import _layers_kernel
+
+    def compiled():
+        return sum(len(cache[0]) for cache in _layers_kernel.device_caches.values())
+
+    monkeypatch.delenv("NANOVLLM_LAYER_KERNEL", raising=False)
+    one_launch.layer_kernel_mode.cache_clear()
+    _layers_kernel.device_caches.clear()  # (variants of earlier tests: from the disk cache)
+    llm = LLM(toy_models["tied_gqa4_d16_l4"], **dict(GPU, enforce_eager=False))
+    try:
+        assert llm.clients[0].core.executor.runner.model.model.one_launch
+        assert compiled() == 1
+    finally:
+        llm.shutdown()
+        one_launch.layer_kernel_mode.cache_clear()
