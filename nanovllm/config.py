@@ -25,6 +25,11 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 # The piecewise graphs' default reach where they are on (Config.prefill_graph_tokens): a
 # mixed step of 256 decodes and a 2048-token chunk fits.
 STREAMING_PREFILL_GRAPH_TOKENS = 2560
+# ... and LLM.generate's: short prompts (a single sequence, a chat turn) replay graphs, while
+# its big batched prefill steps stay eager, where graphs gained nothing (vLLM V1 captures its
+# piecewise graphs up to 512 tokens too). H100, batch 1 with a 32-token prompt
+# (`bench.py --single`): 1,117 / 1,127 tok/s against 1,093 / 1,088 eager (Qwen3-0.6B).
+OFFLINE_PREFILL_GRAPH_TOKENS = 512
 
 # Where data-parallel replicas run: processes of this host ("mp") or Ray actors ("ray").
 EXECUTOR_BACKENDS = ("mp", "ray")
@@ -83,7 +88,8 @@ class Config:
     # but attention, captured per bucketed token count: worker/piecewise_graph.py); 0: they
     # run eagerly. None: STREAMING_PREFILL_GRAPH_TOKENS for a streaming front end (AsyncLLM,
     # the server, chat: prompts arrive one by one, and an eager prefill step stalls every
-    # stream) or with mixed steps on; 0 for LLM.generate (its big prefill steps gain nothing).
+    # stream) or with mixed steps on; OFFLINE_PREFILL_GRAPH_TOKENS for LLM.generate (its big
+    # prefill steps gain nothing; short prompts do).
     prefill_graph_tokens: int | None = None
     hf_config: ModelConfig = field(init=False, repr=False)
     generation_defaults: GenerationDefaults = field(init=False, repr=False)

@@ -37,7 +37,12 @@ class LocalExecutor:
         return self.runner.launch(seqs, is_prefill, late_masks)
 
     def shutdown(self) -> None:
-        """Drop the runner, so its weights and KV cache can be freed."""
+        """Drop the runner, so its weights and KV cache can be freed: its graphs first (the
+        piecewise graphs' pieces and their owner refer to each other, and a cycle would keep
+        the model, its cache and the graphs' pool alive until a garbage collection: a second
+        engine in the process then found no memory left for its cache)."""
+        if self.runner is not None:
+            self.runner.release_graphs()
         self.runner = None
 
 

@@ -19,17 +19,18 @@ Every bucket shares one memory pool and the two static buffers.
 """
 import torch
 
-from nanovllm.config import STREAMING_PREFILL_GRAPH_TOKENS
+from nanovllm.config import OFFLINE_PREFILL_GRAPH_TOKENS, STREAMING_PREFILL_GRAPH_TOKENS
 from nanovllm.utils.context import set_attention_cut
 
 
 def prefill_graph_tokens(config) -> int:
-    """Config.prefill_graph_tokens resolved (None here: on with mixed steps, else 0; the
-    streaming front ends set it first), and never past the step budget, which no step
-    exceeds."""
+    """Config.prefill_graph_tokens resolved (None here: the streaming reach with mixed steps,
+    else the offline one; the streaming front ends set it first), and never past the step
+    budget, which no step exceeds."""
     tokens = config.prefill_graph_tokens
     if tokens is None:
-        tokens = STREAMING_PREFILL_GRAPH_TOKENS if config.enable_mixed_steps else 0
+        tokens = (STREAMING_PREFILL_GRAPH_TOKENS if config.enable_mixed_steps
+                  else OFFLINE_PREFILL_GRAPH_TOKENS)
     return min(tokens, config.max_num_batched_tokens)
 
 
@@ -195,4 +196,6 @@ class PiecewiseGraphs:
         for pieces in self.buckets.values():
             for graph in pieces.graphs:
                 graph.reset()
+            pieces.owner = None  # (the cycle through the buckets)
         self.buckets.clear()
+        self._inputs = self._outputs = None

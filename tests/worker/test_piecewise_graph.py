@@ -28,7 +28,7 @@ def test_config_rule():
                                max_num_batched_tokens=budget)
 
     assert prefill_graph_tokens(cfg(None, True)) == 2560
-    assert prefill_graph_tokens(cfg(None, False)) == 0
+    assert prefill_graph_tokens(cfg(None, False)) == 512
     assert prefill_graph_tokens(cfg(1024, False)) == 1024
     assert prefill_graph_tokens(cfg(0, True)) == 0
     assert prefill_graph_tokens(cfg(None, True, budget=64)) == 64
