@@ -33,8 +33,8 @@ from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.decode_reduce import split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
-from nanovllm.kernels.layer_parts import (arrive, h_chunk, matvec, rope_rows, row_sumsq,
-                                          wait, weight_chunk)
+from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, h_chunk,
+                                          matvec, rope_rows, row_sumsq, wait, weight_chunk)
 
 ALL_PHASES = -1
 NUM_PHASES = 5
@@ -172,39 +172,28 @@ def _layers_kernel(
                                HD)
 
         # Each matrix phase's first weight chunk is requested between the barrier's arrival
-        # and its wait: weights do not depend on the other programs' results.
+        # and its wait (chunk_across_barrier).
         # -- C: o_proj ------------------------------------------------------------------------
-        C_ON: tl.constexpr = (PHASE < 0 or PHASE == 2) and WORK
-        if C_ON:
+        if (PHASE < 0 or PHASE == 2) and WORK:
             rows = pid * R_O + tl.arange(0, RP_O)
             mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
-        if PERSIST:
-            seen = arrive(bar_ptr)
-            if C_ON:
-                w0 = weight_chunk(w_o, HQ * HD, rows, mask, 0, HQ * HD, BK_Q)
-            wait(bar_ptr, bar0 + 2 * nprog, seen)
-        if C_ON:
-            if not PERSIST:
-                w0 = weight_chunk(w_o, HQ * HD, rows, mask, 0, HQ * HD, BK_Q)
+            w0 = chunk_across_barrier(bar_ptr, bar0 + 2 * nprog, w_o, HQ * HD, rows, mask,
+                                      HQ * HD, BK_Q, PERSIST)
             out = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
                          BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
             _epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
+        elif PERSIST:
+            barrier(bar_ptr, bar0 + 2 * nprog)
 
         # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ------------------------------
-        D_ON: tl.constexpr = (PHASE < 0 or PHASE == 3) and WORK
-        if D_ON:  # rows interleaved gate, up, gate, up...: one matvec, split apart afterwards
+        if (PHASE < 0 or PHASE == 3) and WORK:
+            # Rows interleaved gate, up, gate, up...: one matvec, split apart afterwards.
             j = tl.arange(0, 2 * RP_GU)
             pair = pid * R_GU + j // 2
             rows = pair + (j % 2) * I
             mask = (pair < I) & (j // 2 < R_GU)
-        if PERSIST:
-            seen = arrive(bar_ptr)
-            if D_ON:
-                w0 = weight_chunk(w_gu, D, rows, mask, 0, D, BK_D)
-            wait(bar_ptr, bar0 + 3 * nprog, seen)
-        if D_ON:
-            if not PERSIST:
-                w0 = weight_chunk(w_gu, D, rows, mask, 0, D, BK_D)
+            w0 = chunk_across_barrier(bar_ptr, bar0 + 3 * nprog, w_gu, D, rows, mask, D, BK_D,
+                                      PERSIST)
             inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
             if pid == 0:  # h2: the next layer's residual
                 for k0 in tl.static_range(0, D, BK_D):
@@ -220,23 +209,20 @@ def _layers_kernel(
             cols = pid * R_GU + tl.arange(0, RP_GU)
             tl.store(act_ptr + cols, (act * up).to(DTYPE),
                      mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
+        elif PERSIST:
+            barrier(bar_ptr, bar0 + 3 * nprog)
 
         # -- E: down_proj ---------------------------------------------------------------------
-        E_ON: tl.constexpr = (PHASE < 0 or PHASE == 4) and WORK
-        if E_ON:
+        if (PHASE < 0 or PHASE == 4) and WORK:
             rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
             mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
-        if PERSIST:
-            seen = arrive(bar_ptr)
-            if E_ON:
-                w0 = weight_chunk(w_down, I, rows, mask, 0, I, BK_I)
-            wait(bar_ptr, bar0 + 4 * nprog, seen)
-        if E_ON:
-            if not PERSIST:
-                w0 = weight_chunk(w_down, I, rows, mask, 0, I, BK_I)
+            w0 = chunk_across_barrier(bar_ptr, bar0 + 4 * nprog, w_down, I, rows, mask, I,
+                                      BK_I, PERSIST)
             out = matvec(w0, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
                          RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
             _epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
+        elif PERSIST:
+            barrier(bar_ptr, bar0 + 4 * nprog)
 
         # The next layer's norm weight and first qkv chunk, requested while this layer's last
         # programs finish (a launch of a phase runs one layer: nothing comes next).

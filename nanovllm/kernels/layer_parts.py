@@ -32,6 +32,26 @@ def wait(bar_ptr, target, seen):
 
 
 @triton.jit
+def barrier(bar_ptr, target):
+    """The grid barrier alone: count in, then wait for target arrivals."""
+    wait(bar_ptr, target, arrive(bar_ptr))
+
+
+@triton.jit
+def chunk_across_barrier(bar_ptr, target, w_ptr, stride_w, rows, row_mask, K: tl.constexpr,
+                         BLOCK_K: tl.constexpr, PERSIST: tl.constexpr):
+    """A matrix phase's first weight chunk (weight_chunk from k = 0), requested between the
+    grid barrier's arrival and its wait (weights do not depend on what the other programs
+    wrote before it); without barriers (PERSIST off: a launch per phase), the chunk alone."""
+    if PERSIST:
+        seen = arrive(bar_ptr)
+    w0 = weight_chunk(w_ptr, stride_w, rows, row_mask, 0, K, BLOCK_K)
+    if PERSIST:
+        wait(bar_ptr, target, seen)
+    return w0
+
+
+@triton.jit
 def row_sumsq(x_ptr, r_ptr, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_R: tl.constexpr,
               DTYPE: tl.constexpr):
     """sum of h^2 over the row h = x (+ r, rounded to DTYPE)."""
