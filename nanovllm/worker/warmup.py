@@ -44,8 +44,9 @@ def _compile_layer_kernel(runner) -> threading.Thread | None:
 
     def compile_it():
         try:
-            with compile_ahead(workers=1):
-                one_launch.warm(model.layers, runner.dtype, runner.block_size)
+            with compile_ahead(workers=1) as ahead:
+                if ahead:  # (never a real launch from this thread)
+                    one_launch.warm(model.layers, runner.dtype, runner.block_size)
         except Exception as e:  # the decode graphs' pass compiles it then
             logger.warning("compiling the layer kernel ahead failed: %r", e)
 
