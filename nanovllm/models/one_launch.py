@@ -64,8 +64,6 @@ def forward(layers, positions, x):
     yet, a CPU tensor unless forced)."""
     if not (x.is_cuda or (_INTERPRET and layer_kernel_mode() == "1")):
         return None
-    from nanovllm.kernels.layer_launch import decode_layers
-
     ctx = get_context()
     attn = layers[0].self_attn
     core = attn.attn
@@ -75,12 +73,20 @@ def forward(layers, positions, x):
     stack = _stack(layers)
     if stack is None:
         return None
+    return _launch(layers, stack, x, positions, ctx.slot_mapping, ctx.context_lens,
+                   ctx.block_tables)
+
+
+def _launch(layers, stack, x, positions, slot_mapping, context_lens, block_tables):
+    """layer_launch.decode_layers of the layers (their stack) for one row x."""
+    from nanovllm.kernels.layer_launch import decode_layers
+
+    attn = layers[0].self_attn
     return decode_layers(
         x, None, stack, eps=layers[0].input_layernorm.eps, num_heads=attn.num_heads,
-        num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scale=core.scale,
+        num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scale=attn.attn.scale,
         cos_sin=attn.rotary_emb.cos_sin_cache.view(-1, attn.head_dim), positions=positions,
-        slot_mapping=ctx.slot_mapping, context_lens=ctx.context_lens,
-        block_tables=ctx.block_tables)
+        slot_mapping=slot_mapping, context_lens=context_lens, block_tables=block_tables)
 
 
 def warm(layers, dtype: torch.dtype, block_size: int) -> None:
@@ -89,7 +95,7 @@ def warm(layers, dtype: torch.dtype, block_size: int) -> None:
     compile, the longest of a fresh start, then overlaps the prefill warm-up's. The stand-ins
     have a decode graph's dtypes, strides and 16-byte alignment, so that launch finds the
     kernel compiled."""
-    from nanovllm.kernels.layer_launch import decode_layers, stack_layers
+    from nanovllm.kernels.layer_launch import stack_layers
 
     attn = layers[0].self_attn
     device = layers[0].input_layernorm.weight.device
@@ -101,12 +107,8 @@ def warm(layers, dtype: torch.dtype, block_size: int) -> None:
         return
     i32 = dict(dtype=torch.int32, device=device)
     x = torch.empty(1, layers[0].input_layernorm.weight.shape[0], dtype=dtype, device=device)
-    decode_layers(
-        x, None, stack, eps=layers[0].input_layernorm.eps, num_heads=attn.num_heads,
-        num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scale=attn.attn.scale,
-        cos_sin=attn.rotary_emb.cos_sin_cache.view(-1, attn.head_dim),
-        positions=torch.zeros(1, **i32), slot_mapping=torch.zeros(1, **i32),
-        context_lens=torch.ones(1, **i32), block_tables=torch.zeros(1, 1, **i32))
+    _launch(layers, stack, x, torch.zeros(1, **i32), torch.zeros(1, **i32),
+            torch.ones(1, **i32), torch.zeros(1, 1, **i32))
 
 
 def _stack(layers):
