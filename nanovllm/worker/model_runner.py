@@ -14,6 +14,7 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend
 from nanovllm.models.loader import build_model
 from nanovllm.utils.clock import Clock
+from nanovllm.utils.compile_ahead import prewarm
 from nanovllm.utils.context import reset_context, set_context
 from nanovllm.worker.cuda_graph import DecodeGraphs, decode_graph_rows
 from nanovllm.worker.device import resolve_device, resolve_dtype
@@ -47,6 +48,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            prewarm()  # Triton's one-time set-up, beside the model build
         torch.manual_seed(config.seed)
         clock = Clock()
         self.model = build_model(config, self.dtype, self.device)

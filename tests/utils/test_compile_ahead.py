@@ -44,3 +44,40 @@ def test_gpu_launch_compiles_only_then_runs_from_cache():
     add_one[(1,)](x, 100, BLOCK=128)
     torch.cuda.synchronize()
     assert (x == 1).all()
+
+
+@pytest.mark.gpu
+def test_gpu_compile_threads_build_the_launchers(monkeypatch, tmp_path):
+    """A fresh start's launchers (C modules Triton builds with gcc) are built by the compile
+    threads, not by the first real launch on the calling thread."""
+    import triton
+    import triton.language as tl
+    import triton.runtime.build as build
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # nothing built before
+    builds = []
+    real_build = build._build
+
+    def counting_build(*args, **kwargs):
+        builds.append(threading.current_thread().name)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(build, "_build", counting_build)
+
+    @triton.jit
+    def scale_rows(x_ptr, s, n, stride, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        row = tl.program_id(0) * stride
+        tl.store(x_ptr + row + offs, tl.load(x_ptr + row + offs, mask=offs < n) * s,
+                 mask=offs < n)
+
+    x = torch.ones(3, 40, device="cuda")
+    with ca.compile_ahead() as ahead:
+        assert ahead
+        scale_rows[(3,)](x, 2.0, 40, 40, BLOCK=64)
+    assert builds and all(name.startswith("nanovllm-compile") for name in builds)
+    before = len(builds)
+    scale_rows[(3,)](x, 2.0, 40, 40, BLOCK=64)
+    torch.cuda.synchronize()
+    assert len(builds) == before  # the first real launch loaded the built launcher
+    assert (x == 2).all()
