@@ -1,8 +1,10 @@
 """Decode CUDA graphs: captured once per batch size, replayed with inputs staged in place."""
 import torch
 
+from nanovllm.engine.step_inputs import DECODE_META_ROWS
 from nanovllm.utils.compile_ahead import compile_ahead
 from nanovllm.utils.context import reset_context, set_context
+from nanovllm.worker.stager import Stager
 from nanovllm.worker.step_context import feed_tokens
 
 # Batch sizes up to this also get a graph that samples (LM head and temperature sampling in
@@ -34,6 +36,20 @@ def decode_graph_rows(config) -> int:
         seqs = min(spec.disable_by_batch_size, max_bs)
         max_bs = min(max(max_bs, seqs * (1 + spec.num_speculative_tokens)), 512)
     return max_bs
+
+
+def staged_graphs(model, config, device: torch.device, dtype: torch.dtype,
+                  sampled: torch.Tensor, blocks_per_seq: int) -> "tuple[Stager, DecodeGraphs]":
+    """Decode graphs and the stager whose fixed buffer they read their inputs from; not
+    captured yet (their kernels compile in the kernel warm-up's parallel pass first)."""
+    max_bs = decode_graph_rows(config)
+    stager = Stager(device, [(DECODE_META_ROWS, max_bs), (max_bs, blocks_per_seq)])
+    meta, table = stager.graph_views
+    # One rank samples the whole step in a graph: with tensor parallelism the logits gather
+    # across ranks, which stays outside.
+    graphs = DecodeGraphs(model, max_bs, meta, table, config.hf_config.hidden_size, dtype,
+                          sampled, sample=config.tensor_parallel_size == 1, capture=False)
+    return stager, graphs
 
 
 class DecodeGraphs:

@@ -174,3 +174,15 @@ def set_up_8bit_cache(config: Config, rank: int, attn_layers: list, kv_cache: to
             layer.feedback_moments = torch.zeros(layer.num_kv_heads, head_dim, head_dim,
                                                  device=kv_cache.device)
     return scales, loaded is None
+
+
+def allocate_kv(config: Config, rank: int, attn_layers: list, dtype: torch.dtype,
+                device: torch.device, max_blocks_per_seq: int, backend,
+                extra: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """A rank's cache and, for an 8-bit one, its scales (see allocate_kv_cache and
+    set_up_8bit_cache): (cache, scales or None, whether the first prefill calibrates them)."""
+    kv_cache = allocate_kv_cache(config, attn_layers, dtype, device, max_blocks_per_seq,
+                                 log=rank == 0, extra=extra)
+    if dtype.itemsize != 1:
+        return kv_cache, None, False
+    return kv_cache, *set_up_8bit_cache(config, rank, attn_layers, kv_cache, backend)

@@ -8,7 +8,7 @@ import torch
 
 from nanovllm.config import Config
 from nanovllm.engine.sequence import Sequence
-from nanovllm.engine.step_inputs import DECODE_META_ROWS, StepBuilder, StepInputs
+from nanovllm.engine.step_inputs import StepBuilder, StepInputs
 from nanovllm.kernels.kv_feedback import FIT_TOKENS
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.attention_backend import choose_backend
@@ -16,10 +16,10 @@ from nanovllm.models.loader import build_model
 from nanovllm.utils.clock import Clock
 from nanovllm.utils.compile_ahead import prewarm
 from nanovllm.utils.context import reset_context, set_context
-from nanovllm.worker.cuda_graph import DecodeGraphs, decode_graph_rows
+from nanovllm.worker.cuda_graph import staged_graphs
 from nanovllm.worker.device import resolve_device, resolve_dtype
 from nanovllm.worker.draft import DraftProposer, draft_config
-from nanovllm.worker.kv_cache import allocate_kv_cache, kv_cache_dtype, set_up_8bit_cache
+from nanovllm.worker.kv_cache import allocate_kv, kv_cache_dtype
 from nanovllm.worker.logprobs import LogprobsStep, prompt_pass
 from nanovllm.worker.penalties import penalty_tensors
 from nanovllm.worker.piecewise_graph import PiecewiseGraphs, prefill_graph_tokens
@@ -74,7 +74,7 @@ class ModelRunner:
                            for _ in range(2)] if self.pinned else [])
         self._turn = 0
         self._verify_host = HostBuffer()  # a verify step's results, on their way back
-        self._calibrate_kv = False  # see _allocate_kv: after the kernel warm-up
+        self._calibrate_kv = False  # see finish_cache: after the kernel warm-up
         self._feedback_fit_left = 0  # prefill tokens the K feedback still fits (finish_cache)
         self.kv_scales = None
         self.stager = Stager(self.device)
@@ -101,11 +101,16 @@ class ModelRunner:
         if num_blocks is not None:
             self.config = replace(self.config, num_kvcache_blocks=num_blocks)
         extra = 0 if self.drafter is None else self.drafter.bytes_per_block
-        calibrate = self._allocate_kv(self._backend, extra)
+        self.kv_cache, self.kv_scales, calibrate = allocate_kv(
+            self.config, self.rank, self.attn_layers, self.kv_dtype, self.device,
+            self.max_blocks_per_seq, self._backend, extra)
+        self.num_kvcache_blocks = self.kv_cache.size(2)
         self._clock.lap("KV cache")
         graphs = self.device.type == "cuda" and not self.config.enforce_eager
         if graphs:
-            self._make_graphs()
+            self.stager, self.graphs = staged_graphs(self.model, self.config, self.device,
+                                                     self.dtype, self.sampled,
+                                                     self.max_blocks_per_seq)
         compile_kernels(self, self.graphs)
         self._clock.lap("kernel warm-up")
         # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch);
@@ -126,33 +131,6 @@ class ModelRunner:
             logger.info("attention: %s; start-up %s", self.backend_name, self._clock)
 
     # -- set-up -----------------------------------------------------------------------------
-    def _allocate_kv(self, backend, extra_bytes_per_block: int = 0) -> bool:
-        """The KV cache (and an fp8 or int8 cache's scales); True when the first real
-        prefill must calibrate the scales."""
-        self.kv_cache = allocate_kv_cache(self.config, self.attn_layers, self.kv_dtype,
-                                          self.device, self.max_blocks_per_seq,
-                                          log=self.rank == 0, extra=extra_bytes_per_block)
-        self.num_kvcache_blocks = self.kv_cache.size(2)
-        if self.kv_dtype.itemsize != 1:
-            return False
-        self.kv_scales, calibrate = set_up_8bit_cache(self.config, self.rank, self.attn_layers,
-                                                      self.kv_cache, backend)
-        return calibrate
-
-    def _make_graphs(self) -> None:
-        """Decode graphs reading their inputs from the stager's fixed buffer (captured
-        later: their kernels compile in the kernel warm-up's parallel pass first)."""
-        max_bs = decode_graph_rows(self.config)
-        self.stager = Stager(self.device, [(DECODE_META_ROWS, max_bs),
-                                           (max_bs, self.max_blocks_per_seq)])
-        meta, table = self.stager.graph_views
-        # One rank samples the whole step in a graph: with tensor parallelism the logits
-        # gather across ranks, which stays outside.
-        self.graphs = DecodeGraphs(self.model, max_bs, meta, table,
-                                   self.config.hf_config.hidden_size, self.dtype, self.sampled,
-                                   sample=self.config.tensor_parallel_size == 1,
-                                   capture=False)
-
     def set_eos_ids(self, eos_ids: set[int]) -> None:
         """The end tokens min_tokens holds back (rank 0 samples; the engine sets them)."""
         self.builder.eos_ids = frozenset(eos_ids)
