@@ -111,11 +111,13 @@ class DecodeGraphs:
                 + [(bs, True) for bs in reversed(self.sample_sizes)])
 
     @torch.inference_mode()
-    def compile_steps(self) -> None:
-        """Every graph's step once, for its kernels' compiles: called inside a compile_ahead
-        block (the kernel warm-up's, so these compile in parallel with the prefills')."""
+    def compile_steps(self, rows=None) -> None:
+        """Every graph's step once (rows: only those of rows(bs) true), for its kernels'
+        compiles: called inside a compile_ahead block (the kernel warm-up's, so these
+        compile in parallel with the prefills')."""
         for bs, sample in self._todo():
-            self._step(bs, sample)
+            if rows is None or rows(bs):
+                self._step(bs, sample)
         reset_context()
         self._compiled = True
 

@@ -86,8 +86,11 @@ def compile_kernels(runner, graphs=None) -> None:
                 for rows in (1, 8, 64):  # the sampler's three variants
                     warm_sampler(runner, rows, 0.6, runner.dtype)
             if graphs is not None:
-                _join_layer_kernel(runner)  # (not compiled twice)
-                graphs.compile_steps()
+                # Batch 1 runs the layer kernel: its step waits for that kernel's own compile
+                # (not compiled twice); the other sizes' compiles start before.
+                graphs.compile_steps(lambda bs: bs > 1)
+                _join_layer_kernel(runner)
+                graphs.compile_steps(lambda bs: bs == 1)
     warm_prefills(runner)
     if runner.rank == 0:
         for rows in (1, 8, 64):  # the sampler's three variants
