@@ -166,3 +166,13 @@ def test_gpu_e4m3_widening_is_exact(scale):
         skinny_config.choose_config(n, k, w.dtype), BITS_TO_BF16=False))
     assert torch.equal(fast, cast)
     check(fast, reference(x, w, s, block, None), torch.bfloat16)
+
+
+def test_bf16_k_tiles_divide_k(monkeypatch):
+    # Off the interpreter: a bf16 weight's K tile divides K where the table's does not.
+    monkeypatch.setattr(skinny_config, "INTERPRET", False)
+    bf16 = torch.bfloat16
+    assert skinny_config.choose_config(49152, 576, bf16)["BLOCK_K"] == 64
+    assert skinny_config.choose_config(151936, 896, bf16)["BLOCK_K"] == 128
+    assert skinny_config.choose_config(151936, 1024, bf16)["BLOCK_K"] == 256
+    assert skinny_config.choose_config(151936, 1024, bf16) == skinny_config.BF16_TABLE[-1][2]
