@@ -1,6 +1,7 @@
 """Where does the host's time go per decode step? cProfile of the engine loop.
 
     python tools/host_profile.py [--eager] [--sync] [--batch 1] [--tokens 256]
+                                 [--model-shape smollm2-135m]
 """
 import argparse
 import cProfile
@@ -19,8 +20,10 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--model-shape", default="qwen3-0.6b",
+                    help="a shape from nanovllm/utils/model_shapes.py (random weights)")
     args = ap.parse_args()
-    llm = LLM(dummy_model_dir(), load_format="dummy", enforce_eager=args.eager,
+    llm = LLM(dummy_model_dir(args.model_shape), load_format="dummy", enforce_eager=args.eager,
               async_scheduling=False if args.sync else None)
     prompts = [list(range(100 + i, 132 + i)) for i in range(args.batch)]
     sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=args.tokens)
