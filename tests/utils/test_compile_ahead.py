@@ -1,6 +1,7 @@
 """utils/compile_ahead.py: inside the block a Triton launch only compiles (in a thread pool),
 other threads launch as usual, and afterwards the kernel runs from Triton's cache."""
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,28 @@ def test_off_switch(monkeypatch):
     assert not ca.enabled()
     with ca.compile_ahead() as ahead:
         assert ahead is False
+    monkeypatch.setattr(ca, "_prewarm", None)
+    ca.prewarm()  # nothing to overlap: no thread
+    assert ca._prewarm is None
+
+
+def test_a_compile_thread_builds_the_kernels_launcher(monkeypatch):
+    import triton.runtime
+
+    built = []
+
+    class Active:
+        @staticmethod
+        def launcher_cls(src, metadata):
+            built.append((src, metadata))
+
+    kernel = SimpleNamespace(src="source", metadata="metadata")
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=Active))
+    assert ca._compile_and_link(lambda: kernel) is kernel
+    assert built == [("source", "metadata")]
+    # A driver that cannot build it leaves the kernel as compiled: its first launch builds it.
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=None))
+    assert ca._compile_and_link(lambda: kernel) is kernel
 
 
 @pytest.mark.gpu
