@@ -35,19 +35,22 @@ class BlockTables:
                refresh: bool = False) -> np.ndarray:
         """[rows, width] block ids of seqs (zero rows after them), updating stored rows."""
         idx = np.full(rows or len(seqs), self.pad_row, dtype=np.intp)
-        for i, s in enumerate(seqs):
+        taken = []  # the rows, set into idx at once (a numpy item set per row costs more)
+        for s in seqs:
             r = self.row_of.get(s.seq_id)
             if r is None:
                 r = self._new_row(s.seq_id, seqs)
             bt, have = s.block_table, self.filled[r]
             n = len(bt)
-            if refresh or n < have:
-                self.table[r, :n] = bt
-                self.table[r, n:have] = 0
-            elif n > have:
-                self.table[r, have:n] = bt[have:]
-            self.filled[r] = n
-            idx[i] = r
+            if n != have or refresh:
+                if refresh or n < have:
+                    self.table[r, :n] = bt
+                    self.table[r, n:have] = 0
+                else:
+                    self.table[r, have:n] = bt[have:]
+                self.filled[r] = n
+            taken.append(r)
+        idx[:len(taken)] = taken
         return self.table[idx]
 
     def _new_row(self, seq_id: int, batch: list[Sequence]) -> int:
