@@ -141,20 +141,20 @@ def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
         feed[:n] = np.where(pending, prev, -1)
     ids = np.zeros(rows, dtype=np.int32)
     ids[:n] = np.maximum(last, 0)
-    tables = block_table_array(seqs, width, rows) if tables is None else tables.gather(seqs, rows)
+    table = block_table_array(seqs, width, rows) if tables is None else tables.gather(seqs, rows)
     # The newest token's slot: its block (from the table just built) and its place in it.
     newest = lens[:n] - 1
     held = np.fromiter(map(len, map(attrgetter("block_table"), seqs)), np.int32, n)
     assert (newest // block_size < held).all(), "a decode token without its block"
     slots = np.full(rows, -1, dtype=np.int32)
-    slots[:n] = tables[np.arange(n), newest // block_size] * block_size + newest % block_size
+    slots[:n] = table[np.arange(n), newest // block_size] * block_size + newest % block_size
     positions = np.maximum(lens - 1, 0).astype(np.int32)
     # Padding rows keep their places after the real ones, so order[:b] is a permutation of
     # 0..b-1 for any graph size b >= n.
     order = np.arange(rows, dtype=np.int32)
     order[:n] = np.argsort(-lens[:n], kind="stable")
     return StepInputs(is_prefill=False, num_seqs=n, num_rows=n, input_ids=ids,
-                      positions=positions, slot_mapping=slots, block_tables=tables,
+                      positions=positions, slot_mapping=slots, block_tables=table,
                       context_lens=lens, order=order, feed_rows=feed)
 
 
