@@ -21,8 +21,8 @@ def test_graph_count_for_the_default_batch():
 
 @pytest.mark.gpu
 def test_graphs_that_sample_match_eager_steps(toy_models, monkeypatch):
-    """Plain batch-1 steps run as one replay (forward, logits, sample): greedy ids of a
-    batch equal eager steps', and a sampled sequence's steps go through that replay."""
+    """Plain decode steps run as one replay (forward, logits, sample) at every batch size:
+    greedy ids of a batch equal eager steps', and sampled steps go through that replay."""
     from nanovllm import LLM, SamplingParams
     from nanovllm.worker.cuda_graph import DecodeGraphs
 
@@ -37,7 +37,9 @@ def test_graphs_that_sample_match_eager_steps(toy_models, monkeypatch):
         llm = LLM(toy_models["untied_gqa4_d64"], enforce_eager=eager, max_model_len=256,
                   dtype="bfloat16")
         try:
+            replays.clear()
             outs[eager] = [o["token_ids"] for o in llm.generate(prompts, greedy, use_tqdm=False)]
+            assert replays == ([] if eager else [3] * 11)  # the batch of 3 in its 4-row graph
             outs[eager] += [llm.generate([p], greedy, use_tqdm=False)[0]["token_ids"]
                             for p in prompts]
             if not eager:
