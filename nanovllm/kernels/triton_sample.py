@@ -8,16 +8,30 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels._common import INTERPRET
+
 
 @triton.jit
-def _fold(best, best_idx, logits_ptr, row, cols, vocab, stride_b, inv_t, greedy, u):
+def _log2(x, HW: tl.constexpr):
+    """log2(x): on the GPU, the hardware's approximate instruction (relative error ~2^-22);
+    libdevice's exact log2f/logf are ~30-instruction polynomials, two per logit, which made
+    the whole sampler compute-bound. The interpreter (no PTX) takes tl.log2."""
+    if HW:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    return tl.log2(x)
+
+
+@triton.jit
+def _fold(best, best_idx, logits_ptr, row, cols, vocab, stride_b, scale, greedy, u,
+          HW: tl.constexpr):
     """Fold one quarter-block of scores into the running (max, argmax)."""
     mask = cols < vocab
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_b + cols, mask=mask,
                 other=float("-inf")).to(tl.float32)
-    # Gumbel(0, 1) = -log(-log(u)); u == 0 gives -inf, which can never win.
-    g = -tl.log(-tl.log(u))
-    score = tl.where(greedy, x, x * inv_t + g)
+    # The Gumbel score x / T - ln(-ln u), times log2(e), less the constant log2(ln 2): the
+    # same argmax, in base 2. u == 0 gives -inf, which can never win.
+    score = tl.where(greedy, x, x * scale - _log2(-_log2(u, HW), HW))
     score = tl.where(mask, score, float("-inf"))
     # Strictly greater: an earlier (lower) index keeps a tie.
     take = score > best
@@ -27,7 +41,8 @@ def _fold(best, best_idx, logits_ptr, row, cols, vocab, stride_b, inv_t, greedy,
 @triton.jit(do_not_specialize=["seed"])
 def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, seed_ptr, vocab,
                           stride_b, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                          NUM_CHUNKS: tl.constexpr, SEED_PTR: tl.constexpr):
+                          NUM_CHUNKS: tl.constexpr, SEED_PTR: tl.constexpr,
+                          HW: tl.constexpr):
     # Program = (row, chunk of the vocabulary): a partial (max, argmax) per chunk.
     if SEED_PTR:  # the seed from device memory (a CUDA graph's replays: a new one each)
         seed = tl.load(seed_ptr)
@@ -35,7 +50,7 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, seed_ptr
     chunk = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
     greedy = temp == 0
-    inv_t = 1.0 / tl.where(greedy, 1.0, temp)
+    scale = 1.4426950408889634 / tl.where(greedy, 1.0, temp)  # log2(e) / T
     Q: tl.constexpr = BLOCK // 4
     best = tl.full([Q], float("-inf"), tl.float32)
     best_idx = tl.zeros([Q], tl.int32)
@@ -46,13 +61,13 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, seed_ptr
         j = tl.arange(0, Q)
         u0, u1, u2, u3 = tl.rand4x(seed, row.to(tl.int64) * vocab + off // 4 + j)
         best, best_idx = _fold(best, best_idx, logits_ptr, row, off + j, vocab, stride_b,
-                               inv_t, greedy, u0)
+                               scale, greedy, u0, HW)
         best, best_idx = _fold(best, best_idx, logits_ptr, row, off + Q + j, vocab, stride_b,
-                               inv_t, greedy, u1)
+                               scale, greedy, u1, HW)
         best, best_idx = _fold(best, best_idx, logits_ptr, row, off + 2 * Q + j, vocab,
-                               stride_b, inv_t, greedy, u2)
+                               stride_b, scale, greedy, u2, HW)
         best, best_idx = _fold(best, best_idx, logits_ptr, row, off + 3 * Q + j, vocab,
-                               stride_b, inv_t, greedy, u3)
+                               stride_b, scale, greedy, u3, HW)
     m = tl.max(best, 0)
     # Lowest index among the maxima keeps greedy ties deterministic.
     i = tl.min(tl.where(best == m, best_idx, 2147483647), 0)
@@ -93,7 +108,7 @@ def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor,
         logits, temperatures, part_max, part_idx, seed if isinstance(seed, int) else 0,
         seed if isinstance(seed, torch.Tensor) else temperatures, vocab, logits.stride(0),
         CHUNK=chunk, BLOCK=block, NUM_CHUNKS=num_chunks, SEED_PTR=isinstance(seed, torch.Tensor),
-        num_warps=4)
+        HW=not INTERPRET, num_warps=4)
     if out is None:
         out = torch.empty(batch, dtype=torch.int64, device=logits.device)
     _pick_kernel[(batch,)](part_max, part_idx, out, NUM_CHUNKS=num_chunks,
