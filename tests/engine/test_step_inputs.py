@@ -128,6 +128,45 @@ def test_the_builder_adds_rank_0_rows_and_orders_the_parts():
                                                                           "block_tables"]
 
 
+def test_decode_steps_of_the_same_plain_batch_reuse_their_sampling_rows():
+    from nanovllm.engine.step_inputs import StepBuilder
+    from nanovllm.sampling_params import SamplingParams
+
+    def decode_seqs(params):
+        out = []
+        for i, p in enumerate(params):
+            s = Sequence(list(range(5)), p, BS)
+            s.block_table, s.num_cached_tokens, s.num_scheduled_tokens = [2 * i, 2 * i + 1], 4, 1
+            out.append(s)
+        return out
+
+    def step(builder, seqs):
+        inputs = builder.build(seqs, False, rows=4)
+        for s in seqs:  # the token sampled: the next step decodes after it
+            s.append_token(9)
+            s.num_cached_tokens, s.num_scheduled_tokens = s.num_tokens - 1, 1
+        return inputs
+
+    plain = decode_seqs([SamplingParams(temperature=0.7), SamplingParams(temperature=0)])
+    builder = StepBuilder(BS, width=3, max_num_seqs=4, vocab_size=50)
+    first, second = step(builder, plain), step(builder, plain)
+    assert second.sampling is first.sampling
+    assert second.sampling.temperatures.tolist() == [np.float32(0.7), 0.0]
+    # A changed batch is built anew (and then kept for the next step).
+    third = step(builder, plain[:1])
+    assert third.sampling is not second.sampling and third.sampling.temperatures.size == 1
+    assert step(builder, plain[:1]).sampling is third.sampling
+    # Rows that change from step to step are built every step: a seeded row's step count.
+    for params in (SamplingParams(temperature=0.7, seed=3), SamplingParams(logprobs=2),
+                   SamplingParams(temperature=0.7, min_tokens=8)):
+        seqs = decode_seqs([params])
+        builder = StepBuilder(BS, width=3, max_num_seqs=4, vocab_size=50)
+        a, b = step(builder, seqs), step(builder, seqs)
+        assert a.sampling is not b.sampling
+        if params.seed is not None:
+            assert [r[2] for r in a.sampling.seeds] == [0] and b.sampling.seeds[0][2] == 1
+
+
 def test_mixed_step_decode_rows_lead_and_take_pending_tokens_from_the_device():
     from nanovllm.engine.sequence import PLACEHOLDER
 
