@@ -1,8 +1,12 @@
 """The fused Gumbel-max sampler against softmax(logits / T) (interpreter on CPU, real on GPU)."""
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from nanovllm.kernels.triton_sample import sample_temperature
+from nanovllm.kernels._common import INTERPRET
+from nanovllm.kernels.triton_sample import _neg_log2, sample_temperature
 
 # sample_temperature takes its per-chunk maxima from torch.empty: every chunk must be written.
 pytestmark = pytest.mark.usefixtures("poisoned_empty")
@@ -38,12 +42,31 @@ def test_seeds_change_samples_and_bf16_input():
     assert torch.equal(a, sample_temperature(logits, t, seed=1))
 
 
+@triton.jit
+def _neg_log2_kernel(u_ptr, out_ptr, HW: tl.constexpr):
+    i = tl.arange(0, 16)
+    tl.store(out_ptr + i, _neg_log2(tl.load(u_ptr + i), HW))
+
+
+def test_neg_log2_keeps_its_relative_accuracy_next_to_one():
+    """-log2(u), which the Gumbel score takes a log of again, near u = 1 (the series branch),
+    on both sides of the switch to lg2 and near 0."""
+    u = np.array([1 - 2.0 ** -24, 1 - 2.0 ** -21, 1 - 2.0 ** -12, 1 - 2.0 ** -7,
+                  1 - 2.0 ** -6 * 1.01, 1 - 2.0 ** -6 * 0.99, 0.9, 0.75, 0.5, 0.25, 1e-3, 2.0 ** -31,
+                  0.999, 0.99, 0.6, 0.3], dtype=np.float32)
+    got = torch.empty(16, device=DEVICE)
+    _neg_log2_kernel[(1,)](torch.from_numpy(u).to(DEVICE), got, HW=not INTERPRET)
+    want = -np.log2(u.astype(np.float64))
+    assert np.abs(got.cpu().numpy() / want - 1).max() < 2e-5
+
+
 @pytest.mark.gpu
 def test_on_gpu():
     """The same checks on a real GPU (selected by `-m gpu`), with the stricter tolerance."""
     test_greedy_rows_are_argmax()
     test_samples_follow_softmax(0.7)
     test_seeds_change_samples_and_bf16_input()
+    test_neg_log2_keeps_its_relative_accuracy_next_to_one()
 
 
 def test_a_seed_in_device_memory_draws_as_the_same_int():
