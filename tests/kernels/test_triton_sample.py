@@ -52,8 +52,8 @@ def test_neg_log2_keeps_its_relative_accuracy_next_to_one():
     """-log2(u), which the Gumbel score takes a log of again, near u = 1 (the series branch),
     on both sides of the switch to lg2 and near 0."""
     u = np.array([1 - 2.0 ** -24, 1 - 2.0 ** -21, 1 - 2.0 ** -12, 1 - 2.0 ** -7,
-                  1 - 2.0 ** -6 * 1.01, 1 - 2.0 ** -6 * 0.99, 0.9, 0.75, 0.5, 0.25, 1e-3, 2.0 ** -31,
-                  0.999, 0.99, 0.6, 0.3], dtype=np.float32)
+                  1 - 2.0 ** -6 * 1.01, 1 - 2.0 ** -6 * 0.99, 0.9, 0.75, 0.5, 0.25, 1e-3,
+                  2.0 ** -31, 0.999, 0.99, 0.6, 0.3], dtype=np.float32)
     got = torch.empty(16, device=DEVICE)
     _neg_log2_kernel[(1,)](torch.from_numpy(u).to(DEVICE), got, HW=not INTERPRET)
     want = -np.log2(u.astype(np.float64))
