@@ -13,9 +13,10 @@ from nanovllm.kernels._common import INTERPRET
 
 @triton.jit
 def _log2(x, HW: tl.constexpr):
-    """log2(x): on the GPU, the hardware's approximate instruction (relative error ~2^-22);
-    libdevice's exact log2f/logf are ~30-instruction polynomials, two per logit, which made
-    the whole sampler compute-bound. The interpreter (no PTX) takes tl.log2."""
+    """log2(x): on the GPU, the hardware's approximate instruction (absolute error up to
+    2^-22 on [0.5, 2], 2 ulp elsewhere: see _neg_log2); libdevice's exact log2f/logf are
+    ~30-instruction polynomials, two per logit, which made the whole sampler compute-bound.
+    The interpreter (no PTX) takes tl.log2."""
     if HW:
         return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x],
                                          dtype=tl.float32, is_pure=True, pack=1)

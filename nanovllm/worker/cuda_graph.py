@@ -52,7 +52,7 @@ class DecodeGraphs:
     the whole step of a plain batch in one replay. From the host, the LM head's launch waits
     behind the replay just queued (125-400 us a step on an H100), and a small model's large
     batches are host-bound: in the replay, Qwen2.5-0.5B's bench.py went from 49,584-53,865
-    to 55,582-55,796 tok/s and Qwen3-0.6B's from 20,322 to 20,652, for ~1 s more start-up."""
+    to 55,582-55,796 tok/s and Qwen3-0.6B's from 20,322 to 20,652, for 1-2 s more start-up."""
 
     def __init__(self, model, max_bs: int, meta: torch.Tensor, table: torch.Tensor,
                  hidden_size: int, dtype: torch.dtype, sampled: torch.Tensor,
