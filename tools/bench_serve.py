@@ -11,6 +11,8 @@ token after the first (TPOT = (last - first) / (tokens - 1), per request) at p50
 
     python tools/bench_serve.py --mode http --request-rate 32   # Poisson arrivals (32/s on
                                                                 # average) instead of a burst
+    python tools/bench_serve.py --mode http --repeat 3   # one server, the workload sent 3
+                                                         # times: each run, then the medians
 """
 import argparse
 import asyncio
@@ -182,8 +184,19 @@ def arrivals(n: int, rate: float | None) -> list[float]:
     return out
 
 
+def medians(runs: list[dict]) -> dict:
+    """Each metric's median over runs (the lower middle one of an even count), and the
+    runs themselves; one run is returned as it is."""
+    if len(runs) == 1:
+        return runs[0]
+    out = {k: sorted(r[k] for r in runs)[(len(runs) - 1) // 2] for k in runs[0]}
+    out["runs"] = runs
+    return out
+
+
 def run_http(path: str, load_format: str, work, clients: int, switch: float | None,
-             engine_process: bool, engine_flags: list[str], rate: float | None = None) -> dict:
+             engine_process: bool, engine_flags: list[str], rate: float | None = None,
+             repeat: int = 1) -> dict:
     import httpx
 
     port = free_port()
@@ -205,19 +218,23 @@ def run_http(path: str, load_format: str, work, clients: int, switch: float | No
         warm = {"model": "bench", "prompt": [1, 2, 3], "max_tokens": 16}
         httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=warm, timeout=120)
         ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        start_at = time.time() + 3.0  # every client process connected and waiting
         timed = [(p, m, at) for (p, m), at in zip(work, arrivals(len(work), rate))]
-        procs = [ctx.Process(target=client_proc, args=(port, timed[i::clients], start_at, queue))
-                 for i in range(clients)]
-        for p in procs:
-            p.start()
-        records = [r for _ in procs for r in queue.get()]
-        for p in procs:
-            p.join()
-        # perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process of the host.
-        elapsed = max(r[2] for r in records) - min(r[0] for r in records)
-        return summary(records, elapsed)
+        runs = []
+        for _ in range(repeat):
+            queue = ctx.Queue()
+            start_at = time.time() + 3.0  # every client process connected and waiting
+            procs = [ctx.Process(target=client_proc,
+                                 args=(port, timed[i::clients], start_at, queue))
+                     for i in range(clients)]
+            for p in procs:
+                p.start()
+            records = [r for _ in procs for r in queue.get()]
+            for p in procs:
+                p.join()
+            # perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process of the host.
+            elapsed = max(r[2] for r in records) - min(r[0] for r in records)
+            runs.append(summary(records, elapsed))
+        return medians(runs)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -245,8 +262,14 @@ def main():
     ap.add_argument("--request-rate", type=float, default=None,
                     help="http: Poisson arrivals at this many requests a second (default: "
                          "every request at once)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="http: send the workload this many times to one server; prints each "
+                         "run and each metric's median")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
+    if args.repeat < 1 or (args.repeat > 1 and args.mode != "http"):
+        ap.error(f"--repeat {args.repeat}: give a count of 1 or more, and more than 1 only "
+                 "with --mode http")
     engine = args.engine_args
     if args.model is None:
         args.model, args.load_format = serve_model_dir(), args.load_format or "dummy"
@@ -264,7 +287,7 @@ def main():
     else:
         result = run_http(args.model, load_format, work, args.clients, args.switch_interval,
                           not args.engine_thread, ["--engine-args", json.dumps(engine)],
-                          args.request_rate)
+                          args.request_rate, args.repeat)
     result.update(mode=args.mode, switch_interval=args.switch_interval,
                   request_rate=args.request_rate,
                   engine="thread" if args.engine_thread else "process", **engine)
