@@ -46,8 +46,10 @@ def summary(records: list[tuple[float, float, float, int]], elapsed: float) -> d
     total = sum(n for *_, n in records)
     return {"requests": len(records), "output_tokens": total, "seconds": round(elapsed, 3),
             "throughput_tok_s": round(total / elapsed, 1),
-            "ttft_ms_p50": round(1e3 * pct(ttft, 0.5), 1), "ttft_ms_p99": round(1e3 * pct(ttft, 0.99), 1),
-            "tpot_ms_p50": round(1e3 * pct(tpot, 0.5), 2), "tpot_ms_p99": round(1e3 * pct(tpot, 0.99), 2)}
+            "ttft_ms_p50": round(1e3 * pct(ttft, 0.5), 1),
+            "ttft_ms_p99": round(1e3 * pct(ttft, 0.99), 1),
+            "tpot_ms_p50": round(1e3 * pct(tpot, 0.5), 2),
+            "tpot_ms_p99": round(1e3 * pct(tpot, 0.99), 2)}
 
 
 def serve_model_dir() -> str:
