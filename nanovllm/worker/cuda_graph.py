@@ -31,16 +31,20 @@ def decode_graph_rows(config) -> int:
 
 
 def staged_graphs(model, config, device: torch.device, dtype: torch.dtype,
-                  sampled: torch.Tensor, blocks_per_seq: int) -> "tuple[Stager, DecodeGraphs]":
+                  sampled: torch.Tensor, blocks_per_seq: int,
+                  draft: bool = False) -> "tuple[Stager, DecodeGraphs]":
     """Decode graphs and the stager whose fixed buffer they read their inputs from; not
-    captured yet (their kernels compile in the kernel warm-up's parallel pass first)."""
+    captured yet (their kernels compile in the kernel warm-up's parallel pass first).
+    draft: a speculative draft model's, which takes argmaxes of hidden states, never a
+    sample."""
     max_bs = decode_graph_rows(config)
     stager = Stager(device, [(DECODE_META_ROWS, max_bs), (max_bs, blocks_per_seq)])
     meta, table = stager.graph_views
     # One rank samples the whole step in a graph: with tensor parallelism the logits gather
     # across ranks, which stays outside.
+    sample = config.tensor_parallel_size == 1 and not draft
     graphs = DecodeGraphs(model, max_bs, meta, table, config.hf_config.hidden_size, dtype,
-                          sampled, sample=config.tensor_parallel_size == 1, capture=False)
+                          sampled, sample=sample, capture=False)
     return stager, graphs
 
 

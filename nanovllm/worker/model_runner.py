@@ -110,7 +110,7 @@ class ModelRunner:
         if graphs:
             self.stager, self.graphs = staged_graphs(self.model, self.config, self.device,
                                                      self.dtype, self.sampled,
-                                                     self.max_blocks_per_seq)
+                                                     self.max_blocks_per_seq, self._draft)
         compile_kernels(self, self.graphs)
         self._clock.lap("kernel warm-up")
         # Without checkpoint scales, the first real prefill sets them (warm-up wrote scratch);
