@@ -51,12 +51,15 @@ def staged_graphs(model, config, device: torch.device, dtype: torch.dtype,
 class DecodeGraphs:
     """One graph per batch size, sharing a memory pool and reading their inputs from one
     device buffer that the stager fills in place (worker/stager.py). Each takes the pending
-    input tokens from `sampled` (the previous step's ids) first. With sample=True every size
-    also gets a graph that goes on to the logits and a temperature sample into `sampled`:
-    the whole step of a plain batch in one replay. From the host, the LM head's launch waits
-    behind the replay just queued (125-400 us a step on an H100), and a small model's large
-    batches are host-bound: in the replay, Qwen2.5-0.5B's bench.py went from 49,584-53,865
-    to 55,582-55,796 tok/s and Qwen3-0.6B's from 20,322 to 20,652, for 1-2 s more start-up."""
+    input tokens from `sampled` (the previous step's ids) first. With sample=True a plain
+    batch's whole step (forward, LM head, temperature sample into `sampled`) also replays:
+    at batch 1 as one graph; at larger sizes as the forward's graph, then a small "tail"
+    graph of the LM head and the sampler over its hidden states. From the host, the LM head's
+    launch waited behind the replay just queued (125-400 us a step on an H100), and a small
+    model's large batches were host-bound: with whole sampling graphs at every size,
+    Qwen2.5-0.5B's bench.py went from 49,584-53,865 to 55,582-55,796 tok/s and Qwen3-0.6B's
+    from 20,322 to 20,652, for 1-2 s more start-up (19 more captures of the whole forward);
+    a tail graph holds three kernels, so it captures in a moment."""
 
     def __init__(self, model, max_bs: int, meta: torch.Tensor, table: torch.Tensor,
                  hidden_size: int, dtype: torch.dtype, sampled: torch.Tensor,
@@ -87,15 +90,19 @@ class DecodeGraphs:
                     decode_order=self.meta[4, :bs])
         return self.meta[0, :bs], self.meta[1, :bs]
 
-    def _step(self, bs: int, sample: bool) -> None:
-        """What a graph of bs rows runs: the pending tokens fed in, the model, and either
-        the hidden states into self.outputs or (sample) a sample into self.sampled."""
+    def _step(self, bs: int, kind: str) -> None:
+        """What a graph of bs rows runs. "forward": the pending tokens fed in and the model,
+        its hidden states into self.outputs; "tail": the LM head over those and a sample into
+        self.sampled; "whole": the forward and the tail without the hidden states' copy."""
         ids, pos = self._set_batch(bs)
-        feed_tokens(ids, self.meta[5, :bs], self.sampled)
-        hidden = self.model(ids, pos)
-        if not sample:
-            self.outputs[:bs] = hidden
-            return
+        if kind == "tail":
+            hidden = self.outputs[:bs]
+        else:
+            feed_tokens(ids, self.meta[5, :bs], self.sampled)
+            hidden = self.model(ids, pos)
+            if kind == "forward":
+                self.outputs[:bs] = hidden
+                return
         from nanovllm.kernels.triton_sample import sample_temperature
 
         logits = self.model.compute_logits(hidden)
@@ -103,19 +110,19 @@ class DecodeGraphs:
         sample_temperature(logits, temps, self.seed, out=self.sampled[:bs])
         self.seed.add_(1)
 
-    def _todo(self) -> list[tuple[int, bool]]:
-        """(batch size, samples) of every graph, largest first (the pool grows once)."""
-        return ([(bs, False) for bs in reversed(self.batch_sizes)]
-                + [(bs, True) for bs in reversed(self.sample_sizes)])
+    def _todo(self) -> list[tuple[int, str]]:
+        """(batch size, kind) of every graph, largest first (the pool grows once)."""
+        return ([(bs, "forward") for bs in reversed(self.batch_sizes)]
+                + [(bs, "whole" if bs == 1 else "tail") for bs in reversed(self.sample_sizes)])
 
     @torch.inference_mode()
     def compile_steps(self, rows=None) -> None:
         """Every graph's step once (rows: only those of rows(bs) true), for its kernels'
         compiles: called inside a compile_ahead block (the kernel warm-up's, so these
         compile in parallel with the prefills')."""
-        for bs, sample in self._todo():
+        for bs, kind in self._todo():
             if rows is None or rows(bs):
-                self._step(bs, sample)
+                self._step(bs, kind)
         reset_context()
         self._compiled = True
 
@@ -128,13 +135,15 @@ class DecodeGraphs:
                 if ahead:
                     self.compile_steps()
         pool = None
-        for bs, sample in self._todo():
-            self._step(bs, sample)  # warm-up (compiles, autotunes)
+        for bs, kind in self._todo():
+            self._step(bs, kind)  # warm-up (compiles, autotunes)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool):
-                self._step(bs, sample)
+                self._step(bs, kind)
             pool = pool or graph.pool()
-            (self.sample_graphs if sample else self.graphs)[bs] = graph
+            # Every graph's temporaries live only within its replay: the graphs replay one
+            # at a time, and a tail reads only self.outputs (outside the pool).
+            (self.graphs if kind == "forward" else self.sample_graphs)[bs] = graph
             torch.cuda.synchronize()
         self.sampled.zero_()  # the warm-ups sampled from zero inputs
         reset_context()
@@ -157,9 +166,13 @@ class DecodeGraphs:
         return bool(self.sample_graphs) and num_seqs <= self.sample_sizes[-1]
 
     def run_sampled(self, num_seqs: int) -> None:
-        """Replay the smallest sampling graph that holds the batch: the step's ids land in
-        sampled[:num_seqs] (a plain batch: temperatures only, no logprobs)."""
-        self.sample_graphs[next(b for b in self.sample_sizes if b >= num_seqs)].replay()
+        """Replay the smallest sampling step that holds the batch (batch 1's whole graph, or
+        a forward graph and its tail): the step's ids land in sampled[:num_seqs] (a plain
+        batch: temperatures only, no logprobs)."""
+        bs = next(b for b in self.sample_sizes if b >= num_seqs)
+        if bs > 1:
+            self.graphs[bs].replay()
+        self.sample_graphs[bs].replay()
 
     def release(self, device: torch.device) -> None:
         """Destroy the graphs: NCCL cannot tear down a communicator that a live graph has
