@@ -36,6 +36,14 @@ def smol(smollm2_path):
     llm.shutdown()
 
 
+def test_decode_matches_the_gguf_tokenizers(smol):
+    """Its tokenizer (byte-level BPE, no space clean-up) decodes through the Rust tokenizer
+    directly, to the same text."""
+    from tests.support.decode import check_decode_matches_the_tokenizers
+
+    check_decode_matches_the_tokenizers(smol[0].tokenizer)
+
+
 def test_config_and_chat_template_come_from_the_gguf(smol):
     llm, hf = smol
     cfg = llm.config.hf_config

@@ -4,6 +4,7 @@ import pickle
 from nanovllm.engine.tokenizer import TextDecoder
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.tokenizer import PickledTokenizer, load_tokenizer, unwrap_tokenizer
+from tests.support.decode import check_decode_matches_the_tokenizers
 
 
 def test_a_shipped_tokenizer_is_unpickled_only_when_text_is_needed(toy_models):
@@ -18,3 +19,7 @@ def test_a_shipped_tokenizer_is_unpickled_only_when_text_is_needed(toy_models):
     assert type(unwrap_tokenizer(shipped)) is type(real) and unwrap_tokenizer(real) is real
     # Sent on again (a Ray actor's arguments), it carries the pickle, not the loaded copy.
     assert pickle.loads(pickle.dumps(shipped))._tokenizer is None
+
+
+def test_decode_matches_the_tokenizers(toy_models):
+    check_decode_matches_the_tokenizers(load_tokenizer(toy_models["tied_mha_d16"]))
