@@ -33,6 +33,7 @@ def serve_core(core: EngineCore, inbox: Connection, outbox: Connection) -> None:
     def flush():
         nonlocal pending, last_send
         if pending:
+            pending.coalesce()
             outbox.send(pending)
             pending = Outputs()
         last_send = time.perf_counter()

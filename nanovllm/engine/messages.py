@@ -99,6 +99,26 @@ class Outputs:
         self.samples += other.samples
         self.ended += other.ended
 
+    def coalesce(self) -> None:
+        """Merge each sample's deltas into one (in place): a few steps sent at once then
+        cost their receiver one delta per sample to unpickle and decode, not one per step."""
+        at: dict[tuple[int, int], int] = {}
+        merged: list[SampleDelta] = []
+        for delta in self.samples:
+            key = (delta.request_id, delta.index)
+            i = at.get(key)
+            if i is None:
+                at[key] = len(merged)
+                merged.append(delta)
+                continue
+            first = merged[i]
+            entries = first.logprobs if delta.logprobs is None else \
+                (first.logprobs or []) + delta.logprobs
+            merged[i] = SampleDelta(first.request_id, first.index,
+                                    first.token_ids + delta.token_ids, entries,
+                                    delta.finish_reason, delta.stop_reason)
+        self.samples = merged
+
     def __bool__(self) -> bool:
         return bool(self.samples or self.ended)
 

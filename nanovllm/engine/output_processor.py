@@ -29,22 +29,24 @@ class RequestState:
         """The RequestOutput of these sample deltas (in arrival order) and, once the request
         ended, its end: one completion per sample that moved, `finished` with the end."""
         parts: dict[int, list] = {}  # sample index -> [ids, entries, text, reasons]
-        for delta in samples:
+        for delta in samples:  # several steps' deltas of a sample: one window to decode
             part = parts.setdefault(delta.index, [[], None, "", None])
-            stream = self._streams.get(delta.index)
-            if stream is None:
-                stream = self._streams[delta.index] = TextStream(self._text.decode, self.sp.stop)
             part[0] += delta.token_ids
             if delta.logprobs is not None:
                 part[1] = (part[1] or []) + delta.logprobs
-            if delta.finish_reason is None:
-                part[2] += stream.add(delta.token_ids)
+            if delta.finish_reason is not None:
+                part[3] = (delta.finish_reason, delta.stop_reason)
+        for index, part in parts.items():
+            stream = self._streams.get(index)
+            if stream is None:
+                stream = self._streams[index] = TextStream(self._text.decode, self.sp.stop)
+            if part[3] is None:
+                part[2] = stream.add(part[0])
                 continue
             # The final text, cut at a stop string, replaces the held-back tail.
-            stream.token_ids += delta.token_ids
-            part[2] += stream.finish(self._text.completion_text(stream.token_ids, self.sp))
-            part[3] = (delta.finish_reason, delta.stop_reason)
-            self._ended.add(delta.index)
+            stream.token_ids += part[0]
+            part[2] = stream.finish(self._text.completion_text(stream.token_ids, self.sp))
+            self._ended.add(index)
         if end is not None:  # samples never forked: the request ended before its prompt did
             empty = None if self.sp.logprobs is None else []
             for index in range(self.sp.n):

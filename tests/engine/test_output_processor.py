@@ -3,7 +3,7 @@ at a time add up to the whole output read at once."""
 import pytest
 
 from nanovllm import SamplingParams
-from nanovllm.engine.messages import RequestEnd, SampleDelta
+from nanovllm.engine.messages import Outputs, RequestEnd, SampleDelta
 from nanovllm.engine.output_processor import RequestState, failure
 from nanovllm.engine.tokenizer import TextDecoder
 from nanovllm.utils.tokenizer import load_tokenizer
@@ -52,3 +52,23 @@ def test_a_failed_request_names_its_error(text):
     out = RequestState(3, None, [1], SamplingParams(), text).output(
         [SampleDelta(3, 0, [], None, "error", "RuntimeError: boom")], RequestEnd(3, "error", None))
     assert failure(out) == "RuntimeError: boom" and out.outputs[0].logprobs is None
+
+
+def test_coalesced_steps_give_the_same_output(text):
+    """A core sending a few steps at once merges each sample's deltas into one (fewer to
+    pickle and decode); the receiver sees the same tokens, logprobs, text and end."""
+    sp = SamplingParams(logprobs=1, stop=["zz"], n=2)
+    steps = [[30, 31], [32], [33, 34, 35]]
+    first = deltas(steps, "zz")
+    second = [d._replace(index=1, finish_reason=None, stop_reason=None)
+              for d in deltas(steps[:2])]
+    interleaved = [first[0], second[0], first[1], second[1], first[2]]
+    sent = Outputs(samples=list(interleaved))
+    sent.coalesce()
+    assert [(d.index, d.token_ids, len(d.logprobs), d.finish_reason) for d in sent.samples] \
+        == [(0, [30, 31, 32, 33, 34, 35], 6, "stop"), (1, [30, 31, 32], 3, None)]
+    assert sent.samples[0].stop_reason == "zz"
+    end = RequestEnd(1, "stop", None)
+    one = RequestState(1, "p", [1, 2], sp, text).output(interleaved, end)
+    merged = RequestState(1, "p", [1, 2], sp, text).output(sent.samples, end)
+    assert one == merged
