@@ -222,11 +222,14 @@ def run_http(path: str, load_format: str, work, clients: int, switch: float | No
         ctx = mp.get_context("spawn")
         timed = [(p, m, at) for (p, m), at in zip(work, arrivals(len(work), rate))]
         runs = []
-        for _ in range(repeat):
+        for run in range(repeat):
+            # Each run's prompts start with a token of their own: a run must not find the
+            # last run's prompts in the prefix cache (its prefills would be free).
+            sent = [([p[0] + 10_001 * run] + p[1:], m, at) for p, m, at in timed]
             queue = ctx.Queue()
             start_at = time.time() + 3.0  # every client process connected and waiting
             procs = [ctx.Process(target=client_proc,
-                                 args=(port, timed[i::clients], start_at, queue))
+                                 args=(port, sent[i::clients], start_at, queue))
                      for i in range(clients)]
             for p in procs:
                 p.start()
