@@ -84,7 +84,43 @@ def test_concurrent_streams_equal_the_offline_outputs(toy_models, offline, async
         return await asyncio.gather(*(collect(engine, p, params(i))
                                       for i, p in enumerate(PROMPTS)))
 
+    assert_equal_offline(offline, asyncio.run(main()))
+    assert engine.stats()["idle"] and all_free(engine)
+    engine.shutdown()
+
+
+def test_steps_sent_together_stream_the_offline_outputs(toy_models, offline, monkeypatch):
+    """A core that sends several steps per message (here: every 200 ms) merges each sample's
+    deltas into one: the streams carry the same outputs."""
+    from nanovllm.engine import core_loop
+    from nanovllm.engine.messages import Outputs
+
+    monkeypatch.setattr(core_loop, "DELTA_COST_S", 1.0)
+    monkeypatch.setattr(core_loop, "MAX_SEND_INTERVAL_S", 0.2)
+    merged = []  # deltas before and after each merge
+    coalesce = Outputs.coalesce
+
+    def counted(self):
+        before = len(self.samples)
+        coalesce(self)
+        merged.append((before, len(self.samples)))
+
+    monkeypatch.setattr(Outputs, "coalesce", counted)
+    engine = AsyncLLM(toy_models[MODEL], engine_process=False, **KW)
+
+    async def main():
+        return await asyncio.gather(*(collect(engine, p, params(i))
+                                      for i, p in enumerate(PROMPTS)))
+
     results = asyncio.run(main())
+    engine.shutdown()
+    assert_equal_offline(offline, results)
+    assert any(after < before for before, after in merged)
+
+
+def assert_equal_offline(offline, results):
+    """Streams (collect's results) carry exactly the offline outputs' text, ids, ends and
+    logprobs."""
     for ref, (samples, _) in zip(offline, results):
         assert sorted(samples) == [c.index for c in ref.outputs]
         for c in ref.outputs:
@@ -98,8 +134,6 @@ def test_concurrent_streams_equal_the_offline_outputs(toy_models, offline, async
                 assert [v.logprob for d in s["lps"] for v in d.values()] == pytest.approx(
                     [v.logprob for d in c.logprobs for v in d.values()], abs=1e-5)
                 assert s["cum"] == pytest.approx(c.cumulative_logprob)
-    assert engine.stats()["idle"] and all_free(engine)
-    engine.shutdown()
 
 
 def test_leaving_the_stream_aborts_and_frees_blocks(engine, offline):
