@@ -224,8 +224,9 @@ def run_http(path: str, load_format: str, work, clients: int, switch: float | No
         runs = []
         for run in range(repeat):
             # Each run's prompts start with a token of their own: a run must not find the
-            # last run's prompts in the prefix cache (its prefills would be free).
-            sent = [([p[0] + 10_001 * run] + p[1:], m, at) for p, m, at in timed]
+            # last run's prompts in the prefix cache (its prefills would be free). The ids stay
+            # in the workload's 0-10,000, which any vocabulary holds.
+            sent = [([(p[0] + run) % 10_001] + p[1:], m, at) for p, m, at in timed]
             queue = ctx.Queue()
             start_at = time.time() + 3.0  # every client process connected and waiting
             procs = [ctx.Process(target=client_proc,
