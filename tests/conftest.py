@@ -1,6 +1,7 @@
 """Shared fixtures. Without a GPU, Triton runs in interpreter mode and torch runs one CPU
 thread per process."""
 import os
+import tempfile
 
 try:
     import torch
@@ -24,6 +25,9 @@ if not _HAS_CUDA:
 # server that imported torch once, instead of each importing it anew (~1.3 s of CPU each, some
 # 30 of them in the suite). Scripts the tests run as users do choose for themselves.
 os.environ.setdefault("NANOVLLM_WORKER_MULTIPROC_METHOD", "forkserver")
+# Tokenizers the tests load are cached under the temporary directory, not the user's home.
+os.environ.setdefault("NANOVLLM_TOKENIZER_CACHE",
+                      os.path.join(tempfile.gettempdir(), "nanovllm-test-tokenizers"))
 
 import pytest  # noqa: E402
 

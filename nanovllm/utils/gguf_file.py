@@ -101,13 +101,13 @@ class GGUFCheckpoint:
                                  f"which nanovllm cannot load; supported: "
                                  f"{', '.join(SUPPORTED_TYPES)}")
 
-    def load_tokenizer(self):
-        """The tokenizer transformers converts from this file's metadata (chat template
-        included), cached after the first conversion."""
-        from transformers import AutoTokenizer
-
+    def tokenizer_dir(self) -> str:
+        """A directory holding the tokenizer transformers converts from this file's metadata
+        (chat template included), converted on the first call only."""
         path = os.path.join(self.cache, "tokenizer")
         if not os.path.isdir(path):
+            from transformers import AutoTokenizer
+
             logger.info("converting the tokenizer of %s (cached in %s)", self.file, path)
             try:
                 tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(self.file)),
@@ -117,7 +117,7 @@ class GGUFCheckpoint:
                                  f"({type(e).__name__}: {e}); pass tokenizer=<a Hugging Face "
                                  "tokenizer directory>") from e
             _write_atomically(path, tok.save_pretrained)
-        return AutoTokenizer.from_pretrained(path)
+        return path
 
 
 def _dump_json(data: dict, scratch: str) -> None:

@@ -11,24 +11,29 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 
 def load_tokenizer(path: str):
     """AutoTokenizer from a model directory (or a GGUF file's metadata), with a clear error
-    when it is missing."""
-    from transformers import AutoTokenizer
-
+    when it is missing; a directory's comes from tokenizer_cache.py after its first load."""
+    from nanovllm.utils import tokenizer_cache
     from nanovllm.utils.gguf_file import GGUFCheckpoint, is_gguf
 
     if is_gguf(path):
-        return GGUFCheckpoint(path).load_tokenizer()
+        path = GGUFCheckpoint(path).tokenizer_dir()
     hint = ("add the tokenizer files of this model, or pass skip_tokenizer_init=True and give "
             "prompts as token ids")
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise ValueError(f"{path!r} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is "
                          f"there; {hint}")
+    tokenizer = tokenizer_cache.load_cached(path)
+    if tokenizer is not None:
+        return tokenizer
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"could not load a tokenizer from {path!r} ({e}); {hint}") from e
     if len(tokenizer) <= 1:
         raise ValueError(f"the tokenizer in {path!r} is empty ({len(tokenizer)} tokens); {hint}")
+    tokenizer_cache.store(path, tokenizer)
     return tokenizer
 
 

@@ -108,6 +108,7 @@ def test_a_second_start_reads_no_gguf_metadata(smol, smollm2_path, monkeypatch):
     import gguf
 
     from nanovllm.utils.gguf_file import GGUFCheckpoint
+    from nanovllm.utils.tokenizer import load_tokenizer
 
     def refuse(*args, **kwargs):
         raise AssertionError("GGUF metadata parsed again")
@@ -116,7 +117,7 @@ def test_a_second_start_reads_no_gguf_metadata(smol, smollm2_path, monkeypatch):
     ckpt = GGUFCheckpoint(smollm2_path)
     assert ckpt.config["architectures"] == ["LlamaForCausalLM"]
     llm, _ = smol
-    assert ckpt.load_tokenizer().encode(TEXT) == llm.tokenizer.encode(TEXT)
+    assert load_tokenizer(smollm2_path).encode(TEXT) == llm.tokenizer.encode(TEXT)
 
 
 @pytest.mark.gpu
