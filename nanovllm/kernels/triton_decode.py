@@ -32,7 +32,13 @@ MAX_SPLITS = 64
 # faster: fp8 b=256 ctx=2048 406-412 vs 403 us; see docs/PERF_NOTES.md.)
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
 CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
-              USE_DOT=True, WAVES=2, HEAD_FAST=True, LPT=True)
+              USE_DOT=True, WAVES=2, HEAD_FAST=True, LPT=True,
+              SHORT_ROW_STAGES=2 if INTERPRET else 5)
+# SHORT_ROW_STAGES: stages for a 16-bit cache whose key rows are at most 128 bytes (head_dim
+# <= 64: Qwen2.5-0.5B, SmolLM2), whose 64-key tiles are half a head_dim-128 tile's bytes, as
+# fp8's are. H100, .dev/decode_bw25.py (Qwen2.5-0.5B's 14/2/64, bench-like contexts, graph
+# over 24 layers), us a layer, 3 vs 5 stages: batch 256 37.7 vs 35.4, 128 29.4 vs 22.6,
+# 64 15.3 vs 15.3 (128-key tiles: 36.3 / 24.2 / 14.8).
 # An fp8 cache has its own tiles: a 64-key tile is half the bytes of a bf16 one, so it takes
 # more stages in flight to keep HBM busy (H100, `bench_kernels.py --fp8`, b=256 ctx=2048:
 # 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us). FP16_DOT: with
@@ -197,6 +203,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         order = None
     block_n = cfg["BLOCK_N"]
     use_dot = cfg["USE_DOT"]
+    short_rows = cfg is CONFIG and head_dim * k_cache.element_size() <= 128
+    stages = cfg["SHORT_ROW_STAGES"] if short_rows else cfg["num_stages"]
     g_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
     o = torch.empty_like(q)
     if batch == 0:
@@ -239,7 +247,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
         HEAD_FAST=head_fast, ORDERED=order is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=stages,
     )
     return o
 
