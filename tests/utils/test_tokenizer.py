@@ -61,7 +61,7 @@ def test_a_directorys_tokenizer_is_loaded_from_the_cache_after_the_first_time(
         m.setattr(transformers.AutoTokenizer, "from_pretrained", no_auto)
         again = load_tokenizer(model)
     _same_tokenizer(first, again)
-    # A changed tokenizer file is another key: loaded anew, then cached beside the first.
+    # A changed tokenizer file is another key: loaded anew and cached...
     config = os.path.join(model, "tokenizer_config.json")
     with open(config) as f:
         settings = json.load(f)
@@ -70,7 +70,11 @@ def test_a_directorys_tokenizer_is_loaded_from_the_cache_after_the_first_time(
         json.dump(settings, f)
     changed = load_tokenizer(model)
     assert changed.eos_token == "<|endoftext|>" != first.eos_token
+    # ... and replaces the directory's older entry; another directory's stays.
+    assert len(os.listdir(tmp_path / "cache")) == 1
+    load_tokenizer(_copy_model(toy_models["tied_mha_d16"], tmp_path / "other"))
     assert len(os.listdir(tmp_path / "cache")) == 2
+    assert load_tokenizer(model).eos_token == "<|endoftext|>"
 
 
 def test_a_broken_cache_entry_or_cache_dir_only_costs_the_slow_load(toy_models, tmp_path,
