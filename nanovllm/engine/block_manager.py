@@ -173,9 +173,18 @@ class BlockManager:
         seq.block_table = []
         seq.num_cached_tokens = seq.num_draft_cached = 0
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether seq's newest token has (or can get) a block."""
-        return len(seq.block_table) >= seq.num_blocks or self.num_free_blocks > 0
+    def try_append(self, seq: Sequence) -> bool:
+        """Give seq a new block when its newest token starts one; False (nothing changed)
+        when that needs a block and none is free."""
+        table = seq.block_table
+        need = (seq.num_tokens + self.block_size - 1) // self.block_size
+        if len(table) >= need:  # the common case: the token fits the last block
+            return True
+        if not self.free_block_ids:
+            return False
+        while len(table) < need:
+            table.append(self._take_free_block())
+        return True
 
     def reserve(self, seq: Sequence, num_tokens: int, keep: int = 0) -> int:
         """Give seq free blocks toward holding num_tokens tokens, leaving `keep` free ones
@@ -185,8 +194,3 @@ class BlockManager:
         while len(seq.block_table) < need and len(self.free_block_ids) > keep:
             seq.block_table.append(self._take_free_block())
         return len(seq.block_table) * self.block_size
-
-    def may_append(self, seq: Sequence) -> None:
-        """Give seq a new block when its newest token starts one."""
-        while len(seq.block_table) < seq.num_blocks:
-            seq.block_table.append(self._take_free_block())

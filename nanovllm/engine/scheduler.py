@@ -140,14 +140,13 @@ class Scheduler:
                 continue
             # running is in priority order and seq came off its front: the sequences still
             # in it rank lowest, so the victim is the last of them (or seq itself).
-            while not self.block_manager.can_append(seq):
+            while not self.block_manager.try_append(seq):
                 if self.running:
                     self.preempt(self.running.pop())
                 else:
                     self.preempt(seq)
                     break
             else:
-                self.block_manager.may_append(seq)
                 seq.num_scheduled_tokens = 1
                 if spare > 0:
                     spare -= self.speculator.draft(seq, spare, keep=len(self.running))

@@ -177,7 +177,10 @@ class Sequence:
 
     def append_pending(self) -> None:
         """A step that samples this sequence's next token is on its way."""
-        self.append_token(PLACEHOLDER)
+        # append_token's body: this runs for every sequence of every step.
+        self.token_ids.append(PLACEHOLDER)
+        self.last_token = PLACEHOLDER
+        self.num_tokens += 1
         self.num_pending += 1
 
     def fill_pending(self, token_id: int) -> None:

@@ -149,11 +149,12 @@ def test_random_allocate_append_free_preempt(seed):
         elif op < 0.75 and live:
             s = rng.choice(live)
             s.append_token(rng.randrange(50))
-            if bm.can_append(s):
-                bm.may_append(s)
+            before = list(s.block_table)
+            if bm.try_append(s):
                 assert len(s.block_table) == s.num_blocks
                 computed(bm, s)
-            else:
+            else:  # no free block: nothing was taken
+                assert s.block_table == before and not bm.free_block_ids
                 bm.deallocate(s)  # preempt
                 live.remove(s)
         elif live:
