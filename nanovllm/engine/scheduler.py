@@ -130,9 +130,10 @@ class Scheduler:
         spare = (self.max_num_batched_tokens - min(len(self.running), limit)
                  if not mixed and self.wants_speculation()
                  and self.speculator.allowed(self.running) else 0)
+        try_append, max_len = self.block_manager.try_append, self.max_model_len  # hoisted
         while self.running and len(scheduled) < limit:
             seq = self.running.popleft()
-            if (seq.num_pending and length_done(seq, self.max_model_len)) or (
+            if (seq.num_pending and length_done(seq, max_len)) or (
                     mixed and seq.num_tokens - seq.num_cached_tokens > 1):
                 # Its pending token is its last (it ends with its result), or its prompt is
                 # still being computed.
@@ -140,7 +141,7 @@ class Scheduler:
                 continue
             # running is in priority order and seq came off its front: the sequences still
             # in it rank lowest, so the victim is the last of them (or seq itself).
-            while not self.block_manager.try_append(seq):
+            while not try_append(seq):
                 if self.running:
                     self.preempt(self.running.pop())
                 else:
@@ -189,18 +190,20 @@ class Scheduler:
         accepted drafts and one more); returns the sequences that finished."""
         self.num_in_flight -= 1
         finished = []
+        # Hoisted: this loop runs for every sequence of every step.
+        commit, eos_ids, max_len = self.block_manager.commit, self.eos_ids, self.max_model_len
+        speculative, done = launched.speculative, SequenceStatus.FINISHED
         for seq, real, out in zip(launched.seqs, launched.produced, token_ids):
-            if seq.is_finished:
+            if seq.status is done:
                 continue  # it ended at an earlier token: this step's work is void
             if not real:
-                self.block_manager.commit(seq)
+                commit(seq)
                 continue
-            if launched.speculative:
-                reason, stop_reason = take_verified(seq, out, self.eos_ids,
-                                                    self.max_model_len, self.spec_stats)
+            if speculative:
+                reason, stop_reason = take_verified(seq, out, eos_ids, max_len, self.spec_stats)
             else:
-                reason, stop_reason = take_sampled(seq, out, self.eos_ids, self.max_model_len)
-            self.block_manager.commit(seq)  # after the fill: every hashed token is known
+                reason, stop_reason = take_sampled(seq, out, eos_ids, max_len)
+            commit(seq)  # after the fill: every hashed token is known
             if reason is not None:
                 if seq.status is SequenceStatus.WAITING:  # preempted while in flight
                     self.waiting.remove(seq)
