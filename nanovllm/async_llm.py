@@ -31,7 +31,7 @@ from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.structured import validate as validate_structured
 from nanovllm.utils.process import start_context
-from nanovllm.utils.tokenizer import load_tokenizer
+from nanovllm.utils.tokenizer import PickledTokenizer, load_tokenizer
 
 __all__ = ["AsyncLLM", "EngineDeadError", "RequestFailedError"]
 
@@ -62,14 +62,28 @@ class AsyncLLM:
             # with the graphs; docs/PERF_NOTES.md, 2026-11-25).
             kwargs["prefill_graph_tokens"] = STREAMING_PREFILL_GRAPH_TOKENS
         self.config = config = Config.from_kwargs(model, **kwargs)
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
-        self.text = TextDecoder(self.tokenizer)
         self._streams: dict[int, RequestStream] = {}  # key -> stream (reader thread side)
         self._live: dict[str, RequestStream] = {}  # caller's request id -> stream (loop side)
         self._keys, self._auto_ids = itertools.count(), itertools.count()
-        self.client: PipeClient = start_pipe_client(
-            config, resolve_eos_ids(config, self.tokenizer), self.tokenizer, True,
-            "the engine core", self._on_message, "AsyncLLM", in_process=not engine_process)
+        if engine_process:
+            # The engine process builds the model while this one loads the tokenizer (seconds
+            # each on a fresh machine; one after the other they added up), then gets it.
+            self.client: PipeClient = start_pipe_client(
+                config, None, None, True, "the engine core", self._on_message, "AsyncLLM")
+            try:
+                self.tokenizer = self._load_tokenizer()
+                eos_ids = resolve_eos_ids(config, self.tokenizer)
+            except BaseException:
+                self.client.shutdown()
+                raise
+            self.client.send_tokenizer(
+                eos_ids, None if self.tokenizer is None else PickledTokenizer(self.tokenizer))
+        else:
+            self.tokenizer = self._load_tokenizer()
+            self.client = start_pipe_client(
+                config, resolve_eos_ids(config, self.tokenizer), self.tokenizer, True,
+                "the engine core", self._on_message, "AsyncLLM", in_process=True)
+        self.text = TextDecoder(self.tokenizer)
         self.core = self.client.core  # the EngineCore on this process's thread, or None
         self.client.wait_ready()
         self.inputs = InputProcessor(config, self.tokenizer, self.client.num_kvcache_blocks,
@@ -77,6 +91,9 @@ class AsyncLLM:
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
         atexit.register(self.shutdown)
+
+    def _load_tokenizer(self):
+        return None if self.config.skip_tokenizer_init else load_tokenizer(self.config.tokenizer)
 
     # -- the caller's side ------------------------------------------------------------------
     @property

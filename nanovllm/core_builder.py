@@ -9,7 +9,7 @@ from nanovllm.config import Config
 from nanovllm.engine.core import EngineCore
 from nanovllm.engine.core_loop import picklable, serve_core
 from nanovllm.engine.executor import Executor
-from nanovllm.engine.messages import Dead
+from nanovllm.engine.messages import Dead, Tokenizer
 from nanovllm.structured.grammars import Grammars
 from nanovllm.utils.process import exit_at_once, start_group
 from nanovllm.utils.tokenizer import load_tokenizer
@@ -41,8 +41,9 @@ def build_core(config: Config, eos_ids: set[int], tokenizer, stream: bool,
     return EngineCore(config, executor, eos_ids, tokenizer, stream, grammars)
 
 
-def core_process_main(config: Config, eos_ids: set[int], tokenizer, stream: bool, conns: tuple,
-                      log_level: int, env: dict, threads: int | None, group: bool) -> None:
+def core_process_main(config: Config, eos_ids: set[int] | None, tokenizer, stream: bool,
+                      conns: tuple, log_level: int, env: dict, threads: int | None,
+                      group: bool) -> None:
     """Entry point of an engine-core process: its GPUs (set before CUDA starts) and CPU
     threads, then the core (a failure to build it is reported as Dead), served until
     stopped. group: a process group of its own, which its tensor-parallel workers join, so
@@ -60,7 +61,12 @@ def core_process_main(config: Config, eos_ids: set[int], tokenizer, stream: bool
         torch.set_num_threads(threads)
     inbox, outbox = conns
     try:
-        core = build_core(config, eos_ids, tokenizer, stream)
+        if eos_ids is None:  # they come down the pipe while the model builds
+            core = _build_core_then_tokenizer(config, stream, inbox)
+            if core is None:
+                return  # the front end gave up (its tokenizer failed to load)
+        else:
+            core = build_core(config, eos_ids, tokenizer, stream)
     except BaseException as e:  # noqa: BLE001 - the front end raises it from its constructor
         outbox.send(Dead(picklable(e)))
         return
@@ -69,6 +75,25 @@ def core_process_main(config: Config, eos_ids: set[int], tokenizer, stream: bool
     finally:
         core.shutdown()
     exit_at_once()  # stopped cleanly: the front end's shutdown() returns ~0.4 s sooner
+
+
+def _build_core_then_tokenizer(config: Config, stream: bool, inbox) -> EngineCore | None:
+    """The executor (weights, KV cache, warm-up), then the Tokenizer command the front end
+    sends once it has loaded its tokenizer, then the core; None if the front end sent Stop or
+    went away instead."""
+    executor = create_executor(config)
+    try:
+        msg = inbox.recv()
+    except (EOFError, OSError):
+        msg = None
+    if not isinstance(msg, Tokenizer):
+        executor.shutdown()
+        return None
+    try:
+        return build_core(config, msg.eos_ids, msg.tokenizer, stream, executor)
+    except BaseException:
+        executor.shutdown()
+        raise
 
 
 def serve_and_close(core: EngineCore, inbox, outbox) -> None:

@@ -16,12 +16,16 @@ from nanovllm.utils.process import Child, pipes, start_context
 from nanovllm.utils.tokenizer import PickledTokenizer
 
 
-def start_pipe_client(config: Config, eos_ids: set[int], tokenizer, stream: bool, name: str,
-                      sink: Sink, what: str, in_process: bool = False, env: dict | None = None,
-                      threads: int | None = None, group: bool = False) -> PipeClient:
+def start_pipe_client(config: Config, eos_ids: set[int] | None, tokenizer, stream: bool,
+                      name: str, sink: Sink, what: str, in_process: bool = False,
+                      env: dict | None = None, threads: int | None = None,
+                      group: bool = False) -> PipeClient:
     """A client whose core runs in a child process (or, in_process, on a thread of this
     one: built here first, so a bad start raises here); wait_ready() before use. what: the
-    front end, for the error a missing __main__ guard gets."""
+    front end, for the error a missing __main__ guard gets. eos_ids None (a child only): the
+    child builds the model while the caller loads its tokenizer, which it then hands over
+    with PipeClient.send_tokenizer before wait_ready()."""
+    assert eos_ids is not None or not in_process
     ctx = multiprocessing.get_context() if in_process else start_context(what)
     ours, theirs = pipes(ctx)
     thread_name = "nanovllm-" + name.replace(" ", "-")

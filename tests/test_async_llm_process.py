@@ -2,6 +2,7 @@
 failed start from the constructor, and a process that dies under way fails every stream with
 EngineDeadError instead of leaving callers waiting."""
 import asyncio
+import multiprocessing
 import os
 import signal
 
@@ -31,6 +32,21 @@ def test_a_failed_start_raises_from_the_constructor(toy_models, tmp_path):
             os.symlink(os.path.join(toy_models[MODEL], name), model / name)
     with pytest.raises(Exception, match="safetensors"):
         AsyncLLM(str(model), **KW)
+
+
+def test_a_tokenizer_that_fails_to_load_stops_the_engine_process(toy_models, tmp_path):
+    # The engine process builds the model while the front end loads the tokenizer: a broken
+    # tokenizer raises from the constructor, and the process started for it is stopped.
+    model = tmp_path / "broken_tokenizer"
+    model.mkdir()
+    for name in os.listdir(toy_models[MODEL]):
+        if name != "tokenizer.json":
+            os.symlink(os.path.join(toy_models[MODEL], name), model / name)
+    (model / "tokenizer.json").write_text("{not json")
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="could not load a tokenizer"):
+        AsyncLLM(str(model), **KW)
+    assert set(multiprocessing.active_children()) <= before
 
 
 def test_a_dead_engine_process_fails_every_stream(toy_models):

@@ -76,6 +76,16 @@ class Stop:
     """Stop the core (what is still running is dropped)."""
 
 
+@dataclass
+class Tokenizer:
+    """The end-token ids and tokenizer (a PickledTokenizer, or None) of a core started before
+    the front end had loaded them: the first command it reads (AsyncLLM loads its tokenizer
+    while the engine process builds the model)."""
+
+    eos_ids: set[int]
+    tokenizer: object
+
+
 # -- core -> front end ----------------------------------------------------------------------
 @dataclass
 class Ready:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from nanovllm.engine.client import ClientState, EngineDeadError, Sink
 from nanovllm.engine.core import EngineCore
 from nanovllm.engine.messages import (Abort, AddRequests, Dead, Outputs, Ready, Request, Stats,
-                                      StatsQuery, Stop)
+                                      StatsQuery, Stop, Tokenizer)
 from nanovllm.utils.process import GUARD_HINT, exit_description
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,12 @@ class PipeClient:
                 self._inbox.send(msg)
         except OSError:
             pass
+
+    def send_tokenizer(self, eos_ids: set[int], shipped) -> None:
+        """Hand a core started without them (start_pipe_client with eos_ids None) its end
+        tokens and tokenizer (a utils.tokenizer.PickledTokenizer, or None); a core that died
+        meanwhile reports it at wait_ready()."""
+        self.send_quietly(Tokenizer(eos_ids, shipped))
 
     def add(self, requests: list[Request]) -> None:
         """Queue requests (in order)."""
