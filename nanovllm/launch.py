@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+from collections.abc import Callable
 
 from nanovllm.config import Config
 from nanovllm.core_builder import build_core, core_process_main, serve_and_close
@@ -52,13 +53,18 @@ def steps_in_process(config: Config, processes: bool = False) -> bool:
             and not processes)
 
 
-def start_clients(config: Config, eos_ids: set[int], tokenizer, sink: Sink,
-                  processes: bool = False, executor=None) -> list:
+def start_clients(config: Config, eos_ids: set[int] | None, tokenizer, sink: Sink,
+                  processes: bool = False, executor=None,
+                  tokenizer_later: Callable[[], tuple[set[int], object]] | None = None) -> list:
     """LLM's clients: Ray actors (distributed_executor_backend="ray"), replica processes
     (data_parallel_size > 1, or processes), or one core stepped in this process (on
     `executor`, when the caller made it already). Each is ready; if one fails to start,
-    those started are stopped and its error raised."""
+    those started are stopped and its error raised. tokenizer_later (replica processes
+    only; eos_ids and tokenizer then None): called once the replicas are building their
+    models, it loads and returns (eos_ids, tokenizer), which they are then sent."""
     assert executor is None or steps_in_process(config, processes)
+    assert tokenizer_later is None or (eos_ids is None and not steps_in_process(
+        config, processes) and config.distributed_executor_backend != "ray")
     if config.distributed_executor_backend == "ray":
         from nanovllm.ray_client import start_ray_clients
 
@@ -86,6 +92,11 @@ def start_clients(config: Config, eos_ids: set[int], tokenizer, sink: Sink,
                                              f"data-parallel replica {r}", sink,
                                              "an LLM with data_parallel_size > 1", env=env,
                                              threads=threads, group=True))
+        if tokenizer_later is not None:
+            eos_ids, tokenizer = tokenizer_later()
+            shipped = None if tokenizer is None else PickledTokenizer(tokenizer)
+            for client in clients:
+                client.send_tokenizer(eos_ids, shipped)
         for client in clients:
             client.wait_ready()
     except BaseException:

@@ -50,19 +50,24 @@ class LLM:
 
         config = Config.from_kwargs(model, **kwargs)
         self.config = config
-        executor = None
+        executor = later = None
+        self.tokenizer = None
         if config.skip_tokenizer_init:
-            self.tokenizer = None
+            pass
         elif steps_in_process(config, engine_process):
             self.tokenizer, executor = tokenizer_beside_executor(config)
-        else:
+        elif config.distributed_executor_backend == "ray":
             self.tokenizer = load_tokenizer(config.tokenizer)
-        self.text = TextDecoder(self.tokenizer)
+        else:
+            def later():  # while the replica processes build their models
+                self.tokenizer = load_tokenizer(config.tokenizer)
+                return resolve_eos_ids(config, self.tokenizer), self.tokenizer
         self.state, self.failure = State.READY, None
         self._messages: queue.Queue = queue.Queue()  # (client, Outputs | Dead) from cores
-        self.clients = start_clients(config, resolve_eos_ids(config, self.tokenizer),
-                                     self.tokenizer, lambda c, m: self._messages.put((c, m)),
-                                     engine_process, executor)
+        self.clients = start_clients(
+            config, None if later else resolve_eos_ids(config, self.tokenizer), self.tokenizer,
+            lambda c, m: self._messages.put((c, m)), engine_process, executor, later)
+        self.text = TextDecoder(self.tokenizer)
         self._inproc = isinstance(self.clients[0], InprocClient)
         self.inputs = InputProcessor(config, self.tokenizer,
                                      min(c.num_kvcache_blocks for c in self.clients),

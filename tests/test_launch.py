@@ -109,6 +109,21 @@ def test_bad_arguments(toy_models):
         LLM(toy_models[MODEL], data_parallel_size=0, **KW)
 
 
+def test_a_tokenizer_that_fails_to_load_stops_the_replicas(toy_models, tmp_path):
+    # The replicas build their models while the tokenizer loads: a broken one raises from
+    # the constructor, and every replica process started for it is stopped.
+    model = tmp_path / "broken_tokenizer"
+    model.mkdir()
+    for name in os.listdir(toy_models[MODEL]):
+        if name != "tokenizer.json":
+            os.symlink(os.path.join(toy_models[MODEL], name), model / name)
+    (model / "tokenizer.json").write_text("{not json")
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="could not load a tokenizer"):
+        LLM(str(model), data_parallel_size=2, **KW)
+    assert set(multiprocessing.active_children()) <= before
+
+
 def test_replica_gpus_are_disjoint_and_checked(toy_models, monkeypatch):
     from nanovllm.config import Config
 
