@@ -5,8 +5,8 @@ from nanovllm.engine.sequence import Sequence
 
 def length_done(seq: Sequence, max_model_len: int) -> bool:
     """Whether seq's newest (maybe pending) token is its last by length."""
-    return (seq.num_completion_tokens >= seq.sampling_params.max_tokens
-            or seq.num_tokens >= max_model_len)
+    n = seq.num_tokens  # (num_completion_tokens without the property: every step, every seq)
+    return n - seq.num_prompt_tokens >= seq.sampling_params.max_tokens or n >= max_model_len
 
 
 def finish_reason(seq: Sequence, token_id: int, eos_ids: set[int],
