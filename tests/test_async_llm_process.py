@@ -10,6 +10,7 @@ import pytest
 
 from nanovllm import SamplingParams
 from nanovllm.async_llm import AsyncLLM, EngineDeadError
+from tests.support.checkpoints import broken_tokenizer_copy
 
 MODEL = "tied_mha_d16"
 KW = dict(device="cpu", dtype="float32", kvcache_block_size=16, max_model_len=256,
@@ -37,15 +38,10 @@ def test_a_failed_start_raises_from_the_constructor(toy_models, tmp_path):
 def test_a_tokenizer_that_fails_to_load_stops_the_engine_process(toy_models, tmp_path):
     # The engine process builds the model while the front end loads the tokenizer: a broken
     # tokenizer raises from the constructor, and the process started for it is stopped.
-    model = tmp_path / "broken_tokenizer"
-    model.mkdir()
-    for name in os.listdir(toy_models[MODEL]):
-        if name != "tokenizer.json":
-            os.symlink(os.path.join(toy_models[MODEL], name), model / name)
-    (model / "tokenizer.json").write_text("{not json")
+    model = broken_tokenizer_copy(toy_models[MODEL], tmp_path / "broken_tokenizer")
     before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match="could not load a tokenizer"):
-        AsyncLLM(str(model), **KW)
+        AsyncLLM(model, **KW)
     assert set(multiprocessing.active_children()) <= before
 
 

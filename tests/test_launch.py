@@ -13,6 +13,7 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.engine.load_balance import balance
 from nanovllm.engine.pipe_client import PipeClient
 from nanovllm.worker import device as device_module
+from tests.support.checkpoints import broken_tokenizer_copy
 from tests.support.prompts import make_prompts
 from tests.support.replicas import mixed_requests
 
@@ -112,15 +113,10 @@ def test_bad_arguments(toy_models):
 def test_a_tokenizer_that_fails_to_load_stops_the_replicas(toy_models, tmp_path):
     # The replicas build their models while the tokenizer loads: a broken one raises from
     # the constructor, and every replica process started for it is stopped.
-    model = tmp_path / "broken_tokenizer"
-    model.mkdir()
-    for name in os.listdir(toy_models[MODEL]):
-        if name != "tokenizer.json":
-            os.symlink(os.path.join(toy_models[MODEL], name), model / name)
-    (model / "tokenizer.json").write_text("{not json")
+    model = broken_tokenizer_copy(toy_models[MODEL], tmp_path / "broken_tokenizer")
     before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match="could not load a tokenizer"):
-        LLM(str(model), data_parallel_size=2, **KW)
+        LLM(model, data_parallel_size=2, **KW)
     assert set(multiprocessing.active_children()) <= before
 
 
