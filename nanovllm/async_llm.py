@@ -31,7 +31,7 @@ from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.structured import validate as validate_structured
 from nanovllm.utils.process import start_context
-from nanovllm.utils.tokenizer import PickledTokenizer, load_tokenizer
+from nanovllm.utils.tokenizer import load_tokenizer
 
 __all__ = ["AsyncLLM", "EngineDeadError", "RequestFailedError"]
 
@@ -52,7 +52,7 @@ class AsyncLLM:
         (default; faster under load) or on a thread of this one. Returns once the engine is
         built; a bad argument or a failed start raises here."""
         # Here, not at the top: the device side (torch) comes in with the core.
-        from nanovllm.launch import start_pipe_client
+        from nanovllm.launch import hand_over_tokenizer, start_pipe_client
 
         if engine_process:  # an unguarded script re-imported by a spawned child: say so first
             start_context("AsyncLLM")
@@ -76,8 +76,7 @@ class AsyncLLM:
             except BaseException:
                 self.client.shutdown()
                 raise
-            self.client.send_tokenizer(
-                eos_ids, None if self.tokenizer is None else PickledTokenizer(self.tokenizer))
+            hand_over_tokenizer([self.client], eos_ids, self.tokenizer)
         else:
             self.tokenizer = self._load_tokenizer()
             self.client = start_pipe_client(

@@ -47,6 +47,14 @@ def start_pipe_client(config: Config, eos_ids: set[int] | None, tokenizer, strea
     return client
 
 
+def hand_over_tokenizer(clients: list[PipeClient], eos_ids: set[int], tokenizer) -> None:
+    """Send cores started with eos_ids None (start_pipe_client) their end ids and tokenizer
+    (pickled once for all of them)."""
+    shipped = None if tokenizer is None else PickledTokenizer(tokenizer)
+    for client in clients:
+        client.send_tokenizer(eos_ids, shipped)
+
+
 def steps_in_process(config: Config, processes: bool = False) -> bool:
     """Whether start_clients steps one core in this process (no Ray, one replica)."""
     return (config.distributed_executor_backend != "ray" and config.data_parallel_size == 1
@@ -93,10 +101,7 @@ def start_clients(config: Config, eos_ids: set[int] | None, tokenizer, sink: Sin
                                              "an LLM with data_parallel_size > 1", env=env,
                                              threads=threads, group=True))
         if tokenizer_later is not None:
-            eos_ids, tokenizer = tokenizer_later()
-            shipped = None if tokenizer is None else PickledTokenizer(tokenizer)
-            for client in clients:
-                client.send_tokenizer(eos_ids, shipped)
+            hand_over_tokenizer(clients, *tokenizer_later())
         for client in clients:
             client.wait_ready()
     except BaseException:
