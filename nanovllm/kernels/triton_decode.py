@@ -11,49 +11,10 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
+from nanovllm.kernels.decode_config import CONFIG, CONFIG_FP8, CONFIG_INT8, MAX_SPLITS
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.triton_kv import check_row_scales
-
-MAX_SPLITS = 64
-
-# Tunables (module level so tools/bench_kernels.py and tests can override them).
-# BLOCK_N: keys per tile; USE_DOT: tl.dot with the GQA group padded to 16 rows, else
-# broadcast-multiply-sum (no padding waste, but measured 2.5x slower on H100: 1200 vs 2900 GB/s).
-# WAVES: target programs per SM when splitting (see choose_num_splits). HEAD_FAST:
-# launch a sequence's kv heads one after another (grid axis 0 = kv head): a token's K (and V)
-# for all kv heads is one contiguous run in the cache, so its programs, running together,
-# read whole DRAM rows instead of one head's slice of each at a time (1/8 of 1-2 KB here).
-# LPT: start rows in the `order` the engine gives (longest context first), when it gives one.
-# HEAD_FAST + LPT are on: H100, `bench_kernels.py --order`, 256 rows of 100-2048 tokens: bf16
-# 401 -> 383 us, fp8 241 -> 221 us (128 rows: 224 -> 204, 149 -> 121); uniform lengths
-# unchanged; bench.py 19,229 -> 19,933 tok/s bf16, 24,371 -> 25,528 fp8 (same call).
-# (Transposed dots, the cache tiles as wgmma's register operand, were tried and measured no
-# faster: fp8 b=256 ctx=2048 406-412 vs 403 us; see docs/PERF_NOTES.md.)
-# The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
-CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
-              USE_DOT=True, WAVES=2, HEAD_FAST=True, LPT=True,
-              SHORT_ROW_STAGES=2 if INTERPRET else 5)
-# SHORT_ROW_STAGES: stages for a 16-bit cache whose key rows are at most 128 bytes (head_dim
-# <= 64: Qwen2.5-0.5B, SmolLM2), whose 64-key tiles are half a head_dim-128 tile's bytes, as
-# fp8's are. H100, .dev/decode_bw25.py (Qwen2.5-0.5B's 14/2/64, bench-like contexts, graph
-# over 24 layers), us a layer, 3 vs 5 stages: batch 256 37.7 vs 35.4, 128 29.4 vs 22.6,
-# 64 15.3 vs 15.3 (128-key tiles: 36.3 / 24.2 / 14.8).
-# An fp8 cache has its own tiles: a 64-key tile is half the bytes of a bf16 one, so it takes
-# more stages in flight to keep HBM busy (H100, `bench_kernels.py --fp8`, b=256 ctx=2048:
-# 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us). FP16_DOT: with
-# bf16 q, run the dots in fp16 (q cast to fp16): fp8 values are exact in fp16 as in bf16, and
-# Hopper converts fp8 to fp16 in one instruction (same shape: 468 us vs 557 with bf16 dots).
-CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5)
-# An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Without
-# FP16_DOT its dots run in q's dtype (bf16: int8 -> bf16 is an int-to-float conversion per
-# element; an fp16 q gets an fp32 (tf32) PV dot, since p times V's row scales could underflow
-# fp16).
-# FP16_DOT=True (bf16 or fp16 q): both dots in fp16, the codes widened with integer ops
-# (_common.int8_to_fp16) and V's scales normalized by their running max (decode_tiles).
-# H100, tools/bench_kernels.py --int8-mixed (the bench's spread of lengths): fp16 dots ran as
-# fast as bf16 dots, not faster (also with the widening in PTX, tried and dropped): bf16 kept.
-CONFIG_INT8 = dict(CONFIG_FP8, FP16_DOT=False)
 
 
 @triton.jit
