@@ -7,6 +7,7 @@ from torch import nn
 from nanovllm.utils.context import get_context
 from nanovllm.utils.dist import tp_rank, tp_size
 from nanovllm.layers.linear import dense_linear
+from nanovllm.layers.quant import int8_head
 from nanovllm.layers.weights import check_weight_shape
 
 
@@ -44,6 +45,14 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__(num_embeddings, embedding_dim)
+        self.int8 = None  # (codes, scales, block) after quantize_int8
+
+    def quantize_int8(self, tied: bool) -> None:
+        """Read the head as int8 codes with block scales from now on (layers/quant/int8_head);
+        tied: the embedding shares the weight, which then stays; else it is freed."""
+        self.int8 = int8_head.quantize(self.weight.data)
+        if not tied:
+            self.weight.data = self.weight.data.new_empty(0, self.weight.size(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         ctx = get_context()
@@ -53,7 +62,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def project(self, x: torch.Tensor) -> torch.Tensor | None:
         """Logits of every row of x, gathered on rank 0 (None on the other ranks)."""
-        logits = dense_linear(x, self.weight)
+        logits = (dense_linear(x, self.weight) if self.int8 is None
+                  else int8_head.matmul(x, *self.int8))
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
             dist.gather(logits, parts, 0)

@@ -1,0 +1,109 @@
+"""The opt-in int8 LM head (layers/quant/int8_head.py): block quantization, the skinny GEMM
+reading int8 codes (interpreter on CPU, the real shapes on a GPU), and the model build."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanovllm.config import Config
+from nanovllm.kernels.skinny_gemm import gemm
+from nanovllm.layers.quant import int8_head
+from nanovllm.models.loader import build_model
+from nanovllm.utils.model_shapes import SHAPES, linear_shapes
+from tests.support.gemm import check
+
+TINY = dict(BLOCK_N=16, BLOCK_K=16, num_warps=1, num_stages=1)
+
+
+@pytest.fixture
+def int8_env(monkeypatch):
+    """NANOVLLM_INT8_LM_HEAD=1 for this test (enabled() reads it once per process)."""
+    monkeypatch.setenv(int8_head.ENV, "1")
+    int8_head.enabled.cache_clear()
+    yield
+    monkeypatch.delenv(int8_head.ENV)
+    int8_head.enabled.cache_clear()
+
+
+def _reference(x, codes, scales, block):
+    return F.linear(x.float(), int8_head.dequantize(codes, scales, block, torch.float32))
+
+
+def test_blocks_map_their_largest_magnitude_to_127():
+    w = torch.randn(37, 96, generator=torch.Generator().manual_seed(0))
+    w[3] = 0  # an all-zero row: scale 0, codes 0
+    codes, scales, block = int8_head.quantize(w)
+    assert (codes.dtype, scales.shape, block) == (torch.int8, (37, 3), 32)
+    blocks = codes.view(37, 3, 32).int()
+    assert (blocks.abs().amax(-1)[torch.arange(37) != 3] == 127).all()
+    assert not codes[3].any() and not scales[3].any()
+    err = (int8_head.dequantize(codes, scales, block, torch.float32) - w).view(37, 3, 32)
+    assert (err.abs() <= scales[..., None] / 2 + 1e-7).all()
+    assert [int8_head.block_for(k) for k in (4096, 576, 96, 48)] == [128, 64, 32, 16]
+    with pytest.raises(ValueError, match="divisible by 16"):
+        int8_head.block_for(100)
+
+
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,split", [(1, 40, 96, 1), (5, 33, 128, 2), (16, 50, 64, 1)])
+def test_the_skinny_gemm_reads_int8_codes(xdtype, m, n, k, split):
+    g = torch.Generator().manual_seed(m)
+    codes, scales, block = int8_head.quantize(torch.randn(n, k, generator=g))
+    x = torch.randn(m, k, generator=g).to(xdtype)
+    y = gemm(x, codes, None, scales, (1, block), config=dict(TINY, SPLIT_K=split))
+    check(y, _reference(x, codes, scales, block), xdtype)
+    if xdtype == torch.float32:  # the layer's CPU path (a bf16 one rounds the weight first)
+        check(int8_head.matmul(x, codes, scales, block), _reference(x, codes, scales, block),
+              xdtype)
+
+
+@pytest.mark.parametrize("name,tied", [("untied_gqa4_d64", False), ("tied_mha_d16", True)])
+def test_the_build_quantizes_the_head(toy_models, int8_env, name, tied):
+    model = build_model(Config.from_kwargs(toy_models[name], device="cpu"), torch.float32,
+                        torch.device("cpu"))
+    head, embed = model.lm_head, model.model.embed_tokens
+    assert head.int8 is not None and (head.weight is embed.weight) == tied
+    # Untied, the bf16 head is freed; tied, the embedding keeps it.
+    assert head.weight.numel() == (embed.weight.numel() if tied else 0)
+    x = torch.randn(3, head.int8[0].shape[1])
+    torch.testing.assert_close(head.project(x), _reference(x, *head.int8)[:, :head.num_embeddings])
+
+
+def test_an_engine_generates_with_the_int8_head(toy_models, int8_env):
+    from nanovllm import LLM, SamplingParams
+
+    llm = LLM(toy_models["untied_gqa4_d64"], kvcache_block_size=16, max_model_len=128,
+              enforce_eager=True)
+    try:
+        out = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=4, ignore_eos=True),
+                           use_tqdm=False)
+        assert len(out[0]["token_ids"]) == 4
+        assert llm.clients[0].core.executor.runner.model.lm_head.int8 is not None
+    finally:
+        llm.shutdown()
+
+
+def test_a_bad_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv(int8_head.ENV, "yes")
+    int8_head.enabled.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="NANOVLLM_INT8_LM_HEAD='yes'"):
+            int8_head.enabled()
+    finally:
+        monkeypatch.delenv(int8_head.ENV)
+        int8_head.enabled.cache_clear()
+
+
+# Every LM head of a supported model, bf16 x, M = 1..16 with the table's configs.
+GPU_HEADS = sorted({linear_shapes(name)["lm_head"] for name in SHAPES
+                    if "lm_head" in linear_shapes(name)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nk", GPU_HEADS)
+def test_gpu_lm_head_shapes(nk):
+    n, k = nk
+    codes, scales, block = int8_head.quantize(torch.randn(n, k, device="cuda"))
+    for m in (1, 3, 8, 16):
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        check(int8_head.matmul(x, codes, scales, block), _reference(x, codes, scales, block),
+              torch.bfloat16)
