@@ -81,6 +81,20 @@ def test_an_engine_generates_with_the_int8_head(toy_models):
         llm.shutdown()
 
 
+def test_tp2_equals_tp1_with_the_int8_head(toy_models):
+    """Vocabulary shards quantize their own rows: the same codes and scales as one rank's."""
+    from nanovllm import LLM, SamplingParams
+
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = {}
+    for tp in (1, 2):
+        with LLM(toy_models["untied_gqa4_d64"], tensor_parallel_size=tp, kvcache_block_size=16,
+                 max_model_len=128, enforce_eager=True, lm_head_quantization="int8") as llm:
+            outs[tp] = [o["token_ids"] for o in llm.generate(
+                [[5, 17, 30, 42, 8], [9, 3]], sp, use_tqdm=False)]
+    assert outs[2] == outs[1]
+
+
 def test_bad_settings_name_the_field(toy_models):
     with pytest.raises(ValueError, match="lm_head_quantization='fp8' must be one of"):
         Config.from_kwargs(toy_models["untied_gqa4_d64"], lm_head_quantization="fp8")
