@@ -83,7 +83,7 @@ def main() -> None:
     ref = run(model, None, ids, args)
     quant = None if args.quantization == "none" else args.quantization
     got = run(model, quant, ids, args, args.lm_head_quantization)
-    label = "+".join(filter(None, [quant, args.lm_head_quantization and "int8 head"]))
+    label = "+".join(filter(None, [quant, args.lm_head_quantization and "int8 head"])) or "same"
     errors = logprob_errors(ref["logits"], got["logits"], ids, len(ids) // 2)
     errors["top1_agreement"] = (ref["logits"].argmax(-1) == got["logits"].argmax(-1)
                                 ).float().mean().item()
