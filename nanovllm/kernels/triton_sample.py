@@ -89,9 +89,12 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, max_ptr, idx_ptr, seed, seed_ptr
 
 
 @triton.jit
-def _pick_kernel(max_ptr, idx_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, NC_POW2: tl.constexpr):
+def _pick_kernel(max_ptr, idx_ptr, out_ptr, seed_ptr, NUM_CHUNKS: tl.constexpr,
+                 NC_POW2: tl.constexpr, BUMP: tl.constexpr):
     # Program = row: the chunk with the largest partial max (the first of equals), its id.
     row = tl.program_id(0)
+    if BUMP and row == 0:  # every draw has read the seed: the next step's, here (no launch)
+        tl.store(seed_ptr, tl.load(seed_ptr) + 1)
     c = tl.arange(0, NC_POW2)
     m = tl.load(max_ptr + row * NUM_CHUNKS + c, mask=c < NUM_CHUNKS, other=float("-inf"))
     first = tl.min(tl.where(m == tl.max(m, 0), c, NC_POW2), 0)
@@ -102,8 +105,8 @@ def _pick_kernel(max_ptr, idx_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, NC_POW2: t
 def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor,
                        seed: int | torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Token ids [B] (int64, or into `out`): argmax for rows with T == 0, a softmax(logits /
-    T) sample otherwise. seed: an int, or a one-element int32 device tensor (read by the
-    kernel)."""
+    T) sample otherwise. seed: an int, or a one-element int32 device tensor, which the
+    kernels read and then bump by one (a CUDA graph's replays each draw anew)."""
     batch, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -124,6 +127,8 @@ def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor,
         HW=not INTERPRET, num_warps=4)
     if out is None:
         out = torch.empty(batch, dtype=torch.int64, device=logits.device)
-    _pick_kernel[(batch,)](part_max, part_idx, out, NUM_CHUNKS=num_chunks,
-                           NC_POW2=triton.next_power_of_2(num_chunks), num_warps=1)
+    bump = isinstance(seed, torch.Tensor)
+    _pick_kernel[(batch,)](part_max, part_idx, out, seed if bump else part_idx,
+                           NUM_CHUNKS=num_chunks, NC_POW2=triton.next_power_of_2(num_chunks),
+                           BUMP=bump, num_warps=1)
     return out

@@ -99,6 +99,11 @@ def _run(self, *args, grid, warmup, **kwargs):
                    **kwargs)
 
 
+def active() -> bool:
+    """Whether this thread is inside compile_ahead(), where Triton launches do not run."""
+    return getattr(_local, "on", False)
+
+
 @contextlib.contextmanager
 def compile_ahead(workers: int | None = None):
     """Inside (this thread only): Triton launches start their compiles on `workers` threads

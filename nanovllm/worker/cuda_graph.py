@@ -107,8 +107,7 @@ class DecodeGraphs:
 
         logits = self.model.compute_logits(hidden)
         temps = self.meta[6, :bs].view(torch.float32)
-        sample_temperature(logits, temps, self.seed, out=self.sampled[:bs])
-        self.seed.add_(1)
+        sample_temperature(logits, temps, self.seed, out=self.sampled[:bs])  # bumps the seed
 
     def _todo(self) -> list[tuple[int, str]]:
         """(batch size, kind) of every graph, largest first (the pool grows once)."""

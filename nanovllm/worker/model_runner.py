@@ -25,7 +25,7 @@ from nanovllm.worker.penalties import penalty_tensors
 from nanovllm.worker.piecewise_graph import PiecewiseGraphs, prefill_graph_tokens
 from nanovllm.worker.late_sample import LateSample
 from nanovllm.worker.sampler import Sampler, SamplingTensors
-from nanovllm.worker.stager import Stager
+from nanovllm.worker.stager import Stager, step_copy
 from nanovllm.worker.step_context import feed_tokens, prefill_context
 from nanovllm.worker.step_output import HostBuffer, StepResult
 from nanovllm.worker.verify import verify_drafts
@@ -243,7 +243,7 @@ class ModelRunner:
         # The step's device->host transfer (ids, and logprobs if any), waited for when asked.
         host = self._id_hosts[self._turn]
         self._turn ^= 1
-        host[:n].copy_(self.sampled[:n], non_blocking=True)
+        step_copy(host, self.sampled[:n])  # a kernel writes the pinned buffer
         done = torch.cuda.Event()
         done.record()
         return StepResult(host[:n], done, lp)

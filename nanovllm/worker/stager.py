@@ -1,5 +1,6 @@
 """The one stager: a step's host arrays -> device tensors in one host-to-device copy, for
-prefill, eager decode and CUDA-graph decode alike.
+prefill, eager decode and CUDA-graph decode alike. The copy is a kernel reading the pinned
+buffer (kernels/host_copy.py), not the copy engine.
 
 Every part is written into one int32 staging buffer at a 16-byte aligned offset (Triton
 specialises kernels on pointer alignment, so unaligned slices would trigger recompiles
@@ -10,9 +11,22 @@ step is staged while this one's copy may still be queued (one step in flight, no
 import numpy as np
 import torch
 
+from nanovllm.kernels.host_copy import copy_words
+from nanovllm.utils import compile_ahead
+
 # Words of room after the decode graphs' inputs for the rest of a graph step's parts
 # (sampling, penalty and logprob rows); a step that needs more sends those in a second copy.
 TAIL_WORDS = 1 << 16
+
+
+def step_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[:n] = src between pinned host memory and the device: by a kernel (no copy engine in
+    the step's stream), or by cudaMemcpyAsync inside compile_ahead, whose passes skip Triton
+    launches but still need their inputs."""
+    if compile_ahead.active():
+        dst[:src.numel()].copy_(src, non_blocking=True)
+    else:
+        copy_words(dst, src)
 
 
 def layout(sizes: list[int]) -> tuple[list[int], int]:
@@ -59,17 +73,26 @@ class Stager:
         src = host_t[:total]
         head = self.fixed_words if graph else 0
         if not graph:
-            tail = src.to(self.device, non_blocking=True)
+            tail = self._to_device(src)
         elif total <= self.fixed.numel():
-            self.fixed[:total].copy_(src, non_blocking=True)
+            step_copy(self.fixed, src)
             tail, head = self.fixed, 0
         else:  # rare: a long penalty history outgrows the room after the graph inputs
-            self.fixed[:head].copy_(src[:head], non_blocking=True)
-            tail = src[head:].to(self.device, non_blocking=True)
+            step_copy(self.fixed, src[:head])
+            tail = self._to_device(src[head:])
         out = {}
         for (name, a), o in zip(parts.items(), offsets):
             base, start = (self.fixed, o) if o < head else (tail, o - head)
             out[name] = base[start: start + a.nbytes // 4].view(_TORCH[a.dtype]).view(a.shape)
+        return out
+
+    def _to_device(self, src: torch.Tensor) -> torch.Tensor:
+        """A device copy of staged words: by a kernel from pinned memory (kernels/host_copy.py:
+        no copy engine in the step's stream); on a CPU the words themselves."""
+        if not self.pinned:
+            return src.to(self.device)
+        out = torch.empty(src.numel(), dtype=torch.int32, device=self.device)
+        step_copy(out, src)
         return out
 
     def _host(self, words: int) -> torch.Tensor:
@@ -80,8 +103,8 @@ class Stager:
             return torch.empty(words, dtype=torch.int32)
         host = self.hosts[self.turn]
         if host is None or host.numel() < words:
-            # A replaced buffer is freed through the caching host allocator, which keeps it
-            # until its queued copy has run.
+            # The replaced buffer's last copy ran already: its step is two back, and the host
+            # waits for a step's results before staging the step after next.
             host = torch.empty(max(words, 2 * (0 if host is None else host.numel())),
                                dtype=torch.int32, pin_memory=True)
             self.hosts[self.turn] = host

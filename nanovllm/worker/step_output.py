@@ -4,6 +4,7 @@ import torch
 
 from nanovllm.engine.logprobs import StepLogprobs
 from nanovllm.worker.logprobs import LogprobsStep
+from nanovllm.worker.stager import step_copy
 
 
 class StepResult:
@@ -68,7 +69,7 @@ class HostBuffer:
             self.buffer = torch.empty(max(out.numel(), 1024), dtype=torch.int32,
                                       pin_memory=True)
         host = self.buffer[:out.numel()]
-        host.copy_(out, non_blocking=True)
+        step_copy(host, out)  # a kernel writes the pinned buffer (kernels/host_copy.py)
         done = torch.cuda.Event()
         done.record()
         return StepResult(host, done, lp, row_counts=row_counts)

@@ -8,6 +8,7 @@ import threading
 import torch
 
 from nanovllm.engine.sequence import Sequence
+from nanovllm.kernels.host_copy import copy_words
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.compile_ahead import compile_ahead
 from nanovllm.utils.context import reset_context, set_context
@@ -85,6 +86,7 @@ def compile_kernels(runner, graphs=None) -> None:
             if runner.rank == 0:
                 for rows in (1, 8, 64):  # the sampler's three variants
                     warm_sampler(runner, rows, 0.6, runner.dtype)
+            warm_host_copies(runner)
             if graphs is not None:
                 # Batch 1 runs the layer kernel: its step waits for that kernel's own compile
                 # (not compiled twice); the other sizes' compiles start before.
@@ -95,8 +97,17 @@ def compile_kernels(runner, graphs=None) -> None:
     if runner.rank == 0:
         for rows in (1, 8, 64):  # the sampler's three variants
             warm_sampler(runner, rows, 0.6, runner.dtype)
+    warm_host_copies(runner)
     _join_layer_kernel(runner)  # (without decode graphs, before an eager batch-1 step)
     torch.cuda.synchronize()
+
+
+def warm_host_copies(runner) -> None:
+    """The step copies' kernel (kernels/host_copy.py), both ways, on scratch buffers."""
+    host = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+    dev = torch.zeros(4, dtype=torch.int32, device=runner.device)
+    copy_words(dev, host)
+    copy_words(host, dev)
 
 
 def _join_layer_kernel(runner) -> None:

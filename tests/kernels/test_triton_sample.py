@@ -75,3 +75,6 @@ def test_a_seed_in_device_memory_draws_as_the_same_int():
     t = torch.ones(4, device=DEVICE)
     seed = torch.tensor([77], dtype=torch.int32, device=DEVICE)
     assert torch.equal(sample_temperature(logits, t, seed), sample_temperature(logits, t, 77))
+    assert seed.item() == 78  # bumped for the next replay
+    assert torch.equal(sample_temperature(logits, t, seed), sample_temperature(logits, t, 78))
+    assert seed.item() == 79
