@@ -22,8 +22,8 @@ TAIL_WORDS = 1 << 16
 def step_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst[:n] = src between pinned host memory and the device: by a kernel (no copy engine in
     the step's stream), or by cudaMemcpyAsync inside compile_ahead, whose passes skip Triton
-    launches but still need their inputs."""
-    if compile_ahead.active():
+    launches but still need their inputs (and by torch when neither side is on a GPU)."""
+    if compile_ahead.active() or not (dst.is_cuda or src.is_cuda):
         dst[:src.numel()].copy_(src, non_blocking=True)
     else:
         copy_words(dst, src)
