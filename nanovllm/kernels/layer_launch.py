@@ -161,11 +161,9 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     r_o, rp_o = _rows(d, programs)
     r_gu, rp_gu = _rows(inter, programs)
     r_down, rp_down = _rows(d, programs)
-    red_gp, red_chunk = reduce_tile(hq // hkv)
-    # The combine's loop over the splits is a memory round trip an iteration, so take as many
-    # splits a load as 64 fp32 values a thread allow (4 warps): SmolLM2's 44 splits of 3
-    # heads in 2 loads instead of 6 (H100, context 2048: 19.6 -> 17.4 us a layer).
-    red_chunk = max(red_chunk, min(triton.next_power_of_2(splits), 8192 // (red_gp * hd)))
+    # (At 64-dim heads a load of the combine takes 64 values a thread: SmolLM2's up to 44
+    # splits in 2 loads instead of 6, H100, context 2048: 19.6 -> 17.4 us a layer.)
+    red_gp, red_chunk = reduce_tile(hq // hkv, hd)
     if residual is None:  # before the first layer: h = x + 0 (exact)
         residual = _zeros(device, d, dtype)
     present = stack["present"]

@@ -189,7 +189,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     head_fast = cfg["HEAD_FAST"]
     fp16_dot = cfg.get("FP16_DOT", False) and (
         q.dtype == torch.bfloat16 or (kv_int8 and q.dtype == torch.float16))
-    red_gp, red_chunk = reduce_tile(group)
+    red_gp, red_chunk = reduce_tile(group, head_dim)
     grid = (num_kv_heads, batch, num_splits) if head_fast else (batch, num_kv_heads, num_splits)
     _decode_partial_kernel[grid](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
