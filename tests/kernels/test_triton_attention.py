@@ -84,15 +84,31 @@ def test_decode(num_splits, heads):
 @pytest.mark.usefixtures("poisoned_empty")
 def test_decode_combines_splits_in_several_chunks(heads):
     # 16 splits of 16 keys: ctx 200 fills 13 of them, more than one chunk of the combine
-    # (reduce_tile: 4 splits a load at 8 query heads per kv head, 16 at 2), so the chunks
-    # are folded in with the running max; ctx 0 and 16 leave all but one split empty.
-    c = make_paged_case([(1, 200), (1, 16), (1, 0), (1, 130)], 16, heads[0], heads[1], 16,
+    # (reduce_tile at 128-dim heads: 4 splits a load at 8 query heads per kv head, 16 at 2),
+    # so the chunks are folded in with the running max; ctx 0 and 16 leave all but one split
+    # empty.
+    assert triton_decode.reduce_tile(8, 128)[1] == 4
+    c = make_paged_case([(1, 200), (1, 16), (1, 0), (1, 130)], 16, heads[0], heads[1], 128,
                         seed=6)
     ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables,
                                  c.scale)
     o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale,
                          num_splits=16)
     assert torch.equal(o[2], torch.zeros_like(o[2]))
+    assert rel_err(o, ref) < TOL
+
+
+@needs_interpreter
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_combines_64_dim_heads_in_several_chunks():
+    # 64-dim heads take 16 splits a load at 8 query heads per kv head: ctx 500 over 32
+    # splits of 16 keys fills all 32, two chunks.
+    assert triton_decode.reduce_tile(8, 64)[1] == 16
+    c = make_paged_case([(1, 500), (1, 40)], 16, 8, 1, 64, seed=10)
+    ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables,
+                                 c.scale)
+    o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale,
+                         num_splits=32)
     assert rel_err(o, ref) < TOL
 
 
