@@ -12,7 +12,7 @@ from nanovllm.engine.executor import Executor
 from nanovllm.engine.messages import Dead, Tokenizer
 from nanovllm.structured.grammars import Grammars
 from nanovllm.utils.process import exit_at_once, start_group
-from nanovllm.utils.tokenizer import load_tokenizer
+from nanovllm.utils.tokenizer import gpu_host, load_tokenizer
 from nanovllm.worker import create_executor
 
 
@@ -21,7 +21,10 @@ def tokenizer_beside_executor(config: Config):
     executor (weights, KV cache, warm-up). Both take seconds on a fresh machine (importing
     transformers; compiling kernels), and they need nothing from each other."""
     with ThreadPoolExecutor(1, thread_name_prefix="nanovllm-tokenizer") as pool:
-        job = pool.submit(load_tokenizer, config.tokenizer)
+        # On a GPU host, a first load's transformers imports go to a child process: here
+        # they would hold the GIL against the warm-up's compiles (utils/tokenizer.py).
+        in_child = config.device != "cpu" and gpu_host()
+        job = pool.submit(load_tokenizer, config.tokenizer, in_child)
         executor = create_executor(config)
         try:
             return job.result(), executor

@@ -1,7 +1,12 @@
 """Loading a tokenizer, once, on the front side (a GGUF file's comes from its metadata,
 through the GGUF reader, which brings torch in), and carrying it to an engine process."""
+import logging
 import os
 import pickle
+import subprocess
+import sys
+
+logger = logging.getLogger(__name__)
 
 # Files a Hugging Face tokenizer is loaded from; a directory without any of them would give
 # an empty tokenizer (transformers does not complain) that turns every prompt into nothing.
@@ -9,9 +14,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
                    "spiece.model")
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, in_child: bool = False):
     """AutoTokenizer from a model directory (or a GGUF file's metadata), with a clear error
-    when it is missing; a directory's comes from tokenizer_cache.py after its first load."""
+    when it is missing; a directory's comes from tokenizer_cache.py after its first load.
+    in_child: a first load runs AutoTokenizer in a child interpreter (load_in_child), for a
+    load beside a GPU engine's warm-up."""
     from nanovllm.utils import tokenizer_cache
     from nanovllm.utils.gguf_file import GGUFCheckpoint, is_gguf
 
@@ -25,6 +32,11 @@ def load_tokenizer(path: str):
     tokenizer = tokenizer_cache.load_cached(path)
     if tokenizer is not None:
         return tokenizer
+    # Once this process has imported AutoTokenizer, loading here is the cheaper.
+    tokenizer = load_in_child(path) if in_child and AUTO_MODULE not in sys.modules else None
+    if tokenizer is not None and len(tokenizer) > 1:
+        tokenizer_cache.store(path, tokenizer)
+        return tokenizer
     from transformers import AutoTokenizer
 
     try:
@@ -35,6 +47,49 @@ def load_tokenizer(path: str):
         raise ValueError(f"the tokenizer in {path!r} is empty ({len(tokenizer)} tokens); {hint}")
     tokenizer_cache.store(path, tokenizer)
     return tokenizer
+
+
+# A child's whole job: AutoTokenizer, its pickle on stdout. Torch is hidden from it
+# (transformers then imports none: ~1 s of imports instead of ~3 s, more on a cold disk); a
+# tokenizer uses none, and its pickle is byte-identical to an in-process load's.
+_CHILD = ("import pickle, sys\n"
+          "sys.modules['torch'] = None\n"
+          "from transformers import AutoTokenizer\n"
+          "tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+          "sys.stdout.buffer.write(pickle.dumps(tokenizer, pickle.HIGHEST_PROTOCOL))\n")
+AUTO_MODULE = "transformers.models.auto.tokenization_auto"
+
+
+def gpu_host() -> bool:
+    """Whether this host has an NVIDIA GPU, from its device node (no torch import): where a
+    start-up compiles kernels beside the tokenizer's load, so load_in_child pays."""
+    return os.path.exists("/dev/nvidiactl")
+
+
+def load_in_child(path: str, timeout: float = 600.0):
+    """AutoTokenizer.from_pretrained(path) run in a child interpreter and unpickled here, or
+    None on any failure (the caller then loads in-process, which raises the clear error).
+
+    Why: AutoTokenizer's first load imports transformers' modeling and generation code,
+    torch._dynamo, scipy, sklearn and pandas: ~11 s of Python on a fresh H100 host, holding
+    the GIL on the thread that loads the tokenizer beside the engine's warm-up, whose
+    compiles and Python then ran ~3x slower (kernel warm-up 11.8-17.1 s against 4.1-5.1 s
+    once the tokenizer cache had the entry; docs/PERF_NOTES.md, thirtieth session). In a
+    child those imports run on another core; unpickling here imports only the tokenizer's
+    own class."""
+    if not sys.executable:
+        return None
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            logger.debug("loading the tokenizer in a child failed: %s",
+                         done.stderr.decode(errors="replace")[-2000:])
+            return None
+        return pickle.loads(done.stdout)
+    except Exception as e:  # any failure only costs the in-process path
+        logger.debug("loading the tokenizer in a child failed: %r", e)
+        return None
 
 
 class PickledTokenizer:

@@ -13,9 +13,10 @@ tokenizer's pickle being the same tokenizer: that is how engine processes get th
 The key covers what the loaded tokenizer depends on: the directory's absolute path, the bytes
 of every file in it that is not a weight file, and the transformers and tokenizers versions.
 A directory keeps one entry: storing a new one (its files changed) removes the older.
-A first load in a child process (its imports on another core, the parent unpickling what it
-cached) was tried: 12.5 / 16.9 s against 15.3 / 15.3 s in-process with emptied caches, no
-clear gain, so a first load stays in-process.
+A first load beside a GPU engine's start-up runs in a child interpreter with torch hidden
+(utils/tokenizer.load_in_child): its imports then take another core instead of the GIL that
+the warm-up's compiles need. (Tried earlier with torch visible to the child: 12.5 / 16.9 s
+against 15.3 / 15.3 s in-process, no clear gain; hiding torch is what made it pay.)
 
 NANOVLLM_TOKENIZER_CACHE: "0" turns the cache off; a path puts it there (default
 $XDG_CACHE_HOME/nanovllm/tokenizers, or ~/.cache/...). The files are pickles this library

@@ -4,11 +4,14 @@ import json
 import os
 import pickle
 import shutil
+import sys
 
+import pytest
 import transformers
 
 from nanovllm.engine.tokenizer import TextDecoder
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils import tokenizer as tokenizer_module
 from nanovllm.utils import tokenizer_cache
 from nanovllm.utils.tokenizer import PickledTokenizer, load_tokenizer, unwrap_tokenizer
 from tests.support.decode import check_decode_matches_the_tokenizers
@@ -93,3 +96,32 @@ def test_a_broken_cache_entry_or_cache_dir_only_costs_the_slow_load(toy_models, 
     assert tokenizer_cache.cache_dir() is None
     _same_tokenizer(reference, load_tokenizer(model))
 
+
+
+def test_a_first_load_in_a_child_gives_the_same_tokenizer_and_caches_it(toy_models, tmp_path,
+                                                                          monkeypatch):
+    # A GPU engine's first load runs AutoTokenizer in a child without torch (its imports off
+    # this process's GIL): the same tokenizer, byte for byte as a pickle, then cached.
+    monkeypatch.setenv(tokenizer_cache.CACHE_ENV, str(tmp_path / "cache"))
+    model = _copy_model(toy_models["tied_mha_d16"], tmp_path / "model")
+    child = tokenizer_module.load_in_child(model)
+    here = transformers.AutoTokenizer.from_pretrained(model)
+    _same_tokenizer(child, here)
+    assert pickle.dumps(child) == pickle.dumps(pickle.loads(pickle.dumps(here, 5)))
+    monkeypatch.delitem(sys.modules, tokenizer_module.AUTO_MODULE)  # as in a fresh process
+    calls = []
+    real = tokenizer_module.load_in_child
+    monkeypatch.setattr(tokenizer_module, "load_in_child",
+                        lambda path: calls.append(path) or real(path))
+    _same_tokenizer(load_tokenizer(model, in_child=True), here)
+    assert calls == [model] and len(os.listdir(tmp_path / "cache")) == 1
+
+
+def test_a_failing_child_leaves_the_in_process_load_and_its_error(tmp_path, monkeypatch):
+    assert tokenizer_module.load_in_child(str(tmp_path / "missing")) is None
+    monkeypatch.setattr(sys, "executable", "")
+    assert tokenizer_module.load_in_child(str(tmp_path)) is None
+    (tmp_path / "tokenizer.json").write_text("not json")
+    monkeypatch.delitem(sys.modules, tokenizer_module.AUTO_MODULE, raising=False)
+    with pytest.raises(ValueError, match="could not load a tokenizer"):
+        load_tokenizer(str(tmp_path), in_child=True)
