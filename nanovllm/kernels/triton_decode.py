@@ -120,14 +120,15 @@ def _num_sms(device):
 
 
 def choose_num_splits(batch, num_kv_heads, device=torch.device("cuda")):
-    """Shape-only split count: none once batch*kv_heads fills the SMs, else ~2 programs per SM."""
-    # Measured on H100 (16/8/128, bf16, block 256): with num_stages=3 pipelining one or two
-    # programs per SM already saturate HBM, and every extra split costs bandwidth (b=32 ctx 1024:
-    # 1 split 2774 GB/s vs 8 splits 2485); small batches need splits (b=1 ctx 4096: 177 -> 1339).
+    """Shape-only split count: ~2 programs per SM below the SM count, 2 splits below
+    TWO_SPLITS_BELOW programs per SM, none past that."""
+    # Measured on H100 (16/8/128, bf16, block 256): small batches need splits (b=1 ctx 4096:
+    # 177 -> 1339 GB/s), and many splits cost bandwidth (b=32 ctx 1024: 1 split 2774 GB/s vs
+    # 8 splits 2485). Two splits still pay up to ~4 programs per SM: see decode_config.
     num_sms = _num_sms(torch.device(device))
     programs = max(batch * num_kv_heads, 1)
     if programs >= num_sms:
-        return 1
+        return 2 if programs < CONFIG["TWO_SPLITS_BELOW"] * num_sms else 1
     return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(CONFIG["WAVES"] * num_sms, programs)))
 
 

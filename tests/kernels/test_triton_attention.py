@@ -172,7 +172,10 @@ def test_decode_zero_context_gives_zeros():
 def test_default_split_choice():
     assert triton_decode.choose_num_splits(1, 8, "cpu") == triton_decode.MAX_SPLITS
     assert triton_decode.choose_num_splits(8, 8, "cpu") == 8
-    assert triton_decode.choose_num_splits(32, 8, "cpu") == 1
+    # 132 SMs off a GPU: two splits from 132 programs up to 4 x 132 = 528, then one.
+    assert triton_decode.choose_num_splits(17, 8, "cpu") == 2
+    assert triton_decode.choose_num_splits(65, 8, "cpu") == 2
+    assert triton_decode.choose_num_splits(66, 8, "cpu") == 1
     assert triton_decode.choose_num_splits(256, 8, "cpu") == 1
 
 
