@@ -23,9 +23,9 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
               USE_DOT=True, WAVES=2, HEAD_FAST=True, LPT=True,
               SHORT_ROW_STAGES=2 if INTERPRET else 5, TWO_SPLITS_BELOW=4)
 # TWO_SPLITS_BELOW: from one to this many programs (rows x kv heads) per SM, each row's keys
-# are split in two. A context's programs then end at about the same time, instead of the last
-# wave's long rows running on a GPU left half idle. H200, .dev/splits30.py (a graph over the
-# layers, contexts 100-2048, rows longest first), us a layer, 1 / 2 / 4 splits: Qwen2.5-0.5B
+# are split in two. A context's programs then end at about the same time, instead of the
+# last wave's long rows running on a GPU left half idle. H200, tools/bench_splits.py (a graph
+# over the layers, contexts 100-2048, longest first), us a layer, 1 / 2 / 4 splits: Qwen2.5
 # batch 128 (256 programs) 31.96 / 26.87 / 26.93, 256 (512) 44.13 / 40.52 / 44.39; SmolLM2
 # 64 (192) 30.51 / 22.72 / 22.68, 128 (384) 36.99 / 32.24 / 35.35, 256 (768) 59.69 / 62.59;
 # Qwen3-0.6B 64 (512) 80.90 / 74.38 / 79.38, 128 (1024) 126.28 / 134.99; its fp8 cache 64

@@ -1,0 +1,112 @@
+"""GPU timing of the decode kernel by split count at bench-like mixed context lengths.
+
+    python tools/bench_splits.py [--models qwen2.5 smollm2 qwen3 qwen3-fp8] [--batches 64 128 256]
+        [--splits 1 2 4 8]
+
+Per model and batch: context lengths uniform in [100, 2048] (seed 0), each layer its own
+K/V cache (block 256, pages scattered), rows started longest first (the engine's order); one
+CUDA graph holds every layer's decode_attention call at a forced split count and is replayed
+15 times. A line per model and batch: the default split count (choose_num_splits), then us a
+layer and GB/s (K/V bytes of the contexts / time) per split count. Mixed lengths are the
+point: at uniform lengths (tools/bench_kernels.py --sweep) every program of a wave ends
+together, and splitting past one program per SM only costs. Needs a CUDA GPU.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from nanovllm.kernels import triton_decode  # noqa: E402
+from nanovllm.kernels.torch_ref import quantize  # noqa: E402
+
+# name: (q heads, kv heads, head_dim, cache dtype, layers)
+MODELS = {"qwen2.5": (14, 2, 64, torch.bfloat16, 24), "smollm2": (9, 3, 64, torch.bfloat16, 30),
+          "qwen3": (16, 8, 128, torch.bfloat16, 28),
+          "qwen3-fp8": (16, 8, 128, torch.float8_e4m3fn, 28)}
+BLOCK = 256
+
+
+def make_layers(model, batch, seed=0):
+    """(ctx, order, block_tables, layers), each layer (q, k_cache, v_cache, scales)."""
+    h, hkv, d, dtype, num_layers = MODELS[model]
+    g = torch.Generator().manual_seed(seed)
+    ctx = torch.randint(100, 2049, (batch,), generator=g)
+    pages = (ctx + BLOCK - 1) // BLOCK
+    perm = torch.randperm(int(pages.sum()), generator=g)
+    tables = torch.zeros(batch, int(pages.max()), dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(pages.tolist()):
+        tables[i, :n] = perm[used:used + n].int()
+        used += n
+    layers = []
+    for _ in range(num_layers):
+        q = torch.randn(batch, h, d, dtype=torch.bfloat16, device="cuda")
+        caches, scales = [], {}
+        for name in ("k", "v"):
+            x = torch.randn(used, BLOCK, hkv, d, dtype=torch.bfloat16, device="cuda")
+            if dtype != torch.bfloat16:
+                s = 0.5 + torch.rand(hkv, device="cuda")
+                x = quantize(x.view(-1, hkv, d), s, dtype).view(x.shape)
+                scales[f"{name}_scale"] = s
+            caches.append(x)
+        layers.append((q, *caches, scales))
+    ctx = ctx.int().cuda()
+    return ctx, torch.argsort(ctx, descending=True).int(), tables.cuda(), layers
+
+
+def us_per_layer(ctx, order, tables, layers, splits, replays=15):
+    """Median us a layer of a graph replay of every layer's call at `splits` splits."""
+    scale = layers[0][0].shape[-1] ** -0.5
+
+    def step():
+        for q, kc, vc, sc in layers:
+            triton_decode.decode_attention(q, kc, vc, ctx, tables, scale, num_splits=splits,
+                                           order=order, **sc)
+
+    step()  # compile, and make the split counters, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times) * 1e3 / len(layers)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    ap.add_argument("--batches", nargs="+", type=int, default=[64, 128, 256])
+    ap.add_argument("--splits", nargs="+", type=int, default=[1, 2, 4, 8])
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_splits.py needs a CUDA GPU")
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    for model in args.models:
+        _, hkv, d, _, _ = MODELS[model]
+        for batch in args.batches:
+            ctx, order, tables, layers = make_layers(model, batch)
+            nbytes = int(ctx.sum()) * hkv * d * 2 * layers[0][1].element_size()
+            default = triton_decode.choose_num_splits(batch, hkv, ctx.device)
+            row = []
+            for s in args.splits:
+                us = us_per_layer(ctx, order, tables, layers, s)
+                row.append(f"s{s} {us:7.2f} ({nbytes / us / 1e3:4.0f})")
+            print(f"{model:<9} b{batch:<4} default {default}: " + "  ".join(row), flush=True)
+            del layers
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
