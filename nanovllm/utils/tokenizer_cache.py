@@ -15,8 +15,9 @@ of every file in it that is not a weight file, and the transformers and tokenize
 A directory keeps one entry: storing a new one (its files changed) removes the older.
 A first load beside a GPU engine's start-up runs in a child interpreter with torch hidden
 (utils/tokenizer.load_in_child): its imports then take another core instead of the GIL that
-the warm-up's compiles need. (Tried earlier with torch visible to the child: 12.5 / 16.9 s
-against 15.3 / 15.3 s in-process, no clear gain; hiding torch is what made it pay.)
+the warm-up's compiles need: H200, emptied caches, 12.5 / 10.8 s against 18.4 / 19.5 s
+in-process. (An earlier try on an H100, torch visible to the child: 12.5 / 16.9 s against
+15.3 / 15.3 s, no clear gain.)
 
 NANOVLLM_TOKENIZER_CACHE: "0" turns the cache off; a path puts it there (default
 $XDG_CACHE_HOME/nanovllm/tokenizers, or ~/.cache/...). The files are pickles this library
