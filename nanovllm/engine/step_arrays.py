@@ -61,16 +61,25 @@ class StepInputs:
     # sequence has a grammar, or when the step's masks come late (StepBuilder.build).
     grammar_bitmask: np.ndarray | None = None
     grammar_rows: np.ndarray | None = None
+    # decode_inputs' steps: [DECODE_META_ROWS, rows], whose rows input_ids .. feed rows are
+    # views of (decode_meta fills the temperatures' row and returns it, no copy); None for
+    # steps built otherwise.
+    meta: np.ndarray | None = None
 
     @property
     def decode_meta(self) -> np.ndarray:
         """[DECODE_META_ROWS, rows]: ids, positions, slots, context lens, order, feed rows
         (-1: none), temperatures (float32 bits; 0 past the sampled rows and off rank 0)."""
-        feed = np.full_like(self.input_ids, -1) if self.feed_rows is None else self.feed_rows
-        temps = np.zeros(len(self.input_ids), np.float32)
+        if self.meta is not None:
+            temps = self.meta[6].view(np.float32)
+        else:
+            temps = np.zeros(len(self.input_ids), np.float32)
         if self.sampling is not None:
             t = self.sampling.temperatures[:len(temps)]
             temps[:len(t)] = t
+        if self.meta is not None:
+            return self.meta
+        feed = np.full_like(self.input_ids, -1) if self.feed_rows is None else self.feed_rows
         return np.stack([self.input_ids, self.positions, self.slot_mapping, self.context_lens,
                          self.order, feed, temps.view(np.int32)])
 

@@ -143,10 +143,13 @@ def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
     """One new token per sequence, padded to `rows` rows that attend to nothing and write
     nowhere (a CUDA graph runs a fixed batch size). A sequence whose input token is still
     pending takes it from row prev_rows[seq_id] of the previous step's samples."""
-    # Per-sequence values by C-level maps, the rest as array arithmetic: at 256 rows a step
-    # these are ~1 us a row of host time in Python comprehensions.
+    # Per-sequence values by C-level maps, the rest as array arithmetic written in place into
+    # the step's one meta array (what the decode graphs read): at 256 rows a step these are
+    # ~1 us a row of host time in Python comprehensions, and at batch 1 every numpy call and
+    # allocation saved is host time of the step.
     n = len(seqs)
-    lens = np.zeros(rows, dtype=np.int32)
+    meta = _padding_meta(rows)  # every row padding; the first n columns are set below
+    ids, positions, slots, lens, order, feed_row, _ = meta
     lens[:n] = np.fromiter(map(attrgetter("num_tokens"), seqs), np.int32, n)
     last = np.fromiter(map(attrgetter("last_token"), seqs), np.int32, n)
     feed = None
@@ -155,10 +158,9 @@ def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
         prev = np.fromiter(map(prev_rows.get, map(attrgetter("seq_id"), seqs), repeat(-1)),
                            np.int32, n)
         assert (prev[pending] >= 0).all(), "a pending token not sampled by the last step"
-        feed = np.full(rows, -1, dtype=np.int32)
-        feed[:n] = np.where(pending, prev, -1)
-    ids = np.zeros(rows, dtype=np.int32)
-    ids[:n] = np.maximum(last, 0)
+        feed_row[:n] = np.where(pending, prev, -1)
+        feed = feed_row
+    np.maximum(last, 0, out=ids[:n])
     table = block_table_array(seqs, width, rows) if tables is None else tables.gather(seqs, rows)
     # The newest token's slot: its block (from the table just built) and its place in it.
     newest = lens[:n] - 1
@@ -167,16 +169,30 @@ def decode_inputs(seqs: list[Sequence], block_size: int, width: int, rows: int,
     # than let a missing block send a token's K/V into block 0.
     held = np.fromiter(map(len, map(attrgetter("block_table"), seqs)), np.int32, n)
     assert (block < held).all(), "a decode token without its block"
-    slots = np.full(rows, -1, dtype=np.int32)
     slots[:n] = table[np.arange(n), block] * block_size + newest % block_size
-    positions = np.maximum(lens - 1, 0).astype(np.int32)
-    # Padding rows keep their places after the real ones, so order[:b] is a permutation of
-    # 0..b-1 for any graph size b >= n.
-    order = np.arange(rows, dtype=np.int32)
-    order[:n] = np.argsort(-lens[:n], kind="stable")
+    positions[:n] = newest
+    if n > 1:
+        order[:n] = np.argsort(-lens[:n], kind="stable")
     return StepInputs(is_prefill=False, num_seqs=n, num_rows=n, input_ids=ids,
                       positions=positions, slot_mapping=slots, block_tables=table,
-                      context_lens=lens, order=order, feed_rows=feed)
+                      context_lens=lens, order=order, feed_rows=feed, meta=meta)
+
+
+_PADDING: dict[int, np.ndarray] = {}
+
+
+def _padding_meta(rows: int) -> np.ndarray:
+    """A fresh [DECODE_META_ROWS, rows] meta of padding rows: input id 0, position 0, slot -1
+    (writes nowhere), context 0 (attends to nothing), order i (padding rows keep their places
+    after the real ones, so order[:b] is a permutation of 0..b-1 for any graph size b >= the
+    real rows), feed row -1, temperature 0. One copy of a kept template."""
+    template = _PADDING.get(rows)
+    if template is None:
+        template = np.zeros((DECODE_META_ROWS, rows), dtype=np.int32)
+        template[2] = template[5] = -1
+        template[4] = np.arange(rows, dtype=np.int32)
+        _PADDING[rows] = template
+    return template.copy()
 
 
 def verify_inputs(seqs: list[Sequence], block_size: int, rows: int, tables: BlockTables,

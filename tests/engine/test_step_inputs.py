@@ -49,6 +49,25 @@ def test_decode_rows_are_padded_to_write_nowhere_and_attend_to_nothing():
     assert y.order.tolist() == [1, 0, 2, 3]
 
 
+def test_decode_meta_is_the_rows_and_temperatures_without_a_copy():
+    from nanovllm.engine.sampling_rows import sampling_rows
+    from nanovllm.sampling_params import SamplingParams
+
+    a = seq(range(9), [3, 4, 6], cached=8, scheduled=1)
+    b = seq(range(4), [8], cached=3, scheduled=1)
+    x = decode_inputs([a, b], BS, width=3, rows=4)
+    x.sampling = sampling_rows([SamplingParams(temperature=0.5), SamplingParams()], [0, 0], 50)
+    meta = x.decode_meta
+    rows = [x.input_ids, x.positions, x.slot_mapping, x.context_lens, x.order]
+    assert all(np.shares_memory(meta, r) for r in rows)  # the fields are its rows
+    assert np.array_equal(meta[:5], np.stack(rows))
+    assert meta[6].view(np.float32).tolist() == [0.5, 1.0, 0.0, 0.0]
+    # A fresh step gets fresh arrays: the last step's meta is left as it was.
+    z = decode_inputs([b], BS, width=3, rows=4)
+    assert z.context_lens.tolist() == [4, 0, 0, 0] and x.context_lens.tolist() == [9, 4, 0, 0]
+    assert z.decode_meta[6].tolist() == [0] * 4 and z.slot_mapping.tolist()[1:] == [-1] * 3
+
+
 def test_block_table_width_is_fixed():
     t = block_table_array([seq(range(5), [1, 2])], width=6, rows=3)
     assert t.shape == (3, 6) and t[0].tolist() == [1, 2, 0, 0, 0, 0]

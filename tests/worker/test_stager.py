@@ -54,6 +54,20 @@ def test_graph_steps_land_in_the_graph_buffer(monkeypatch, extra):
     assert np.array_equal(meta.numpy(), host["decode_meta"])
 
 
+def test_graph_steps_of_one_layout_reuse_their_views_and_carry_each_steps_values():
+    st = Stager(CPU, [(7, 8), (8, 5)])
+    rng = np.random.default_rng(3)
+    first = parts(rng, 8, 5, 7)
+    dev1 = st.upload(first, graph=True)
+    second = parts(rng, 8, 5, 7)  # the same layout, other values
+    dev2 = st.upload(second, graph=True)
+    assert all(dev2[k] is dev1[k] for k in first)  # the views were kept...
+    assert_same(dev2, second)  # ...and show the second step's values
+    third = parts(rng, 8, 5, 9)  # another layout: views of its own
+    assert_same(st.upload(third, graph=True), third)
+    assert_same(st.upload(second, graph=True), second)
+
+
 @pytest.mark.gpu
 def test_pinned_buffers_take_turns_and_grow_on_a_gpu():
     """Steps through both pinned buffers (grown on the way), eager and into the graph
