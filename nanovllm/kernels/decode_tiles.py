@@ -9,8 +9,8 @@ from nanovllm.kernels._common import int8_to_fp16, online_softmax_step
 @triton.jit
 def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr):
-    """(mask, cache offset, row-scale offset) of the keys n .. n + BLOCK_N of one sequence
-    (paged)."""
+    """(mask, cache offset, row-scale offset, page offset) of the keys n .. n + BLOCK_N of
+    one sequence (paged)."""
     offs_n = n + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
     if PAGE_TILE:
@@ -20,7 +20,7 @@ def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, stride_sblk, stride_
         page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     slot = offs_n % BLOCK_SIZE
     return (n_mask, page * stride_kblk + slot * stride_kslot,
-            page * stride_sblk + slot * stride_sslot)
+            page * stride_sblk + slot * stride_sslot, page * stride_kblk)
 
 
 @triton.jit
@@ -29,7 +29,8 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
                  G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
-                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr):
+                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr,
+                 V_T: tl.constexpr = False, vt_head_off=0):
     """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l); an
     8-bit cache's tiles are widened to q's dtype for the QK dot, to PV_DTYPE for the PV dot.
 
@@ -38,16 +39,25 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
     value j's scales the probabilities of column j before the PV dot. INT8_F16 (q in fp16):
     both dots in fp16, the codes widened by int8_to_fp16, and V's scales taken relative to
     their running max c, so the fp16 probabilities p * s / c stay in [0, 1] (p * s alone
-    could underflow fp16); acc is kept in units of c, rescaled like the softmax's max."""
+    could underflow fp16); acc is kept in units of c, rescaled like the softmax's max.
+
+    V_T (an experiment, off in the engine; tools/bench_vt.py): the V cache's pages hold
+    [kv head, dim, slot] (vt_head_off: this kv head's offset in a page), so a dim's keys lie
+    side by side, which is the order the PV dot contracts over. An 8-bit tile in the usual
+    [slot, kv head, dim] order reaches the dot's registers one byte a load (sm_90 SASS of the
+    fp8 loop: 64 LDS.U8 of 669 instructions a 64-key tile); transposed it takes ldmatrix and
+    64-bit loads (477). Its tiles must lie in one page (PAGE_TILE) and are read unmasked (a
+    mask along the keys stops the loads' vectorization): the keys past the end get p = 0, so
+    every slot of the cache must hold a finite value."""
     offs_d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
     c_i = tl.full([G_PAD], 1e-30, tl.float32)  # INT8_F16: running max of V's row scales
     for n in range(start, end, BLOCK_N):
-        n_mask, tok_off, s_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot,
-                                              stride_sblk, stride_sslot, BLOCK_SIZE, BLOCK_N,
-                                              PAGE_TILE)
+        n_mask, tok_off, s_off, page_off = _tile_tokens(bt_row, n, end, stride_kblk,
+                                                        stride_kslot, stride_sblk, stride_sslot,
+                                                        BLOCK_SIZE, BLOCK_N, PAGE_TILE)
         kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         if KV_INT8 and INT8_F16:
@@ -63,7 +73,13 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
         # exp2 domain: qk_scale already includes log2(e).
         qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-        v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        if V_T:
+            slot0 = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N)
+            vt_off = ((page_off + vt_head_off + slot0 + tl.arange(0, BLOCK_N))[:, None]
+                      + offs_d[None, :] * BLOCK_SIZE)
+            v = tl.load(v_cache_ptr + vt_off)
+        else:
+            v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         if KV_INT8 and INT8_F16:
             v = int8_to_fp16(v)
         elif KV_FP8 or KV_INT8:
