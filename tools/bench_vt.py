@@ -5,8 +5,8 @@ V_T experiment of kernels/decode_tiles.attend_tiles) against the engine's layout
 
 bench_splits.py's setting (contexts uniform in [100, 2048], each layer its own cache, rows
 longest first, a CUDA graph over the layers replayed 15 times) at the default split count.
-First it checks that both layouts give the same output on every layer (every slot of these
-caches is finite, as V_T needs). A line per model and batch: us a layer and GB/s of K/V,
+First it checks that both layouts give the same output on every layer. A line per model
+and batch: us a layer and GB/s of K/V,
 as is / transposed. Needs a CUDA GPU.
 """
 import argparse

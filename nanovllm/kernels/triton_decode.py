@@ -149,7 +149,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     start. Longest context first keeps a long row from starting last and running alone
     while the rest of the GPU idles (the tail of a batch of mixed lengths).
     v_transposed (an experiment, see decode_tiles.attend_tiles' V_T): v_cache is
-    [blocks, kv_heads, head_dim, block_size], contiguous, every slot finite."""
+    [blocks, kv_heads, head_dim, block_size], contiguous."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1

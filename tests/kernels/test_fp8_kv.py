@@ -191,18 +191,17 @@ def test_decode_fp8_gpu(dtype, batch, ctx, fp16_dot, monkeypatch):
 @on_gpu
 def test_decode_fp8_gpu_with_v_transposed(batch, ctx, num_splits):
     # The V_T experiment (decode_tiles.attend_tiles) compiled: the same output as the cache
-    # in the engine's layout. Its tiles are read whole: the never-written slots (NaN here)
-    # are zeroed first, as V_T requires.
+    # in the engine's layout, the never-written slots (NaN) never read.
     c = fp8_case([(1, ctx - i % 5) for i in range(batch)], 256, torch.float8_e4m3fn,
                  seed=batch)
-    v = c.v_cache.float().nan_to_num(0.0).to(c.v_cache.dtype)
+    v = c.v_cache
     args = (c.context_lens, c.block_tables, c.scale)
     o = triton_decode.decode_attention(c.q, c.k_cache, v, *args, num_splits=num_splits,
                                        k_scale=c.k_scale, v_scale=c.v_scale)
     o_t = triton_decode.decode_attention(c.q, c.k_cache, v.permute(0, 2, 3, 1).contiguous(),
                                          *args, num_splits=num_splits, k_scale=c.k_scale,
                                          v_scale=c.v_scale, v_transposed=True)
-    assert rel_err(o_t, o) < GPU_TOL
+    assert rel_err(o_t, o) < GPU_TOL and not o_t.isnan().any()
 
 
 @pytest.mark.parametrize("dtype", FP8)
