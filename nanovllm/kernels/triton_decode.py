@@ -14,7 +14,7 @@ from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_config import CONFIG, CONFIG_FP8, CONFIG_INT8, MAX_SPLITS
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
-from nanovllm.kernels.triton_kv import check_row_scales
+from nanovllm.kernels.triton_kv import check_row_scales, check_v_layout
 
 
 @triton.jit
@@ -153,11 +153,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
-    if v_transposed:
-        assert v_cache.shape == (k_cache.shape[0], num_kv_heads, head_dim, block_size)
-        assert v_cache.is_contiguous() and k_cache.is_contiguous()
-    else:
-        assert k_cache.stride() == v_cache.stride()
+    check_v_layout(k_cache, v_cache, v_transposed)
     assert k_cache.stride(3) == 1
     group = num_heads // num_kv_heads
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
