@@ -307,3 +307,47 @@ def test_fp8_feedback_calibrates_its_factor_and_stays_close(toy_models, monkeypa
     rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
     assert rel.mean() < 0.1
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.75
+
+
+def test_transposed_v_pages_are_a_view_the_triton_backend_takes(toy_models, monkeypatch):
+    # NANOVLLM_KV_V_T=1 (the V_T experiment): an 8-bit cache's V pages are viewed as
+    # [kv head, dim, slot] and the Triton backend is told; the torch backend (CPU) is not.
+    from nanovllm.worker.kv_cache import set_up_8bit_cache, transpose_v_pages
+
+    class Layer:
+        def __init__(self, cache):
+            self.v_cache, self.head_dim, self.num_kv_heads = cache, 16, 2
+
+    cache = torch.arange(2 * 4 * 2 * 16, dtype=torch.float32).view(2, 4, 2, 16)
+    layer = Layer(cache)
+    transpose_v_pages([layer])
+    assert layer.v_cache.shape == (2, 2, 16, 4) and layer.v_cache.data_ptr() == cache.data_ptr()
+    monkeypatch.setenv("NANOVLLM_KV_V_T", "1")
+    assert attention_backend.v_transposed_wanted()
+    config = Config(toy_models["untied_gqa4_d64"], kv_cache_dtype="int8", **CPU)
+    torch_backend = attention_backend.TorchBackend()
+    layers = [Layer(torch.zeros(3, 64, 2, 16, dtype=torch.int8))]
+    set_up_8bit_cache(config, 0, layers, torch.zeros(2, 1, 3, 64, 2, 16, dtype=torch.int8),
+                      torch_backend)
+    assert layers[0].v_cache.shape == (3, 64, 2, 16)  # untouched on the torch path
+
+
+@on_gpu
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "int8"])
+def test_gpu_transposed_v_pages_give_the_same_logits(toy_models, monkeypatch, kind):
+    # The V_T experiment end to end on the Triton kernels: the same bytes, stored and read
+    # in another order, give the usual layout's logits (prefill, then decode steps).
+    rng = random.Random(1)
+    ctx = [rng.randrange(400) for _ in range(300)]
+    logits = {}
+    for on in ("0", "1"):
+        monkeypatch.setenv("NANOVLLM_KV_V_T", on)
+        llm = LLM(toy_models["untied_gqa4_d64"], kv_cache_dtype=kind, device="cuda",
+                  enforce_eager=True, kvcache_block_size=256, max_model_len=512,
+                  num_kvcache_blocks=4)
+        runner = llm.clients[0].core.executor.runner
+        assert runner.attn_layers[0].backend.v_transposed == (on == "1")
+        llm.generate([ctx[:50]], SamplingParams(max_tokens=2), use_tqdm=False)  # calibrates
+        logits[on] = context_logits(llm, ctx, 150)
+        llm.shutdown()
+    assert (logits["0"] - logits["1"]).abs().max() < 1e-3 * logits["0"].abs().max()
