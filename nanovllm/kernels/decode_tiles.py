@@ -41,12 +41,12 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
     their running max c, so the fp16 probabilities p * s / c stay in [0, 1] (p * s alone
     could underflow fp16); acc is kept in units of c, rescaled like the softmax's max.
 
-    V_T (an experiment, off in the engine; tools/bench_vt.py): the V cache's pages hold
+    V_T (an experiment, NANOVLLM_KV_V_T=1; tools/bench_vt.py): the V cache's pages hold
     [kv head, dim, slot] (vt_head_off: this kv head's offset in a page), so a dim's keys lie
     side by side, which is the order the PV dot contracts over. An 8-bit tile in the usual
     [slot, kv head, dim] order reaches the dot's registers one byte a load (sm_90 SASS of the
     fp8 loop: 64 LDS.U8 of 669 instructions a 64-key tile); transposed it takes ldmatrix and
-    64-bit loads (477). Its tiles must lie in one page (PAGE_TILE); the whole ones are read
+    64-bit loads (468). Its tiles must lie in one page (PAGE_TILE); the whole ones are read
     unmasked (a mask along the keys stops the loads' vectorization), the last, partial one
     masked, so no slot past a context is ever read."""
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)

@@ -167,7 +167,7 @@ def hadamard_mix(x: torch.Tensor) -> torch.Tensor:
 
 def v_transposed_wanted() -> bool:
     """Whether an 8-bit cache on the Triton kernels keeps V's pages as [kv head, dim, slot]
-    (decode_tiles.attend_tiles' V_T: the 8-bit decode's tile loop in 477 sm_90 instructions
+    (decode_tiles.attend_tiles' V_T: the fp8 decode's tile loop in 468 sm_90 instructions
     instead of 669). NANOVLLM_KV_V_T=1; off by default until measured end to end."""
     return os.environ.get("NANOVLLM_KV_V_T", "0") == "1"
 
