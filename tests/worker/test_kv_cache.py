@@ -330,6 +330,19 @@ def test_transposed_v_pages_are_a_view_the_triton_backend_takes(toy_models, monk
     set_up_8bit_cache(config, 0, layers, torch.zeros(2, 1, 3, 64, 2, 16, dtype=torch.int8),
                       torch_backend)
     assert layers[0].v_cache.shape == (3, 64, 2, 16)  # untouched on the torch path
+    # On the Triton backend, a block size the decode's key tiles do not divide keeps the
+    # usual layout (its decode reads a tile from one page) rather than stopping there.
+    from nanovllm.kernels.decode_config import CONFIG_FP8
+    triton_like = attention_backend.TritonBackend.__new__(attention_backend.TritonBackend)
+    tile = CONFIG_FP8["BLOCK_N"]
+    for block_size, transposed in ((tile, True), (tile + tile // 2, False)):
+        triton_like.v_transposed = False
+        layers = [Layer(torch.zeros(3, block_size, 2, 16, dtype=torch.int8))]
+        set_up_8bit_cache(config, 0, layers, torch.zeros(2, 1, 3, block_size, 2, 16,
+                                                         dtype=torch.int8), triton_like)
+        assert triton_like.v_transposed is transposed
+        assert layers[0].v_cache.shape == ((3, 2, 16, block_size) if transposed
+                                           else (3, block_size, 2, 16))
 
 
 @on_gpu
