@@ -58,15 +58,14 @@ def make_layers(model, batch, seed=0):
     return ctx, torch.argsort(ctx, descending=True).int(), tables.cuda(), layers
 
 
-def us_per_layer(ctx, order, tables, layers, splits, replays=15, **options):
-    """Median us a layer of a graph replay of every layer's call at `splits` splits
-    (options: more of decode_attention's keywords)."""
+def us_per_layer(ctx, order, tables, layers, splits, replays=15):
+    """Median us a layer of a graph replay of every layer's call at `splits` splits."""
     scale = layers[0][0].shape[-1] ** -0.5
 
     def step():
         for q, kc, vc, sc in layers:
             triton_decode.decode_attention(q, kc, vc, ctx, tables, scale, num_splits=splits,
-                                           order=order, **sc, **options)
+                                           order=order, **sc)
 
     step()  # compile, and make the split counters, outside the capture
     torch.cuda.synchronize()

@@ -3,7 +3,7 @@ what the compiler made of its loop: async copies (software pipelining through sh
 barriers, global loads. Triton's wheel carries ptxas, so no CUDA device is needed.
 
     python tools/kernel_ir.py [--cache bf16|fp8|int8] [--stages N] [--dump DIR]
-                              [--sass] [--v-transposed]
+                              [--sass]
 
 Pass the launch's specializations (done here): without the divisibility hints a launch
 gives, no load vectorizes and the loop looks unpipelinable (a first try of this tool said so,
@@ -14,10 +14,9 @@ fp8's 2876; at 1 stage nothing is pipelined.
 
 --sass counts the tile loop's SASS instructions (64 keys a loop): bf16 416 at 3 stages, fp8
 669 at 5 (64 of them LDS.U8: V's 8-bit tile reaches the PV dot's registers a byte a load,
-since the dot contracts over the keys and V's bytes lie dim after dim), int8 963. With V's
-pages transposed (--v-transposed: a dim's keys side by side) fp8 takes 477 and int8 701,
-bf16 418. An fp8 64-key tile is half a bf16 one's bytes for 1.6x its instructions: the
-reason to think the fp8 decode is bound by issue, not by HBM (tools/bench_vt.py times it).
+since the dot contracts over the keys and V's bytes lie dim after dim), int8 963. Fewer
+instructions did not mean a faster kernel: V pages transposed (a dim's keys side by side)
+cut fp8's loop to 468 and ran 11% slower on an H200 (docs/PERF_NOTES.md, 32nd session).
 """
 import argparse
 import collections
@@ -39,16 +38,15 @@ from nanovllm.kernels import triton_decode  # noqa: E402
 CACHE_PTR = {"bf16": "*bf16", "fp8": "*fp8e4nv", "int8": "*i8"}
 
 
-def compile_decode(cache: str, stages: int, warps: int = 4, v_transposed: bool = False):
+def compile_decode(cache: str, stages: int, warps: int = 4):
     """The compiled kernel at bench.py's shapes (16 / 8 heads of 128, block 256, 64-key
-    tiles, one split, the engine's launch order); v_transposed: V's pages as [kv head, dim,
-    slot] (decode_tiles.attend_tiles' V_T)."""
+    tiles, one split, the engine's launch order)."""
     fn = triton_decode._decode_partial_kernel
     const = dict(NUM_SPLITS=1, NUM_KV_HEADS=8, G=2, G_PAD=16, RED_GP=2, RED_CHUNK=16, HEAD_DIM=128,
                  BLOCK_SIZE=256, BLOCK_N=64, PAGE_TILE=True, USE_DOT=True, DIRECT=True,
                  DOT_PREC="tf32", KV_FP8=cache == "fp8", FP16_DOT=cache == "fp8",
                  KV_INT8=cache == "int8", INT8_F16=False, PV_F32=False, HEAD_FAST=True,
-                 ORDERED=True, V_T=v_transposed)
+                 ORDERED=True)
     ptrs = dict(q_ptr="*bf16", k_cache_ptr=CACHE_PTR[cache], v_cache_ptr=CACHE_PTR[cache],
                 ctx_ptr="*i32", bt_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32",
                 out_ptr="*bf16", cnt_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
@@ -105,14 +103,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", choices=sorted(CACHE_PTR), default="int8")
     ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3, 5])
-    ap.add_argument("--v-transposed", action="store_true", help="V's pages transposed (V_T)")
     ap.add_argument("--sass", action="store_true",
                     help="also the tile loop's SASS instructions and their commonest opcodes")
     ap.add_argument("--dump", help="write each variant's TTGIR and PTX here")
     args = ap.parse_args()
     print("triton", triton.__version__)
     for stages in args.stages:
-        k = compile_decode(args.cache, stages, v_transposed=args.v_transposed)
+        k = compile_decode(args.cache, stages)
         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
         print(f"{args.cache} num_stages={stages}: async copies "
               f"{ttgir.count('async_copy_global_to_local')}, cp.async {ptx.count('cp.async')}, "

@@ -42,7 +42,7 @@ def compile_decode(kind: str):
     consts = dict(NUM_SPLITS=1, NUM_KV_HEADS=8, G=2, G_PAD=16, RED_GP=2, RED_CHUNK=16, HEAD_DIM=128,
                   BLOCK_SIZE=256, BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=True, USE_DOT=True,
                   DIRECT=True, DOT_PREC="tf32", KV_FP8=fp8, FP16_DOT=fp16, KV_INT8=int8,
-                  INT8_F16=int8 and fp16, PV_F32=False, HEAD_FAST=True, ORDERED=True, V_T=False)
+                  INT8_F16=int8 and fp16, PV_F32=False, HEAD_FAST=True, ORDERED=True)
     types = {name: "*fp32" for name in fn.arg_names if name.endswith("_ptr")}
     types.update(q_ptr="*bf16", o_ptr="*bf16", out_ptr="*bf16", k_cache_ptr=cache,
                  v_cache_ptr=cache, ctx_ptr="*i32", bt_ptr="*i32", cnt_ptr="*i32",

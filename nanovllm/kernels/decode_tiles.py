@@ -9,8 +9,8 @@ from nanovllm.kernels._common import int8_to_fp16, online_softmax_step
 @triton.jit
 def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr):
-    """(mask, cache offset, row-scale offset, page offset) of the keys n .. n + BLOCK_N of
-    one sequence (paged)."""
+    """(mask, cache offset, row-scale offset) of the keys n .. n + BLOCK_N of one sequence
+    (paged)."""
     offs_n = n + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
     if PAGE_TILE:
@@ -20,7 +20,7 @@ def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, stride_sblk, stride_
         page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     slot = offs_n % BLOCK_SIZE
     return (n_mask, page * stride_kblk + slot * stride_kslot,
-            page * stride_sblk + slot * stride_sslot, page * stride_kblk)
+            page * stride_sblk + slot * stride_sslot)
 
 
 @triton.jit
@@ -29,8 +29,7 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
                  G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
-                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr,
-                 V_T: tl.constexpr = False, vt_head_off=0):
+                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr):
     """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l); an
     8-bit cache's tiles are widened to q's dtype for the QK dot, to PV_DTYPE for the PV dot.
 
@@ -39,98 +38,52 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
     value j's scales the probabilities of column j before the PV dot. INT8_F16 (q in fp16):
     both dots in fp16, the codes widened by int8_to_fp16, and V's scales taken relative to
     their running max c, so the fp16 probabilities p * s / c stay in [0, 1] (p * s alone
-    could underflow fp16); acc is kept in units of c, rescaled like the softmax's max.
-
-    V_T (an experiment, NANOVLLM_KV_V_T=1; tools/bench_vt.py): the V cache's pages hold
-    [kv head, dim, slot] (vt_head_off: this kv head's offset in a page), so a dim's keys lie
-    side by side, which is the order the PV dot contracts over. An 8-bit tile in the usual
-    [slot, kv head, dim] order reaches the dot's registers one byte a load (sm_90 SASS of the
-    fp8 loop: 64 LDS.U8 of 669 instructions a 64-key tile); transposed it takes ldmatrix and
-    64-bit loads (468). Its tiles must lie in one page (PAGE_TILE); the whole ones are read
-    unmasked (a mask along the keys stops the loads' vectorization), the last, partial one
-    masked, so no slot past a context is ever read."""
+    could underflow fp16); acc is kept in units of c, rescaled like the softmax's max."""
+    offs_d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
     c_i = tl.full([G_PAD], 1e-30, tl.float32)  # INT8_F16: running max of V's row scales
-    # V_T: whole tiles read V unmasked; the last, partial one (if any) masked.
-    whole_end = end
-    if V_T:
-        whole_end = start + (end - start) // BLOCK_N * BLOCK_N
-    for n in range(start, whole_end, BLOCK_N):
-        acc, m_i, l_i, c_i = _attend_tile(
-            acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-            bt_row, kv_head_off, vt_head_off, qk_scale, stride_kblk, stride_kslot, stride_sblk,
-            stride_sslot, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8,
-            KV_INT8, PV_DTYPE, INT8_F16, V_T, False)
-    if V_T:
-        if whole_end < end:
-            acc, m_i, l_i, c_i = _attend_tile(
-                acc, m_i, l_i, c_i, q, whole_end, end, k_cache_ptr, v_cache_ptr, k_scale_ptr,
-                v_scale_ptr, bt_row, kv_head_off, vt_head_off, qk_scale, stride_kblk,
-                stride_kslot, stride_sblk, stride_sslot, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-                PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8, KV_INT8, PV_DTYPE, INT8_F16, V_T, True)
+    for n in range(start, end, BLOCK_N):
+        n_mask, tok_off, s_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot,
+                                              stride_sblk, stride_sslot, BLOCK_SIZE, BLOCK_N,
+                                              PAGE_TILE)
+        kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        if KV_INT8 and INT8_F16:
+            k = int8_to_fp16(k)
+        elif KV_FP8 or KV_INT8:
+            k = k.to(q.dtype)  # int8 codes (|c| <= 127) are exact in bf16 and fp16
+        if USE_DOT:
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+        else:
+            qk = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        if KV_INT8:
+            qk = qk * tl.load(k_scale_ptr + s_off, mask=n_mask, other=0.0)[None, :]
+        # exp2 domain: qk_scale already includes log2(e).
+        qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
+        v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        if KV_INT8 and INT8_F16:
+            v = int8_to_fp16(v)
+        elif KV_FP8 or KV_INT8:
+            v = v.to(PV_DTYPE)
+        pw = p
+        if KV_INT8:
+            vs = tl.load(v_scale_ptr + s_off, mask=n_mask, other=0.0)
+            if INT8_F16:
+                c_new = tl.maximum(c_i, tl.max(vs, axis=0))
+                r = 1.0 / c_new
+                alpha = alpha * (c_i * r)
+                c_i = c_new
+                pw = p * vs[None, :] * r[:, None]
+            else:
+                pw = p * vs[None, :]
+        if USE_DOT:
+            pv = tl.dot(pw.to(v.dtype), v, input_precision=DOT_PREC)
+        else:
+            pv = tl.sum(pw[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
     if KV_INT8 and INT8_F16:
         acc = acc * c_i[:, None]
     return acc, m_i, l_i
-
-
-@triton.jit
-def _attend_tile(acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_ptr,
-                 v_scale_ptr, bt_row, kv_head_off, vt_head_off, qk_scale, stride_kblk,
-                 stride_kslot, stride_sblk, stride_sslot, HEAD_DIM: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
-                 USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
-                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr,
-                 V_T: tl.constexpr, V_MASKED: tl.constexpr):
-    """attend_tiles' step over the keys n .. n + BLOCK_N: the running (acc, m, l, c) after
-    them. V_MASKED: a transposed V tile is loaded masked (the tile past the whole ones)."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    n_mask, tok_off, s_off, page_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot,
-                                                    stride_sblk, stride_sslot, BLOCK_SIZE,
-                                                    BLOCK_N, PAGE_TILE)
-    kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
-    k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-    if KV_INT8 and INT8_F16:
-        k = int8_to_fp16(k)
-    elif KV_FP8 or KV_INT8:
-        k = k.to(q.dtype)  # int8 codes (|c| <= 127) are exact in bf16 and fp16
-    if USE_DOT:
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-    else:
-        qk = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-    if KV_INT8:
-        qk = qk * tl.load(k_scale_ptr + s_off, mask=n_mask, other=0.0)[None, :]
-    # exp2 domain: qk_scale already includes log2(e).
-    qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
-    m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-    if V_T:
-        slot0 = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N)
-        vt_off = ((page_off + vt_head_off + slot0 + tl.arange(0, BLOCK_N))[:, None]
-                  + offs_d[None, :] * BLOCK_SIZE)
-        if V_MASKED:
-            v = tl.load(v_cache_ptr + vt_off, mask=n_mask[:, None], other=0.0)
-        else:
-            v = tl.load(v_cache_ptr + vt_off)
-    else:
-        v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-    if KV_INT8 and INT8_F16:
-        v = int8_to_fp16(v)
-    elif KV_FP8 or KV_INT8:
-        v = v.to(PV_DTYPE)
-    pw = p
-    if KV_INT8:
-        vs = tl.load(v_scale_ptr + s_off, mask=n_mask, other=0.0)
-        if INT8_F16:
-            c_new = tl.maximum(c_i, tl.max(vs, axis=0))
-            r = 1.0 / c_new
-            alpha = alpha * (c_i * r)
-            c_i = c_new
-            pw = p * vs[None, :] * r[:, None]
-        else:
-            pw = p * vs[None, :]
-    if USE_DOT:
-        pv = tl.dot(pw.to(v.dtype), v, input_precision=DOT_PREC)
-    else:
-        pv = tl.sum(pw[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-    return acc * alpha[:, None] + pv, m_i, l_i, c_i

@@ -14,7 +14,7 @@ from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_config import CONFIG, CONFIG_FP8, CONFIG_INT8, MAX_SPLITS
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
-from nanovllm.kernels.triton_kv import check_row_scales, check_v_layout
+from nanovllm.kernels.triton_kv import check_row_scales
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def _decode_partial_kernel(
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
-    HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_T: tl.constexpr,
+    HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
@@ -98,8 +98,7 @@ def _decode_partial_kernel(
                                  v_scale_ptr + kvh * stride_sh, bt_row, kv_head_off, start, end,
                                  qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
                                  G_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT,
-                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16, V_T,
-                                 kvh * HEAD_DIM * BLOCK_SIZE)
+                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16)
 
     out = acc / l_i[:, None]
     if KV_FP8:
@@ -140,21 +139,17 @@ def alloc_decode_workspace(batch, num_heads, head_dim, num_splits, device):
 
 
 def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num_splits=None,
-                     workspace=None, k_scale=None, v_scale=None, order=None,
-                     v_transposed=False):
+                     workspace=None, k_scale=None, v_scale=None, order=None):
     """Paged decode attention: q [B, H, D] over the first context_lens[b] cached tokens -> [B, H, D].
     An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]), an
     int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides).
     order (int32 [B], a permutation of the rows, optional): the order in which rows' programs
     start. Longest context first keeps a long row from starting last and running alone
-    while the rest of the GPU idles (the tail of a batch of mixed lengths).
-    v_transposed (an experiment, see decode_tiles.attend_tiles' V_T): v_cache is
-    [blocks, kv_heads, head_dim, block_size], contiguous."""
+    while the rest of the GPU idles (the tail of a batch of mixed lengths)."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
-    check_v_layout(k_cache, v_cache, v_transposed)
-    assert k_cache.stride(3) == 1
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     group = num_heads // num_kv_heads
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
     kv_int8 = k_cache.dtype == torch.int8
@@ -169,7 +164,6 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     if not cfg["LPT"]:
         order = None
     block_n = cfg["BLOCK_N"]
-    assert not v_transposed or block_size % block_n == 0, "V_T reads whole tiles of a page"
     use_dot = cfg["USE_DOT"]
     short_rows = cfg is CONFIG and head_dim * k_cache.element_size() <= 128
     stages = cfg["SHORT_ROW_STAGES"] if short_rows else cfg["num_stages"]
@@ -214,7 +208,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
-        HEAD_FAST=head_fast, ORDERED=order is not None, V_T=v_transposed,
+        HEAD_FAST=head_fast, ORDERED=order is not None,
         num_warps=cfg["num_warps"], num_stages=stages,
     )
     return o

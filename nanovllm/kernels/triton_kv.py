@@ -14,7 +14,7 @@ def _store_kvcache_kernel(
     stride_cslot, stride_ch, stride_sblk, stride_sslot, stride_sh, SCALE_BS,
     NUM_KV_HEADS: tl.constexpr, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-    SOFT: tl.constexpr, KV_INT8: tl.constexpr, V_T: tl.constexpr, V_BS,
+    SOFT: tl.constexpr, KV_INT8: tl.constexpr,
 ):
     # One program per token: copies its [Hkv, D] K and V rows (a few KB) to the cache slot.
     t = tl.program_id(0)
@@ -50,31 +50,16 @@ def _store_kvcache_kernel(
         v = int8_codes(v, vs[:, None])
         tl.store(v_scale_ptr + s_off, vs, mask=hmask)
     tl.store(k_cache_ptr + dst, k.to(cache_ty), mask=mask)
-    if V_T:  # V's pages as [kv head, dim, slot] (see v_t_offsets)
-        dst = v_t_offsets(slot, offs_h[:, None], offs_d[None, :], V_BS, stride_cslot,
-                          HEAD_DIM)
     tl.store(v_cache_ptr + dst, v.to(cache_ty), mask=mask)
 
 
-@triton.jit
-def v_t_offsets(slot, head, dim, block_size, stride_slot, HEAD_DIM: tl.constexpr):
-    """Where V's element (head, dim) of a token at `slot` lies in a cache whose pages hold
-    [kv head, dim, slot] (decode_tiles.attend_tiles' V_T): a page is block_size slots of
-    stride_slot elements, as in K's [slot, kv head, dim] pages."""
-    return ((slot // block_size) * (block_size * stride_slot) + head * (HEAD_DIM * block_size)
-            + dim * block_size + slot % block_size)
-
-
-def store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None,
-                  v_transposed: bool = False) -> None:
+def store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
     """Write k/v [T, Hkv, D] into k_cache/v_cache [blocks, block_size, Hkv, D] at slot_mapping
     (-1 skipped). An fp8 cache stores k / k_scale[head] (v likewise), the scales fp32 [Hkv];
     an int8 cache stores each row's codes and writes its scale into k_scale / v_scale (fp32
-    [blocks, block_size, Hkv]) at the same slot (torch_ref.quantize_rows). v_transposed:
-    v_cache is [blocks, Hkv, D, block_size] (decode_tiles.attend_tiles' V_T)."""
+    [blocks, block_size, Hkv]) at the same slot (torch_ref.quantize_rows)."""
     num_tokens, num_kv_heads, head_dim = k.shape
-    check_v_layout(k_cache, v_cache, v_transposed)
-    assert v.shape == k.shape
+    assert v.shape == k.shape and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
     assert k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1
     # Slots index the flattened (block, offset) dims, so those must be contiguous with each other.
     assert k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
@@ -88,19 +73,8 @@ def store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=No
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(1), k_cache.stride(2), *row_scale_strides(k_cache, ks, vs),
         NUM_KV_HEADS=num_kv_heads, H_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
-        **meta, V_T=v_transposed, V_BS=k_cache.shape[1], num_warps=4,
+        **meta, num_warps=4,
     )
-
-
-def check_v_layout(k_cache, v_cache, v_transposed: bool) -> None:
-    """V's cache as the kernels take it: K's shape and strides, or with v_transposed its pages
-    as [Hkv, D, block_size], both caches contiguous."""
-    if v_transposed:
-        blocks, block_size, heads, dim = k_cache.shape
-        assert v_cache.shape == (blocks, heads, dim, block_size), (v_cache.shape, k_cache.shape)
-        assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    else:
-        assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
 
 
 def fp8_args(k_cache, v_cache, k_scale, v_scale, meta):

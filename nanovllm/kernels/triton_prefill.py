@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta, online_softmax_step
-from nanovllm.kernels.triton_kv import check_row_scales, check_v_layout
+from nanovllm.kernels.triton_kv import check_row_scales
 
 # Tile configs (module level so tools/bench_kernels.py and tests can override them). Measured on
 # H100 (16/8/128 bf16): 128x128 tiles win on long prompts (4x2048: 305 TFLOP/s vs 276 for 128x64),
@@ -42,26 +42,6 @@ def _load_kv_tile(cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk
 
 
 @triton.jit
-def _load_v_tile(cache_ptr, bt_row, n, offs_n, kv_head_off, vt_head_off, offs_d, stride_kblk,
-                 stride_kslot, BLOCK_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr,
-                 MASKED: tl.constexpr, n_mask, V_T: tl.constexpr):
-    """V's tile as _load_kv_tile loads K's; V_T: pages as [kv head, dim, slot]
-    (decode_tiles.attend_tiles)."""
-    if not V_T:
-        return _load_kv_tile(cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk,
-                             stride_kslot, BLOCK_SIZE, PAGE_TILE, MASKED, n_mask)
-    if PAGE_TILE:
-        page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
-    else:
-        page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    ptrs = cache_ptr + (page * stride_kblk + offs_n % BLOCK_SIZE)[:, None] + vt_head_off \
-        + offs_d[None, :] * BLOCK_SIZE
-    if MASKED:
-        return tl.load(ptrs, mask=n_mask[:, None], other=0.0)
-    return tl.load(ptrs)
-
-
-@triton.jit
 def _load_row_scales(scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                      BLOCK_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, n_mask):
     """An int8 tile's row scales [BLOCK_N] (scale_ptr already at the kv head)."""
@@ -84,7 +64,7 @@ def _prefill_kernel(
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
-    PV_F32: tl.constexpr, V_T: tl.constexpr,
+    PV_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     # Reverse the q-tile order: the last tiles see the most keys, so start them first (less tail).
@@ -116,9 +96,6 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = (h // G) * stride_kh
-    vt_head_off = 0
-    if V_T:  # the kv head's rows in a page (not computed otherwise: see CONTIGUOUS_PAGE)
-        vt_head_off = (h // G) * (HEAD_DIM * BLOCK_SIZE)
     if KV_INT8:  # this kv head's row scales
         k_scale_ptr += (h // G) * stride_sh
         v_scale_ptr += (h // G) * stride_sh
@@ -136,9 +113,8 @@ def _prefill_kernel(
             qk = qk * _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                        BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-        v = _load_v_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, vt_head_off, offs_d,
-                         stride_kblk, stride_kslot, BLOCK_SIZE, PAGE_TILE, False,
-                         offs_n < kv_end, V_T).to(pv_dtype)
+        v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
+                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(pv_dtype)
         if KV_INT8:
             p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                      BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
@@ -158,9 +134,8 @@ def _prefill_kernel(
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-        v = _load_v_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, vt_head_off, offs_d,
-                         stride_kblk, stride_kslot, BLOCK_SIZE, PAGE_TILE, True, n_mask,
-                         V_T).to(pv_dtype)
+        v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
+                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(pv_dtype)
         if KV_INT8:
             p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                      BLOCK_SIZE, PAGE_TILE, n_mask)[None, :]
@@ -174,13 +149,11 @@ def _prefill_kernel(
 
 
 def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
-                      max_seqlen_q, k_scale=None, v_scale=None, v_transposed=False):
+                      max_seqlen_q, k_scale=None, v_scale=None):
     """Causal varlen attention of q [T, H, D] over paged cached keys; returns [T, H, D] in q's dtype.
     An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]), an
-    int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides).
-    v_transposed: v_cache's pages are [Hkv, D, block_size] (decode_tiles.attend_tiles' V_T)."""
-    check_v_layout(k_cache, v_cache, v_transposed)
-    assert k_cache.stride(3) == 1
+    int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides)."""
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
     if kv_fp8 and (k_scale is None or v_scale is None):
         raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
@@ -188,7 +161,7 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tab
         check_row_scales(k_cache, k_scale, v_scale)
     return _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
                    max_seqlen_q, k_scale, v_scale, k_cache.shape[1], k_cache.shape[2],
-                   k_cache.stride()[:3], v_transposed)
+                   k_cache.stride()[:3])
 
 
 # A page no sequence outgrows: with it, a sequence's keys are one page starting at its row.
@@ -207,7 +180,7 @@ def prefill_attention_contiguous(q, k, v, cu_seqlens, scale, max_seqlen_q):
 
 
 def _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale, max_seqlen_q,
-            k_scale, v_scale, block_size, num_kv_heads, kv_strides, v_transposed=False):
+            k_scale, v_scale, block_size, num_kv_heads, kv_strides):
     """The prefill kernel over keys addressed as page * kv_strides[0] + slot * kv_strides[1]
     + head * kv_strides[2]."""
     num_tokens, num_heads, head_dim = q.shape
@@ -231,7 +204,7 @@ def _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=block_size % cfg["BLOCK_N"] == 0,
         DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and FP16_DOT and q.dtype == torch.bfloat16,
-        KV_INT8=kv_int8, PV_F32=kv_int8 and q.dtype == torch.float16, V_T=v_transposed,
+        KV_INT8=kv_int8, PV_F32=kv_int8 and q.dtype == torch.float16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

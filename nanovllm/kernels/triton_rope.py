@@ -23,7 +23,7 @@ from nanovllm.kernels._common import (
     quantize_fp8,
 )
 from nanovllm.kernels.triton_feedback import feedback_chains, prefetch_rows, store_tile
-from nanovllm.kernels.triton_kv import check_v_layout, fp8_args, row_scale_strides, v_t_offsets
+from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides
 
 
 @triton.jit
@@ -72,7 +72,6 @@ def _norm_rope_store_kernel(
     FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
     SOFT: tl.constexpr, KV_INT8: tl.constexpr, FEEDBACK: tl.constexpr, GROUP: tl.constexpr,
     KV_ROWS: tl.constexpr, CHAINS: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-    V_T: tl.constexpr, V_BS,
 ):
     # One program per token (two with SPLIT): all its heads at once (a few KB), so a decode
     # step is one wave.
@@ -158,19 +157,13 @@ def _norm_rope_store_kernel(
             if not FEEDBACK:  # (stored above)
                 tl.store(k_cache_ptr + c_off, c1, mask=mk)
                 tl.store(k_cache_ptr + c_off + HALF, c2, mask=mk)
-            v_off = c_off
-            v_half = HALF
-            if V_T:  # V's pages as [kv head, dim, slot]
-                v_off = v_t_offsets(slot, hk, offs[None, :], V_BS, stride_cslot, 2 * HALF)
-                v_half = HALF * V_BS
-            tl.store(v_cache_ptr + v_off, c3, mask=mk)
-            tl.store(v_cache_ptr + v_off + v_half, c4, mask=mk)
+            tl.store(v_cache_ptr + c_off, c3, mask=mk)
+            tl.store(v_cache_ptr + c_off + HALF, c4, mask=mk)
 
 
 def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
                     k_cache, v_cache, slot_mapping, return_k: bool = False, k_scale=None,
-                    v_scale=None, mix: bool = False, k_feedback=None,
-                    v_transposed: bool = False):
+                    v_scale=None, mix: bool = False, k_feedback=None):
     """q [T, Hq, D], k/v [T, Hkv, D] (strided views of the qkv output are fine) -> rotated q
     [T, Hq, D] (and rotated k when return_k); stores rotated k and v at slot_mapping (-1 skips).
     cos_sin_cache is [max_position, ..., D] float32 (cos half, then sin half); the norm
@@ -179,14 +172,13 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     k_scale / v_scale (fp32 [blocks, block_size, Hkv]). mix: q and k times the Hadamard matrix
     after RoPE (attention_backend.hadamard_mix). k_feedback (fp32 [Hkv, D, G], an fp8 cache
     only, G a power of two dividing D / 2): K rounded with error feedback through it
-    (kernels/kv_feedback.py). v_transposed: v_cache's pages are [Hkv, D, block_size]
-    (decode_tiles.attend_tiles' V_T)."""
+    (kernels/kv_feedback.py)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim % 2 or head_dim & (head_dim - 1):
         raise ValueError(f"the fused RoPE kernel needs a power-of-two head_dim, got {head_dim}")
     assert q.stride(2) == k.stride(2) == v.stride(2) == 1 and k_cache.stride(3) == 1
-    check_v_layout(k_cache, v_cache, v_transposed)
+    assert k_cache.stride() == v_cache.stride()
     assert k_feedback is None or (head_dim // 2) % k_feedback.shape[-1] == 0, k_feedback.shape
     assert k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
     has_norm = q_norm_weight is not None
@@ -215,7 +207,7 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         DOT_PREC=dot_precision(q.dtype), **meta, FEEDBACK=k_feedback is not None,
         GROUP=k_feedback.shape[-1] if k_feedback is not None else 1,
         KV_ROWS=triton.next_power_of_2(num_kv_heads), CHAINS=chains, SPLIT=split,
-        PREFETCH=FEEDBACK_PREFETCH and not INTERPRET, V_T=v_transposed, V_BS=k_cache.shape[1],
+        PREFETCH=FEEDBACK_PREFETCH and not INTERPRET,
         # The feedback loop's tile is small: more warps would each repeat its chain.
         num_warps=4 if k_feedback is None else FEEDBACK_WARPS,
     )

@@ -64,9 +64,6 @@ class TritonBackend:
     # A prefill without cached context attends to its own K/V unquantized (exact_chunk),
     # as the torch path always does; switchable to measure what it costs.
     exact_prefill = True
-    # V's pages held as [kv head, dim, slot] (decode_tiles.attend_tiles' V_T): set with the
-    # cache (kv_cache.set_up_8bit_cache) for an 8-bit one when v_transposed_wanted().
-    v_transposed = False
 
     def __init__(self):
         from nanovllm.kernels import triton_decode, triton_kv, triton_prefill, triton_rope
@@ -88,13 +85,12 @@ class TritonBackend:
         out = self._rope_store(q, k, v, positions, rope.cos_sin_cache, *weights, k_cache,
                                v_cache, ctx.slot_mapping, return_k=new_k,
                                k_scale=k_scale, v_scale=v_scale, mix=self.mix_kv,
-                               k_feedback=k_feedback, v_transposed=self.v_transposed)
+                               k_feedback=k_feedback)
         return out if new_k else (out, None)
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,
                  v_scale=None) -> None:
-        self._store(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale,
-                    self.v_transposed)
+        self._store(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
@@ -103,13 +99,12 @@ class TritonBackend:
             return self._prefill_own(q, k, v, ctx.cu_seqlens_q, scale, ctx.max_seqlen_q)
         return self._prefill(q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.cu_seqlens_k,
                              ctx.block_tables, scale, ctx.max_seqlen_q, k_scale=k_scale,
-                             v_scale=v_scale, v_transposed=self.v_transposed)
+                             v_scale=v_scale)
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                v_scale=None) -> torch.Tensor:
         return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale,
-                            k_scale=k_scale, v_scale=v_scale, order=ctx.decode_order,
-                            v_transposed=self.v_transposed)
+                            k_scale=k_scale, v_scale=v_scale, order=ctx.decode_order)
 
 
 class FlashBackend(TritonBackend):
@@ -163,13 +158,6 @@ def hadamard_mix(x: torch.Tensor) -> torch.Tensor:
     decode 0.060 -> 0.050 nats mean; docs/PERF_NOTES.md)."""
     d = x.shape[-1]
     return (x.float() @ _hadamard(d, x.device)).to(x.dtype)
-
-
-def v_transposed_wanted() -> bool:
-    """Whether an 8-bit cache on the Triton kernels keeps V's pages as [kv head, dim, slot]
-    (decode_tiles.attend_tiles' V_T: the fp8 decode's tile loop in 468 sm_90 instructions
-    instead of 669). NANOVLLM_KV_V_T=1; off by default until measured end to end."""
-    return os.environ.get("NANOVLLM_KV_V_T", "0") == "1"
 
 
 def mix_kv_wanted(head_dim: int) -> bool:

@@ -6,9 +6,8 @@ import logging
 import torch
 
 from nanovllm.config import Config
-from nanovllm.kernels.decode_config import CONFIG_FP8, CONFIG_INT8
 from nanovllm.kernels.kv_feedback import feedback_wanted, identity_feedback
-from nanovllm.layers.attention_backend import mix_kv_wanted, v_transposed_wanted
+from nanovllm.layers.attention_backend import mix_kv_wanted
 from nanovllm.models.safetensors_io import read_kv_scales
 
 logger = logging.getLogger(__name__)
@@ -158,15 +157,6 @@ def set_up_8bit_cache(config: Config, rank: int, attn_layers: list, kv_cache: to
     """An 8-bit cache's scales, its Hadamard mixing (backend.mix_kv) and an e4m3 cache's K
     error feedback: (the scales, whether the first real prefill must calibrate them)."""
     head_dim = attn_layers[0].head_dim
-    if backend.name == "triton" and v_transposed_wanted():
-        block_size = attn_layers[0].v_cache.shape[1]
-        tile = max(CONFIG_FP8["BLOCK_N"], CONFIG_INT8["BLOCK_N"])
-        if block_size % tile == 0:
-            transpose_v_pages(attn_layers)
-            backend.v_transposed = True
-        elif rank == 0:  # its decode reads a tile's keys from one page
-            logger.info("NANOVLLM_KV_V_T: kvcache_block_size=%d is not a multiple of the "
-                        "decode's %d-key tiles; V keeps the usual layout", block_size, tile)
     if kv_cache.dtype == torch.int8:
         # A scale per (token, kv head), set by each store: nothing to calibrate. Mixing
         # makes a rotated row near-Gaussian, so its max is a few sigma, not an outlier's.
@@ -184,14 +174,6 @@ def set_up_8bit_cache(config: Config, rank: int, attn_layers: list, kv_cache: to
             layer.feedback_moments = torch.zeros(layer.num_kv_heads, head_dim, head_dim,
                                                  device=kv_cache.device)
     return scales, loaded is None
-
-
-def transpose_v_pages(attn_layers: list) -> None:
-    """View each layer's V cache [blocks, block_size, Hkv, D] as [blocks, Hkv, D, block_size]
-    (the same memory: pages hold V as [kv head, dim, slot], see TritonBackend.v_transposed)."""
-    for layer in attn_layers:
-        blocks, block_size, heads, dim = layer.v_cache.shape
-        layer.v_cache = layer.v_cache.view(blocks, heads, dim, block_size)
 
 
 def allocate_kv(config: Config, rank: int, attn_layers: list, dtype: torch.dtype,

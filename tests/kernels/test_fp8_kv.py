@@ -103,58 +103,6 @@ def test_prefill_fp8(dtype):
     assert rel_err(ref, exact) < (0.05 if dtype == torch.float8_e4m3fn else 0.1)
 
 
-def t_pages(cache):
-    """A cache's pages [blocks, slot, kv head, dim] as [blocks, kv head, dim, slot] (V_T)."""
-    return cache.permute(0, 2, 3, 1).contiguous()
-
-
-@needs_interpreter
-def test_stores_write_transposed_v_pages_with_the_same_bytes():
-    # The V_T experiment's stores: V's bytes land at their transposed places, K's unchanged;
-    # the fused RoPE store with K's error feedback too.
-    g = torch.Generator().manual_seed(5)
-    t, hq, hkv, d = 6, 4, 2, 16
-    q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
-    slots = torch.tensor([3, 9, -1, 17, 30, 0], dtype=torch.int32)
-    ks, vs = torch.tensor([0.01, 0.02]), torch.tensor([0.004, 0.05])
-    fp8 = torch.float8_e4m3fn
-    kc, vc = (torch.zeros(2, 16, hkv, d, dtype=fp8) for _ in range(2))
-    store_kvcache(k, v, kc, vc, slots, ks, vs)
-    kt, vt = torch.zeros_like(kc), torch.zeros(2, hkv, d, 16, dtype=fp8)
-    store_kvcache(k, v, kt, vt, slots, ks, vs, v_transposed=True)
-    assert same_bytes(kt, kc) and same_bytes(vt, t_pages(vc))
-    pos, cos_sin = torch.arange(t), torch.randn(16, 1, d, generator=g)
-    feedback = torch.randn(hkv, d, 4, generator=g) * 0.1
-    for fb in (None, feedback):
-        kc, vc = (torch.zeros(2, 16, hkv, d, dtype=fp8) for _ in range(2))
-        norm_rope_store(q, k, v, pos, cos_sin, None, None, 0.0, kc, vc, slots, k_scale=ks,
-                        v_scale=vs, k_feedback=fb)
-        kt, vt = torch.zeros_like(kc), torch.zeros(2, hkv, d, 16, dtype=fp8)
-        norm_rope_store(q, k, v, pos, cos_sin, None, None, 0.0, kt, vt, slots, k_scale=ks,
-                        v_scale=vs, k_feedback=fb, v_transposed=True)
-        assert same_bytes(kt, kc) and same_bytes(vt, t_pages(vc))
-
-
-@needs_interpreter
-@pytest.mark.usefixtures("poisoned_empty")
-def test_prefill_and_decode_read_transposed_v_pages():
-    c = quantized_case(make_paged_case([(20, 20), (5, 37), (7, 39)], 16, 4, 2, 16, seed=3),
-                       torch.float8_e4m3fn)
-    args = (c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale)
-    ref = prefill_attention_torch(*args, c.k_scale, c.v_scale)
-    o = prefill_attention(c.q, c.k_cache, t_pages(c.v_cache), *args[3:], c.max_seqlen_q,
-                          k_scale=c.k_scale, v_scale=c.v_scale, v_transposed=True)
-    assert rel_err(o, ref) < TOL
-    d = quantized_case(make_paged_case([(1, 40), (1, 7), (1, 33)], 16, 4, 2, 16, seed=4),
-                       torch.float8_e4m3fn)
-    args = (d.q, d.k_cache, d.v_cache, d.context_lens, d.block_tables, d.scale)
-    ref = decode_attention_torch(*args, d.k_scale, d.v_scale)
-    for splits in (1, 3):
-        o = decode_attention(d.q, d.k_cache, t_pages(d.v_cache), *args[3:], num_splits=splits,
-                             k_scale=d.k_scale, v_scale=d.v_scale, v_transposed=True)
-        assert rel_err(o, ref) < TOL
-
-
 @needs_interpreter
 def test_fp8_cache_without_scales_is_refused():
     c = quantized_case(make_paged_case([(1, 5)], 16, 2, 2, 16), torch.float8_e4m3fn)
@@ -236,24 +184,6 @@ def test_decode_fp8_gpu(dtype, batch, ctx, fp16_dot, monkeypatch):
     o = triton_decode.decode_attention(*args, k_scale=c.k_scale, v_scale=c.v_scale)
     assert rel_err(o, ref) < GPU_TOL
     assert rel_err(ref, c.exact) < (0.06 if dtype == torch.float8_e4m3fn else 0.12)
-
-
-@pytest.mark.parametrize("num_splits", [None, 1, 4])
-@pytest.mark.parametrize("batch,ctx", [(4, 700), (64, 300)])
-@on_gpu
-def test_decode_fp8_gpu_with_v_transposed(batch, ctx, num_splits):
-    # The V_T experiment (decode_tiles.attend_tiles) compiled: the same output as the cache
-    # in the engine's layout, the never-written slots (NaN) never read.
-    c = fp8_case([(1, ctx - i % 5) for i in range(batch)], 256, torch.float8_e4m3fn,
-                 seed=batch)
-    v = c.v_cache
-    args = (c.context_lens, c.block_tables, c.scale)
-    o = triton_decode.decode_attention(c.q, c.k_cache, v, *args, num_splits=num_splits,
-                                       k_scale=c.k_scale, v_scale=c.v_scale)
-    o_t = triton_decode.decode_attention(c.q, c.k_cache, v.permute(0, 2, 3, 1).contiguous(),
-                                         *args, num_splits=num_splits, k_scale=c.k_scale,
-                                         v_scale=c.v_scale, v_transposed=True)
-    assert rel_err(o_t, o) < GPU_TOL and not o_t.isnan().any()
 
 
 @pytest.mark.parametrize("dtype", FP8)

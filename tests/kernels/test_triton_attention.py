@@ -113,21 +113,6 @@ def test_decode_combines_64_dim_heads_in_several_chunks():
 
 
 @needs_interpreter
-@pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.usefixtures("poisoned_empty")
-def test_decode_with_v_transposed_pages(num_splits):
-    # The V_T experiment: pages of V as [kv head, dim, slot]. Whole tiles are read unmasked,
-    # the last partial one masked: the NaN slots past each context are never read.
-    c = make_paged_case([(1, 40), (1, 7), (1, 16), (1, 33)], 16, 4, 2, 16, seed=11)
-    ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables,
-                                 c.scale)
-    v_t = c.v_cache.permute(0, 2, 3, 1).contiguous()
-    o = decode_attention(c.q, c.k_cache, v_t, c.context_lens, c.block_tables, c.scale,
-                         num_splits=num_splits, v_transposed=True)
-    assert rel_err(o, ref) < TOL
-
-
-@needs_interpreter
 @pytest.mark.usefixtures("poisoned_empty")
 def test_decode_per_token_paging_and_workspace(monkeypatch):
     # BLOCK_N (32) larger than block_size (16): K/V tiles gather across pages token by token.

@@ -1,11 +1,9 @@
-"""A prefill over an fp8 cache attends to its own new K/V unquantized (torch path, CPU); the
-Triton backend with transposed V pages gives what the usual layout gives (interpreter)."""
+"""A prefill over an fp8 cache attends to its own new K/V unquantized (torch path, CPU)."""
 import torch
 
 from nanovllm.kernels.torch_ref import prefill_attention_torch, quantize
 from nanovllm.layers.attention_backend import TorchBackend, chunk_as_cache, exact_chunk
 from nanovllm.utils.context import Context
-from tests.support.markers import needs_interpreter
 from tests.support.paged import make_paged_case, naive_attention, rel_err
 
 
@@ -77,32 +75,3 @@ def test_hadamard_mix_keeps_dot_products_and_spreads_spiky_keys():
         return ((qq @ kq.T) - (qq @ kk.T)).abs().mean()
     # Rounding errors of the spread key average out in the dot products.
     assert fp8_dot_error(hadamard_mix(q), hadamard_mix(k)) < 0.5 * fp8_dot_error(q, k)
-
-
-@needs_interpreter
-def test_triton_backend_gives_transposed_v_pages_to_every_kernel():
-    # NANOVLLM_KV_V_T's backend: with v_transposed its store, prefill over cached tokens and
-    # decode take V's pages as [kv head, dim, slot] and give what the usual layout gives.
-    from nanovllm.layers.attention_backend import TritonBackend
-
-    plain, flipped = TritonBackend(), TritonBackend()
-    flipped.v_transposed = True
-    t = lambda cache: cache.permute(0, 2, 3, 1).contiguous()  # noqa: E731
-    c = fp8_case([(20, 20), (5, 37)], seed=2)
-    args = (c.ctx, c.scale, c.k_scale, c.v_scale)
-    o = plain.prefill(c.q, None, None, c.k_cache, c.v_cache, *args)
-    assert torch.allclose(flipped.prefill(c.q, None, None, c.k_cache, t(c.v_cache), *args), o)
-    d = fp8_case([(1, 40), (1, 7)], seed=3)
-    ctx = Context(context_lens=d.cu_seqlens_k.diff().int(), block_tables=d.block_tables)
-    o = plain.decode(d.q, d.k_cache, d.v_cache, ctx, d.scale, d.k_scale, d.v_scale)
-    assert torch.allclose(flipped.decode(d.q, d.k_cache, t(d.v_cache), ctx, d.scale, d.k_scale,
-                                         d.v_scale), o)
-    g = torch.Generator().manual_seed(4)
-    k, v = torch.randn(3, 2, 16, generator=g), torch.randn(3, 2, 16, generator=g)
-    store = Context(slot_mapping=torch.tensor([4, -1, 33], dtype=torch.int32))
-    kc, vc = d.k_cache.clone(), d.v_cache.clone()
-    plain.store_kv(k, v, kc, vc, store, d.k_scale, d.v_scale)
-    kt, vt = d.k_cache.clone(), t(d.v_cache)
-    flipped.store_kv(k, v, kt, vt, store, d.k_scale, d.v_scale)
-    bits = lambda x: x.view(torch.uint8)  # noqa: E731 (NaN != NaN: compare the bytes)
-    assert torch.equal(bits(kt), bits(kc)) and torch.equal(bits(vt), bits(t(vc)))
