@@ -11,7 +11,9 @@ all programs are resident at once, as the grid is sized to what the SMs hold sid
   A  h = x + residual, RMSNorm (each program on the whole row: a few KB), qkv rows
   B  per (kv head, key split): q/k norm and RoPE, the new K/V into the paged cache (by the
      split that holds the new key), attention over the split; the last split of a kv head
-     to finish combines the splits (decode_reduce.split_done, as the decode kernel does)
+     to finish combines the splits (decode_reduce.split_done, as the decode kernel does).
+     An fp8 cache (KV_FP8) gets the codes the fused RoPE store writes (layer_fp8.py: per-kv-
+     head scales, Hadamard-mixed q and K with MIX, K's error feedback with FEEDBACK)
   C  o_proj rows
   D  h2 = o + h, RMSNorm, gate and up rows side by side, SiLU-and-mul
   E  down rows -> the layer's output (h2 is the next residual)
@@ -33,6 +35,7 @@ from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.decode_reduce import split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
+from nanovllm.kernels.layer_fp8 import mix_rows, store_new_kv
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, h_chunk,
                                           matvec, rope_rows, row_sumsq, wait, weight_chunk)
 
@@ -54,11 +57,15 @@ def _epilogue(out, rows, mask, s_ptr, b_ptr, y_ptr, W_SCALE: tl.constexpr,
 
 
 @triton.jit
-def _at(base, off_ptr, layer, COL: tl.constexpr, NOFF: tl.constexpr):
-    """base moved to a layer's tensor: base + off[layer, COL] elements (the host checks that
-    each is a whole number of 16-byte steps, so the loads stay vectorized)."""
+def _at(base, off_ptr, layer, COL: tl.constexpr, NOFF: tl.constexpr,
+        ALIGNED: tl.constexpr = True):
+    """base moved to a layer's tensor: base + off[layer, COL] elements (ALIGNED: the host
+    checks that each is a whole number of 16-byte steps, so the loads stay vectorized)."""
     EB: tl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
-    return base + tl.multiple_of(tl.load(off_ptr + layer * NOFF + COL), 16 // EB)
+    off = tl.load(off_ptr + layer * NOFF + COL)
+    if ALIGNED:
+        off = tl.multiple_of(off, 16 // EB)
+    return base + off
 
 
 @triton.jit
@@ -66,7 +73,8 @@ def _layers_kernel(
     x_ptr, res_ptr, h_ptr, res_out_ptr, y_ptr,
     qkv_ptr, po_ptr, lse_ptr, o_ptr, ao_ptr, act_ptr,
     w_in_ptr, w_qkv_ptr, b_qkv_ptr, qn_ptr, kn_ptr, w_o_ptr, b_o_ptr, w_post_ptr, w_gu_ptr,
-    w_down_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_down_ptr, k_cache_ptr, v_cache_ptr, off_ptr,
+    w_down_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_down_ptr, k_cache_ptr, v_cache_ptr,
+    k_scale_ptr, v_scale_ptr, fb_ptr, off_ptr,
     first, count, cos_sin_ptr, pos_ptr, slot_ptr, ctx_ptr, bt_ptr,
     stride_kblk, stride_kslot, bar_ptr, cnt_ptr, eps, qk_scale,
     D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, I: tl.constexpr,
@@ -78,7 +86,9 @@ def _layers_kernel(
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr, PHASE: tl.constexpr, NOFF: tl.constexpr,
     WORK: tl.constexpr, W_SCALE: tl.constexpr, WIDEN: tl.constexpr,
-    GROUP: tl.constexpr,
+    GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
+    FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+    BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -108,6 +118,9 @@ def _layers_kernel(
         k_norm = _at(kn_ptr, off_ptr, layer, 4, NOFF)
         k_cache = _at(k_cache_ptr, off_ptr, layer, 14, NOFF)
         v_cache = _at(v_cache_ptr, off_ptr, layer, 15, NOFF)
+        k_scale = _at(k_scale_ptr, off_ptr, layer, 16, NOFF, False)
+        v_scale = _at(v_scale_ptr, off_ptr, layer, 17, NOFF, False)
+        k_fb = _at(fb_ptr, off_ptr, layer, 18, NOFF)
         w_o = _at(w_o_ptr, off_ptr, layer, 5, NOFF)
         b_o = _at(b_o_ptr, off_ptr, layer, 6, NOFF)
         s_o = _at(s_o_ptr, off_ptr, layer, 11, NOFF)
@@ -145,27 +158,47 @@ def _layers_kernel(
                 if start < end:
                     offs_d = tl.arange(0, HD)
                     if s == n_valid - 1:  # the split that holds the new key stores it first
-                        kv_head = tl.full([1], 0, tl.int32) + kvh
-                        k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos,
-                                      cos_sin_ptr, k_norm, eps, HD, QK_NORM, DTYPE)
-                        v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs_d,
-                                    cache_modifier=".cg")
                         slot = tl.load(slot_ptr).to(tl.int64)
-                        dst = slot * stride_kslot + kvh * HD + offs_d
-                        tl.store(k_cache + dst[None, :], k.to(DTYPE))
-                        tl.store(v_cache + dst, v)
+                        dst = slot * stride_kslot + kvh * HD
+                        if KV_FP8:
+                            store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps,
+                                         k_cache + dst, v_cache + dst, tl.load(k_scale + kvh),
+                                         tl.load(v_scale + kvh), k_fb, HQ, HKV, HD, QK_NORM,
+                                         DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_G, FMAX, MANT,
+                                         BIAS, SOFT, DOT_PREC)
+                        else:
+                            kv_head = tl.full([1], 0, tl.int32) + kvh
+                            k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos,
+                                          cos_sin_ptr, k_norm, eps, HD, QK_NORM, DTYPE)
+                            v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs_d,
+                                        cache_modifier=".cg")
+                            tl.store(k_cache + dst + offs_d[None, :], k.to(DTYPE))
+                            tl.store(v_cache + dst + offs_d, v)
                         tl.debug_barrier()
                     heads = kvh * G + tl.arange(0, G_PAD)
                     g_mask = tl.arange(0, G_PAD) < G
                     q = rope_rows(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps, HD,
-                                  QK_NORM, DTYPE).to(DTYPE)
+                                  QK_NORM, DTYPE)
+                    if MIX:
+                        q = mix_rows(q, DTYPE, LOG2_HALF, DOT_PREC)
+                    q = q.to(DTYPE)
+                    scale = qk_scale
+                    if KV_FP8:
+                        # As the decode kernel: K's scale joins the softmax's, V's scales the
+                        # output once, and a bf16 q meets the fp8 tiles in fp16 dots.
+                        scale = qk_scale * tl.load(k_scale + kvh)
+                        if FP16_QK:
+                            q = q.to(tl.float16)
                     acc, m_i, l_i = attend_tiles(
                         q, k_cache, v_cache, k_cache, k_cache, bt_ptr, kvh * HD,
-                        start, end, qk_scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
-                        BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC, False,
-                        False, DTYPE, False)
+                        start, end, scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
+                        BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC, KV_FP8,
+                        False, q.dtype, False)
+                    part = acc / l_i[:, None]
+                    if KV_FP8:
+                        part = part * tl.load(v_scale + kvh)
                     po = po_ptr + heads[:, None] * (SPLITS * HD) + s * HD + offs_d[None, :]
-                    tl.store(po, acc / l_i[:, None], mask=g_mask[:, None])
+                    tl.store(po, part, mask=g_mask[:, None])
                     tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
                     split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
                                SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK,

@@ -4,7 +4,7 @@ fit, the layers' tensors as a table of offsets (stack_layers), and the launch it
 import torch
 import triton
 
-from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precision
+from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precision, fp8_meta
 from nanovllm.kernels.decode_reduce import reduce_tile
 from nanovllm.kernels.layer_kernel import ALL_PHASES, BLOCK_N, NUM_PHASES, _layers_kernel
 from nanovllm.kernels.triton_decode import _num_sms, _split_counters
@@ -90,10 +90,17 @@ def _block_k(rows_pad: int, k: int) -> int:
 
 
 # The per-layer tensors of the kernel, in the order of its offsets table's columns (_at).
+# An fp8 cache adds its per-kv-head scales (k_scale, v_scale: fp32 [Hkv]) and K's error
+# feedback matrix (k_fb: fp32 [Hkv, D, G], or None).
 COLUMNS = ("w_in", "w_qkv", "b_qkv", "q_norm", "k_norm", "w_o", "b_o", "w_post", "w_gu",
-           "w_down", "s_qkv", "s_o", "s_gu", "s_down", "k_cache", "v_cache")
+           "w_down", "s_qkv", "s_o", "s_gu", "s_down", "k_cache", "v_cache", "k_scale",
+           "v_scale", "k_fb")
 _STAND_IN = {"b_qkv": "w_qkv", "q_norm": "w_in", "k_norm": "w_in", "b_o": "w_o",
-             "s_qkv": "w_qkv", "s_o": "w_qkv", "s_gu": "w_qkv", "s_down": "w_qkv"}
+             "s_qkv": "w_qkv", "s_o": "w_qkv", "s_gu": "w_qkv", "s_down": "w_qkv",
+             "k_scale": "w_in", "v_scale": "w_in", "k_fb": "w_in"}
+# Columns read one scalar at a time: any element step will do (the cache's scales are rows
+# of one [2, layers, Hkv] tensor, 12 bytes apart for SmolLM2's 3 kv heads).
+_UNALIGNED = ("k_scale", "v_scale")
 
 
 def stack_layers(layers: list[dict]) -> dict | None:
@@ -118,7 +125,7 @@ def stack_layers(layers: list[dict]) -> dict | None:
             b = base[c]
             assert (t.shape, t.stride(), t.dtype) == (b.shape, b.stride(), b.dtype), c
             delta = t.data_ptr() - b.data_ptr()
-            if delta % 16:
+            if delta % (t.element_size() if c in _UNALIGNED else 16):
                 return None
             row.append(delta // t.element_size())
         offsets.append(row)
@@ -128,14 +135,16 @@ def stack_layers(layers: list[dict]) -> dict | None:
 
 def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, head_dim, scale,
                   cos_sin, positions, slot_mapping, context_lens, block_tables,
-                  programs: int | None = None, phased: bool | None = None,
+                  mix: bool = False, programs: int | None = None, phased: bool | None = None,
                   phases: tuple[int, ...] = tuple(range(NUM_PHASES))):
     """Consecutive decoder layers (stack_layers) for one token, in one launch: x, residual
     [1, D] (residual None before the first layer) -> (the last layer's mlp output, its new
     residual), as DecoderLayer.forward chains them, with this token's K/V stored in each
     layer's k_cache / v_cache [blocks, block_size, Hkv, D] at slot_mapping[0]. w_gu is the
     packed [2I, D] gate_up weight; fp8 e4m3 weights come with fp32 row scales s_*; cos_sin
-    is the RoPE table [max_pos, head_dim] (fp32, cos half then sin half). phased: a launch
+    is the RoPE table [max_pos, head_dim] (fp32, cos half then sin half). An fp8 cache needs
+    the stack's k_scale / v_scale (k_fb: K rounded with error feedback); mix: q and K
+    Hadamard-mixed after RoPE, as the backend's mix_kv (needs a head_dim >= 32). phased: a launch
     per layer and phase (default: interpreter), of `phases` only (timing one phase:
     tools/bench_layer_kernel.py)."""
     device, dtype = x.device, x.dtype
@@ -167,8 +176,10 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     if residual is None:  # before the first layer: h = x + 0 (exact)
         residual = _zeros(device, d, dtype)
     present = stack["present"]
-    head = (qkv, po, lse, o, ao, act, *(stack[c] for c in COLUMNS[:14]), k_cache, v_cache,
-            stack["offsets"])
+    kv = fp8_meta(k_cache.dtype)
+    assert not kv["KV_INT8"] and (present["k_scale"] or not kv["KV_FP8"])
+    assert not mix or hd >= 32
+    head = (qkv, po, lse, o, ao, act, *(stack[c] for c in COLUMNS), stack["offsets"])
     tail = (cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache.stride(0),
             k_cache.stride(1), _barrier(device), _split_counters(device, hkv), eps,
             scale * LOG2E)
@@ -182,6 +193,10 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         RED_CHUNK=red_chunk, BLOCK_SIZE=k_cache.shape[1], BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(dtype), NOFF=len(COLUMNS), W_SCALE=present["s_qkv"],
         WIDEN=bits_to_bf16(w_qkv.dtype, dtype), GROUP=CONFIG["GROUP"], WORK=CONFIG["WORK"],
+        KV_FP8=kv["KV_FP8"], MIX=mix, LOG2_HALF=(hd // 2).bit_length() - 1,
+        FEEDBACK=present["k_fb"], FB_G=stack["k_fb"].shape[-1] if present["k_fb"] else 1,
+        FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],
+        FP16_QK=kv["KV_FP8"] and dtype == torch.bfloat16,
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

@@ -42,7 +42,7 @@ def _norm_rotate(x1, x2, w_ptr, cos, sin, offs, eps,
 
 
 @triton.jit
-def _mix(x1, x2, OUT_DTYPE: tl.constexpr, HALF: tl.constexpr, LOG2_HALF: tl.constexpr,
+def mix_halves(x1, x2, OUT_DTYPE: tl.constexpr, HALF: tl.constexpr, LOG2_HALF: tl.constexpr,
          DOT_PREC: tl.constexpr):
     """[x1 x2] (fp32 halves, rows padded to >= 16 for the dots) times the orthonormal
     Hadamard matrix of size 2 * HALF, after rounding to OUT_DTYPE as the torch path does.
@@ -98,7 +98,7 @@ def _norm_rope_store_kernel(
                               tl.load(src + HALF, mask=mq).to(tl.float32),
                               qw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
         if MIX:
-            o1, o2 = _mix(o1, o2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
+            o1, o2 = mix_halves(o1, o2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
         q_dst = q_out_ptr + t * (HQ * 2 * HALF) + hq * (2 * HALF) + offs[None, :]
         tl.store(q_dst, o1.to(out_dtype), mask=mq)
         tl.store(q_dst + HALF, o2.to(out_dtype), mask=mq)
@@ -111,7 +111,7 @@ def _norm_rope_store_kernel(
                               tl.load(k_src + HALF, mask=mk).to(tl.float32),
                               kw_ptr, cos, sin, offs, eps, HALF, HAS_NORM, out_dtype)
         if MIX:
-            k1, k2 = _mix(k1, k2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
+            k1, k2 = mix_halves(k1, k2, out_dtype, HALF, LOG2_HALF, DOT_PREC)
         k1, k2 = k1.to(out_dtype), k2.to(out_dtype)
         k_row = k_out_ptr + t * (HKV * 2 * HALF)
         if WRITE_K:  # (also what feedback_chains reads: see CHAINS)

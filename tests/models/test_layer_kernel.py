@@ -84,6 +84,18 @@ def test_qwen2_and_llama_layers_in_one_launch(arch_models, monkeypatch, counted,
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mix,feedback", [("1", "1"), ("0", "0")])
+def test_fp8_cache_in_one_launch(toy_models, monkeypatch, counted, mix, feedback):
+    """An fp8 KV cache: the new K and V rounded as the fused RoPE store rounds them (with
+    Hadamard mixing and K's error feedback, the defaults, or neither), attention over the fp8
+    tiles with the scales applied as the decode kernel applies them."""
+    monkeypatch.setenv("NANOVLLM_KV_MIX", mix)
+    monkeypatch.setenv("NANOVLLM_KV_FEEDBACK", feedback)
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        kv_cache_dtype="fp8_e4m3", **CPU) for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
+
+
 def test_layers_it_cannot_run_keep_their_path(arch_models, monkeypatch):
     """An MLP with bias (Llama's mlp_bias) is not one the kernel computes."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1")
@@ -108,9 +120,25 @@ def test_stack_refuses_tensors_off_a_16_byte_step():
 
     buf = torch.zeros(256, dtype=torch.bfloat16)
     stack = layer_launch.stack_layers([layer(buf, 0), layer(buf, 64)])
-    assert stack["offsets"].tolist() == [[0] * 16, [64 if c else 0 for c in (
-        1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1)]]
+    assert stack["offsets"].tolist() == [[0] * 19, [64 if c else 0 for c in (
+        1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0)]]
     assert layer_launch.stack_layers([layer(buf, 0), layer(buf, 65)]) is None
+
+
+def test_stack_takes_fp8_scales_at_any_element_step():
+    """An fp8 cache's scales are read a scalar at a time: each layer's row of the [2, layers,
+    Hkv] scales may lie 12 bytes on (3 kv heads), which weights may not."""
+    buf = torch.zeros(256, dtype=torch.bfloat16)
+    scales = torch.ones(2, 2, 3)
+    layers = []
+    for i in range(2):
+        t = {c: None for c in layer_launch.COLUMNS}
+        for c in ("w_in", "w_qkv", "w_o", "w_post", "w_gu", "w_down", "k_cache", "v_cache"):
+            t[c] = buf[64 * i:64 * i + 64]
+        t["k_scale"], t["v_scale"] = scales[0, i], scales[1, i]
+        layers.append(t)
+    stack = layer_launch.stack_layers(layers)
+    assert stack["offsets"][1, -3:].tolist() == [3, 3, 0]
 
 
 def test_bad_flag_is_a_value_error(monkeypatch):
@@ -125,14 +153,17 @@ GPU = dict(kvcache_block_size=16, max_model_len=512, enforce_eager=True, dtype="
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,quantization", [("untied_gqa4_d64", None),
-                                               ("tied_gqa4_d16_l4", None),
-                                               ("untied_gqa4_d64", "fp8")])
-def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name, quantization):
+@pytest.mark.parametrize("name,quantization,kv", [("untied_gqa4_d64", None, "auto"),
+                                                  ("tied_gqa4_d16_l4", None, "auto"),
+                                                  ("untied_gqa4_d64", "fp8", "auto"),
+                                                  ("untied_gqa4_d64", None, "fp8_e4m3"),
+                                                  ("tied_gqa4_d16_l4", None, "fp8_e4m3")])
+def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name, quantization,
+                                         kv):
     """On the device, one persistent launch with grid barriers, bf16 (fp8 weights widened
-    with integer ops)."""
+    with integer ops; an fp8 cache with its mixing and K feedback, or at head_dim 16 none)."""
     runs = {on: _logits(toy_models[name], on, monkeypatch, counted, quantization=quantization,
-                        **GPU) for on in (False, True)}
+                        kv_cache_dtype=kv, **GPU) for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
 
 

@@ -1,0 +1,74 @@
+"""The layer kernel's fp8 KV cache (kernels/layer_kernel.py, phase B): this token's K and V
+rounded into the cache as the fused RoPE store rounds them (triton_rope: Hadamard mixing,
+K's error feedback, per-kv-head scales), and the mixing of the queries. Same steps, same
+roundings, so both paths store the same codes up to the rare tie that a different summation
+order in the qkv rows tips."""
+import triton
+import triton.language as tl
+
+from nanovllm.kernels._common import quantize_fp8
+from nanovllm.kernels.layer_parts import rope_rows
+from nanovllm.kernels.triton_feedback import feedback_round, top_rows
+from nanovllm.kernels.triton_rope import mix_halves
+
+
+@triton.jit
+def split_halves(x):
+    """[R, HD] -> its first and second halves, [R, HD / 2] each."""
+    R: tl.constexpr = x.shape[0]
+    HALF: tl.constexpr = x.shape[1] // 2
+    return tl.split(tl.permute(tl.reshape(x, [R, 2, HALF]), (0, 2, 1)))
+
+
+@triton.jit
+def mix_rows(x, DTYPE: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Rows x [R >= 16, HD] (fp32) times the orthonormal Hadamard matrix, rounded to DTYPE
+    first as the torch path does (triton_rope.mix_halves); fp32 out. HD = 2 ** (LOG2_HALF + 1)."""
+    R: tl.constexpr = x.shape[0]
+    HD: tl.constexpr = x.shape[1]
+    HALF: tl.constexpr = HD // 2
+    x1, x2 = split_halves(x)
+    y1, y2 = mix_halves(x1, x2, DTYPE, HALF, LOG2_HALF, DOT_PREC)
+    return tl.reshape(tl.permute(tl.join(y1, y2), (0, 2, 1)), [R, HD])
+
+
+@triton.jit
+def store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs, fb_ptr,
+                 HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, QK_NORM: tl.constexpr,
+                 DTYPE: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
+                 FEEDBACK: tl.constexpr,
+                 FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+                 BIAS: tl.constexpr, SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """kv head kvh's new K (normed, rotated, mixed) and V from the qkv row, as fp8 codes of
+    k / ks (K's groups of FB_G channels rounded with error feedback through fb_ptr [Hkv, HD,
+    FB_G] when FEEDBACK) and v / vs, stored at k_dst / v_dst (this slot and head's row)."""
+    HALF: tl.constexpr = HD // 2
+    R: tl.constexpr = 16 if MIX else 1  # the mixing's dots take 16 rows at least
+    rows = tl.arange(0, R)
+    k = rope_rows(qkv_ptr + HQ * HD, rows * 0 + kvh, rows < 1, pos, cos_sin_ptr, k_norm, eps,
+                  HD, QK_NORM, DTYPE)
+    if MIX:
+        k = mix_rows(k, DTYPE, LOG2_HALF, DOT_PREC)
+    # The torch path holds the rotated key in the model dtype before it is quantized.
+    k1, k2 = split_halves(k.to(DTYPE).to(tl.float32))
+    k1, k2 = top_rows(k1, 1), top_rows(k2, 1)
+    cache_ty: tl.constexpr = k_dst.dtype.element_ty
+    if FEEDBACK:
+        hk = tl.full([1, 1], 0, tl.int32) + kvh
+        y1, y2 = feedback_round(tl.div_rn(k1, ks), tl.div_rn(k2, ks), fb_ptr, hk, hk < HKV,
+                                FB_G, min(FB_G, 4), FMAX, MANT, BIAS)
+        c1 = quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT)
+        c2 = quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT)
+    else:
+        c1 = quantize_fp8(k1, ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+        c2 = quantize_fp8(k2, ks, cache_ty, FMAX, MANT, BIAS, SOFT)
+    v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + tl.arange(0, HD),
+                cache_modifier=".cg").to(tl.float32)
+    c3 = quantize_fp8(v, vs, cache_ty, FMAX, MANT, BIAS, SOFT)
+    if SOFT:  # the interpreter's codes are bit patterns (quantize_fp8)
+        k_dst = k_dst.to(tl.pointer_type(tl.uint8))
+        v_dst = v_dst.to(tl.pointer_type(tl.uint8))
+    offs = tl.arange(0, HALF)[None, :]
+    tl.store(k_dst + offs, c1)
+    tl.store(k_dst + HALF + offs, c2)
+    tl.store(v_dst + tl.arange(0, HD), c3)
