@@ -36,6 +36,7 @@ from nanovllm.kernels.decode_reduce import split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
 from nanovllm.kernels.layer_fp8 import mix_rows, store_new_kv
+from nanovllm.kernels.triton_feedback import prefetch_rows
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, h_chunk,
                                           matvec, rope_rows, row_sumsq, wait, weight_chunk)
 
@@ -88,7 +89,7 @@ def _layers_kernel(
     WORK: tl.constexpr, W_SCALE: tl.constexpr, WIDEN: tl.constexpr,
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
-    BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr,
+    BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -121,6 +122,13 @@ def _layers_kernel(
         k_scale = _at(k_scale_ptr, off_ptr, layer, 16, NOFF, False)
         v_scale = _at(v_scale_ptr, off_ptr, layer, 17, NOFF, False)
         k_fb = _at(fb_ptr, off_ptr, layer, 18, NOFF)
+        if FEEDBACK and FB_PREFETCH:
+            # The program that will store kv head h's new key (phase B's item (h, last
+            # split)) asks for h's feedback rows now: the layers' weights stream through L2
+            # between steps, and each of the rounding chain's steps waits on its rows.
+            h = ((pid - (n_valid - 1) * HKV) % nprog + nprog) % nprog
+            if h < HKV:
+                prefetch_rows(k_fb + h * (HD * FB_G), HD * FB_G, HD * FB_G)
         w_o = _at(w_o_ptr, off_ptr, layer, 5, NOFF)
         b_o = _at(b_o_ptr, off_ptr, layer, 6, NOFF)
         s_o = _at(s_o_ptr, off_ptr, layer, 11, NOFF)

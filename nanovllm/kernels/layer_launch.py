@@ -27,7 +27,11 @@ from nanovllm.kernels.triton_decode import _num_sms, _split_counters
 # products (36.8; Qwen3-8B shape 224 us a layer), C-E's weights asked into L2
 # (prefetch.global.L2) at the A->B barrier or by the programs idle in B (SmolLM2 16.70 /
 # 17.00 vs 16.96, Qwen3-0.6B 26.9 / 28.2 vs 25.8: the matrix phases wait on latency, not HBM).
-CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True)
+# FB_PREFETCH (an fp8 cache with K's error feedback): the program that will store a kv
+# head's new key asks for its feedback rows into L2 as the layer starts, as the fused RoPE
+# store does (triton_rope.FEEDBACK_PREFETCH); not yet measured here.
+CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True,
+              FB_PREFETCH=True)
 
 
 _BARRIERS: dict = {}
@@ -197,6 +201,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FEEDBACK=present["k_fb"], FB_G=stack["k_fb"].shape[-1] if present["k_fb"] else 1,
         FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],
         FP16_QK=kv["KV_FP8"] and dtype == torch.bfloat16,
+        FB_PREFETCH=present["k_fb"] and CONFIG["FB_PREFETCH"] and not INTERPRET,
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:
