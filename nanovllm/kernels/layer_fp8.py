@@ -1,8 +1,8 @@
-"""The layer kernel's fp8 KV cache (kernels/layer_kernel.py, phase B): this token's K and V
-rounded into the cache as the fused RoPE store rounds them (triton_rope: Hadamard mixing,
-K's error feedback, per-kv-head scales), and the mixing of the queries. Same steps, same
-roundings, so both paths store the same codes up to the rare tie that a different summation
-order in the qkv rows tips."""
+"""Phase B's parts of the layer kernel (kernels/layer_kernel.py): this token's K and V into
+the cache and a kv head's query rows. An fp8 cache gets them as the fused RoPE store makes
+them (triton_rope: Hadamard mixing, K's error feedback, per-kv-head scales) and the queries
+as the decode kernel takes them. Same steps, same roundings, so both paths store the same
+codes up to the rare tie that a different summation order in the qkv rows tips."""
 import triton
 import triton.language as tl
 
@@ -33,7 +33,7 @@ def mix_rows(x, DTYPE: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.const
 
 
 @triton.jit
-def store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs, fb_ptr,
+def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs, fb_ptr,
                  HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, QK_NORM: tl.constexpr,
                  DTYPE: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
                  FEEDBACK: tl.constexpr,
@@ -72,3 +72,47 @@ def store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, 
     tl.store(k_dst + offs, c1)
     tl.store(k_dst + HALF + offs, c2)
     tl.store(v_dst + tl.arange(0, HD), c3)
+
+
+@triton.jit
+def store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, k_scale, v_scale,
+                 fb_ptr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                 QK_NORM: tl.constexpr, DTYPE: tl.constexpr, KV_FP8: tl.constexpr,
+                 MIX: tl.constexpr, LOG2_HALF: tl.constexpr, FEEDBACK: tl.constexpr,
+                 FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+                 BIAS: tl.constexpr, SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """kv head kvh's new K (normed, rotated) and V from the qkv row, stored at k_dst / v_dst
+    (this slot and head's row): in the model dtype, or with KV_FP8 as _store_fp8's codes
+    (k_scale / v_scale: the layer's per-kv-head scales)."""
+    if KV_FP8:
+        _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst,
+                   tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr, HQ, HKV, HD,
+                   QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_G, FMAX, MANT, BIAS, SOFT,
+                   DOT_PREC)
+    else:
+        kv_head = tl.full([1], 0, tl.int32) + kvh
+        k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos, cos_sin_ptr, k_norm,
+                      eps, HD, QK_NORM, DTYPE)
+        offs = tl.arange(0, HD)
+        v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs, cache_modifier=".cg")
+        tl.store(k_dst + offs[None, :], k.to(DTYPE))
+        tl.store(v_dst + offs, v)
+
+
+@triton.jit
+def queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps, qk_scale, k_scale,
+            kvh, HD: tl.constexpr, QK_NORM: tl.constexpr, DTYPE: tl.constexpr,
+            KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
+            FP16_QK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """A kv head's query rows (heads, masked by g_mask) normed, rotated and mixed (MIX), in
+    the dtype of the attention's dots, and the scores' scale: as the decode kernel, an fp8
+    cache's K scale joins the softmax scale, and a bf16 q meets its tiles in fp16 dots."""
+    q = rope_rows(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps, HD, QK_NORM, DTYPE)
+    if MIX:
+        q = mix_rows(q, DTYPE, LOG2_HALF, DOT_PREC)
+    q = q.to(DTYPE)
+    if KV_FP8:
+        qk_scale = qk_scale * tl.load(k_scale + kvh)
+        if FP16_QK:
+            q = q.to(tl.float16)
+    return q, qk_scale

@@ -35,38 +35,16 @@ from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.decode_reduce import split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
-from nanovllm.kernels.layer_fp8 import mix_rows, store_new_kv
+from nanovllm.kernels.layer_fp8 import queries, store_new_kv
+from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
+                                          h_chunk, layer_at, matvec, row_sumsq, wait,
+                                          weight_chunk)
 from nanovllm.kernels.triton_feedback import prefetch_rows
-from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, h_chunk,
-                                          matvec, rope_rows, row_sumsq, wait, weight_chunk)
 
 ALL_PHASES = -1
 NUM_PHASES = 5
 # Keys per attention tile (the decode kernel's).
 BLOCK_N = 16 if INTERPRET else 64
-
-
-@triton.jit
-def _epilogue(out, rows, mask, s_ptr, b_ptr, y_ptr, W_SCALE: tl.constexpr,
-              HAS_BIAS: tl.constexpr):
-    """y[rows] = out (times fp8 row scales) (+ bias), rounded once to y's dtype."""
-    if W_SCALE:
-        out *= tl.load(s_ptr + rows, mask=mask, other=0.0)
-    if HAS_BIAS:
-        out += tl.load(b_ptr + rows, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _at(base, off_ptr, layer, COL: tl.constexpr, NOFF: tl.constexpr,
-        ALIGNED: tl.constexpr = True):
-    """base moved to a layer's tensor: base + off[layer, COL] elements (ALIGNED: the host
-    checks that each is a whole number of 16-byte steps, so the loads stay vectorized)."""
-    EB: tl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
-    off = tl.load(off_ptr + layer * NOFF + COL)
-    if ALIGNED:
-        off = tl.multiple_of(off, 16 // EB)
-    return base + off
 
 
 @triton.jit
@@ -106,22 +84,22 @@ def _layers_kernel(
     # and its norm weight, requested now. Later layers' come during the barrier before them.
     rows_a = pid * R_QKV + tl.arange(0, RP_QKV)
     mask_a = (rows_a < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
-    w_in = _at(w_in_ptr, off_ptr, first, 0, NOFF)
-    w_qkv = _at(w_qkv_ptr, off_ptr, first, 1, NOFF)
+    w_in = layer_at(w_in_ptr, off_ptr, first, 0, NOFF)
+    w_qkv = layer_at(w_qkv_ptr, off_ptr, first, 1, NOFF)
     w0_a = weight_chunk(w_qkv, D, rows_a, mask_a, 0, D, BK_D)
     last = first + count - 1
     for layer in range(first, first + count):
         bar0 = 5 * (layer - first) * nprog  # the counter's value as this layer begins
         # The layer's other tensors: their offsets load while phase A runs.
-        b_qkv = _at(b_qkv_ptr, off_ptr, layer, 2, NOFF)
-        s_qkv = _at(s_qkv_ptr, off_ptr, layer, 10, NOFF)
-        q_norm = _at(qn_ptr, off_ptr, layer, 3, NOFF)
-        k_norm = _at(kn_ptr, off_ptr, layer, 4, NOFF)
-        k_cache = _at(k_cache_ptr, off_ptr, layer, 14, NOFF)
-        v_cache = _at(v_cache_ptr, off_ptr, layer, 15, NOFF)
-        k_scale = _at(k_scale_ptr, off_ptr, layer, 16, NOFF, False)
-        v_scale = _at(v_scale_ptr, off_ptr, layer, 17, NOFF, False)
-        k_fb = _at(fb_ptr, off_ptr, layer, 18, NOFF)
+        b_qkv = layer_at(b_qkv_ptr, off_ptr, layer, 2, NOFF)
+        s_qkv = layer_at(s_qkv_ptr, off_ptr, layer, 10, NOFF)
+        q_norm = layer_at(qn_ptr, off_ptr, layer, 3, NOFF)
+        k_norm = layer_at(kn_ptr, off_ptr, layer, 4, NOFF)
+        k_cache = layer_at(k_cache_ptr, off_ptr, layer, 14, NOFF)
+        v_cache = layer_at(v_cache_ptr, off_ptr, layer, 15, NOFF)
+        k_scale = layer_at(k_scale_ptr, off_ptr, layer, 16, NOFF, False)
+        v_scale = layer_at(v_scale_ptr, off_ptr, layer, 17, NOFF, False)
+        k_fb = layer_at(fb_ptr, off_ptr, layer, 18, NOFF)
         if FEEDBACK and FB_PREFETCH:
             # The program that will store kv head h's new key (phase B's item (h, last
             # split)) asks for h's feedback rows now: the layers' weights stream through L2
@@ -129,14 +107,14 @@ def _layers_kernel(
             h = ((pid - (n_valid - 1) * HKV) % nprog + nprog) % nprog
             if h < HKV:
                 prefetch_rows(k_fb + h * (HD * FB_G), HD * FB_G, HD * FB_G)
-        w_o = _at(w_o_ptr, off_ptr, layer, 5, NOFF)
-        b_o = _at(b_o_ptr, off_ptr, layer, 6, NOFF)
-        s_o = _at(s_o_ptr, off_ptr, layer, 11, NOFF)
-        w_post = _at(w_post_ptr, off_ptr, layer, 7, NOFF)
-        w_gu = _at(w_gu_ptr, off_ptr, layer, 8, NOFF)
-        s_gu = _at(s_gu_ptr, off_ptr, layer, 12, NOFF)
-        w_down = _at(w_down_ptr, off_ptr, layer, 9, NOFF)
-        s_down = _at(s_down_ptr, off_ptr, layer, 13, NOFF)
+        w_o = layer_at(w_o_ptr, off_ptr, layer, 5, NOFF)
+        b_o = layer_at(b_o_ptr, off_ptr, layer, 6, NOFF)
+        s_o = layer_at(s_o_ptr, off_ptr, layer, 11, NOFF)
+        w_post = layer_at(w_post_ptr, off_ptr, layer, 7, NOFF)
+        w_gu = layer_at(w_gu_ptr, off_ptr, layer, 8, NOFF)
+        s_gu = layer_at(s_gu_ptr, off_ptr, layer, 12, NOFF)
+        w_down = layer_at(w_down_ptr, off_ptr, layer, 9, NOFF)
+        s_down = layer_at(s_down_ptr, off_ptr, layer, 13, NOFF)
         # The first layer reads the launch's input; later ones the previous layer's output.
         x_in = tl.where(layer == first, x_ptr, y_ptr)
         r_in = tl.where(layer == first, res_ptr, res_out_ptr)
@@ -151,7 +129,7 @@ def _layers_kernel(
                              mask=offs < D)
             out = matvec(w0_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_D,
                          RP_QKV, True, True, DTYPE, WIDEN, GROUP)
-            _epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
+            epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
         if PERSIST:
             seen = arrive(bar_ptr)
             wait(bar_ptr, bar0 + nprog, seen)
@@ -166,44 +144,24 @@ def _layers_kernel(
                 if start < end:
                     offs_d = tl.arange(0, HD)
                     if s == n_valid - 1:  # the split that holds the new key stores it first
-                        slot = tl.load(slot_ptr).to(tl.int64)
-                        dst = slot * stride_kslot + kvh * HD
-                        if KV_FP8:
-                            store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps,
-                                         k_cache + dst, v_cache + dst, tl.load(k_scale + kvh),
-                                         tl.load(v_scale + kvh), k_fb, HQ, HKV, HD, QK_NORM,
-                                         DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_G, FMAX, MANT,
-                                         BIAS, SOFT, DOT_PREC)
-                        else:
-                            kv_head = tl.full([1], 0, tl.int32) + kvh
-                            k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos,
-                                          cos_sin_ptr, k_norm, eps, HD, QK_NORM, DTYPE)
-                            v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs_d,
-                                        cache_modifier=".cg")
-                            tl.store(k_cache + dst + offs_d[None, :], k.to(DTYPE))
-                            tl.store(v_cache + dst + offs_d, v)
+                        dst = tl.load(slot_ptr).to(tl.int64) * stride_kslot + kvh * HD
+                        store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
+                                     v_cache + dst, k_scale, v_scale, k_fb, HQ, HKV, HD,
+                                     QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK, FB_G,
+                                     FMAX, MANT, BIAS, SOFT, DOT_PREC)
                         tl.debug_barrier()
                     heads = kvh * G + tl.arange(0, G_PAD)
                     g_mask = tl.arange(0, G_PAD) < G
-                    q = rope_rows(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps, HD,
-                                  QK_NORM, DTYPE)
-                    if MIX:
-                        q = mix_rows(q, DTYPE, LOG2_HALF, DOT_PREC)
-                    q = q.to(DTYPE)
-                    scale = qk_scale
-                    if KV_FP8:
-                        # As the decode kernel: K's scale joins the softmax's, V's scales the
-                        # output once, and a bf16 q meets the fp8 tiles in fp16 dots.
-                        scale = qk_scale * tl.load(k_scale + kvh)
-                        if FP16_QK:
-                            q = q.to(tl.float16)
+                    q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
+                                       qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8, MIX,
+                                       LOG2_HALF, FP16_QK, DOT_PREC)
                     acc, m_i, l_i = attend_tiles(
                         q, k_cache, v_cache, k_cache, k_cache, bt_ptr, kvh * HD,
                         start, end, scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
                         BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC, KV_FP8,
                         False, q.dtype, False)
                     part = acc / l_i[:, None]
-                    if KV_FP8:
+                    if KV_FP8:  # V's scale, once on the output
                         part = part * tl.load(v_scale + kvh)
                     po = po_ptr + heads[:, None] * (SPLITS * HD) + s * HD + offs_d[None, :]
                     tl.store(po, part, mask=g_mask[:, None])
@@ -222,7 +180,7 @@ def _layers_kernel(
                                       HQ * HD, BK_Q, PERSIST)
             out = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
                          BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
-            _epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
+            epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
         elif PERSIST:
             barrier(bar_ptr, bar0 + 2 * nprog)
 
@@ -261,15 +219,15 @@ def _layers_kernel(
                                       BK_I, PERSIST)
             out = matvec(w0, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
                          RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
-            _epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
+            epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
         elif PERSIST:
             barrier(bar_ptr, bar0 + 4 * nprog)
 
         # The next layer's norm weight and first qkv chunk, requested while this layer's last
         # programs finish (a launch of a phase runs one layer: nothing comes next).
         nxt = tl.minimum(layer + 1, last)
-        w_in = _at(w_in_ptr, off_ptr, nxt, 0, NOFF)
-        w_qkv = _at(w_qkv_ptr, off_ptr, nxt, 1, NOFF)
+        w_in = layer_at(w_in_ptr, off_ptr, nxt, 0, NOFF)
+        w_qkv = layer_at(w_qkv_ptr, off_ptr, nxt, 1, NOFF)
         # (Masked off past the last layer rather than skipped: a chunk kept from before
         # would stay live, in registers, through the whole layer.)
         if PERSIST and layer < last:

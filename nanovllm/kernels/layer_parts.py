@@ -1,7 +1,7 @@
 """The layer kernel's parts (kernels/layer_kernel.py): the grid barrier (arrive, then wait),
-the residual add + RMSNorm on chunks of a row, the matvec over weight chunks, and per-head
-q/k RMSNorm + RoPE rows. Each rounds where the launch-per-op
-path rounds."""
+the residual add + RMSNorm on chunks of a row, the matvec over weight chunks and its
+epilogue, per-head q/k RMSNorm + RoPE rows, and a layer's tensor found through the offsets
+table. Each rounds where the launch-per-op path rounds."""
 import triton
 import triton.language as tl
 
@@ -151,3 +151,26 @@ def rope_rows(src_ptr, heads, head_mask, pos, cos_sin_ptr, w_ptr, eps, HD: tl.co
     # rotate_half: the first half takes -partner, the second +partner.
     sign = tl.where(offs < HALF, -1.0, 1.0)[None, :]
     return x * cos + sign * y * sin
+
+
+@triton.jit
+def epilogue(out, rows, mask, s_ptr, b_ptr, y_ptr, W_SCALE: tl.constexpr,
+              HAS_BIAS: tl.constexpr):
+    """y[rows] = out (times fp8 row scales) (+ bias), rounded once to y's dtype."""
+    if W_SCALE:
+        out *= tl.load(s_ptr + rows, mask=mask, other=0.0)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layer_at(base, off_ptr, layer, COL: tl.constexpr, NOFF: tl.constexpr,
+        ALIGNED: tl.constexpr = True):
+    """base moved to a layer's tensor: base + off[layer, COL] elements (ALIGNED: the host
+    checks that each is a whole number of 16-byte steps, so the loads stay vectorized)."""
+    EB: tl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
+    off = tl.load(off_ptr + layer * NOFF + COL)
+    if ALIGNED:
+        off = tl.multiple_of(off, 16 // EB)
+    return base + off
