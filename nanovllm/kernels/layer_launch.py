@@ -93,7 +93,8 @@ def _block_k(rows_pad: int, k: int) -> int:
     return max(16, min(triton.next_power_of_2(k), CONFIG["CHUNK"] // rows_pad))
 
 
-# The per-layer tensors of the kernel, in the order of its offsets table's columns (_at).
+# The per-layer tensors of the kernel, in the order of its offsets table's columns
+# (layer_parts.layer_at).
 # An fp8 cache adds its per-kv-head scales (k_scale, v_scale: fp32 [Hkv]) and K's error
 # feedback matrix (k_fb: fp32 [Hkv, D, G], or None).
 COLUMNS = ("w_in", "w_qkv", "b_qkv", "q_norm", "k_norm", "w_o", "b_o", "w_post", "w_gu",
@@ -148,8 +149,8 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     packed [2I, D] gate_up weight; fp8 e4m3 weights come with fp32 row scales s_*; cos_sin
     is the RoPE table [max_pos, head_dim] (fp32, cos half then sin half). An fp8 cache needs
     the stack's k_scale / v_scale (k_fb: K rounded with error feedback); mix: q and K
-    Hadamard-mixed after RoPE, as the backend's mix_kv (needs a head_dim >= 32). phased: a launch
-    per layer and phase (default: interpreter), of `phases` only (timing one phase:
+    Hadamard-mixed after RoPE, as the backend's mix_kv (needs a head_dim >= 32). phased: a
+    launch per layer and phase (default: interpreter), of `phases` only (timing one phase:
     tools/bench_layer_kernel.py)."""
     device, dtype = x.device, x.dtype
     w_qkv, k_cache, v_cache = stack["w_qkv"], stack["k_cache"], stack["v_cache"]
