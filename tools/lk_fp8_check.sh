@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (at most 9.5 min, ~7 typical): the layer kernel over an fp8 KV cache (NANOVLLM_LAYER_KERNEL=1).
+# One device call (at most 9.5 min, ~7 typical): the layer kernel over an fp8 KV cache
+# (NANOVLLM_LAYER_KERNEL=1).
 # Its GPU tests against the launch-per-op path, then batch-1 decode with the kernel on / off,
 # and at the SmolLM2 shape with K's error feedback off, then the mixing too (is the new key's
 # feedback chain what costs? NANOVLLM_KV_FEEDBACK=0, NANOVLLM_KV_MIX=0). Logs land in $OUT.
