@@ -4,6 +4,7 @@ of them between replays), as one persistent launch of all layers or one a layer,
 barriers alone, and as each phase alone (a launch a layer and phase).
 
     python tools/bench_layer_kernel.py [--shapes qwen3-0.6b,smollm2-135m] [--context 512]
+        [--kv-cache-dtype fp8_e4m3]
 """
 import argparse
 import os
@@ -14,14 +15,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from nanovllm.kernels import layer_launch as lk  # noqa: E402
+from nanovllm.kernels.kv_feedback import feedback_factor, group_size  # noqa: E402
 from nanovllm.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
 from nanovllm.utils.model_shapes import shape_config  # noqa: E402
 
 PHASE_NAMES = ["A norm+qkv", "B attention", "C o_proj", "D norm+gate_up", "E down"]
 
 
-def build(shape: str, context: int, block_size: int = 256):
-    """Per-layer weights, caches and the step's inputs of a model shape, bf16 on cuda."""
+def build(shape: str, context: int, block_size: int = 256, fp8: bool = False):
+    """Per-layer weights, caches and the step's inputs of a model shape, bf16 on cuda; with
+    fp8, an e4m3 cache with its per-kv-head scales and K's feedback matrices (mixing on)."""
     c = shape_config(shape)
     d, inter, n_layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     hq, hkv = c["num_attention_heads"], c["num_key_value_heads"]
@@ -40,13 +43,21 @@ def build(shape: str, context: int, block_size: int = 256):
             q_norm=1 + rand(hd) if qwen3 else None, k_norm=1 + rand(hd) if qwen3 else None,
             w_o=rand(d, hq * hd), b_o=None, w_post=1 + rand(d), w_gu=rand(2 * inter, d),
             w_down=rand(d, inter),
-            s_qkv=None, s_o=None, s_gu=None, s_down=None,
+            s_qkv=None, s_o=None, s_gu=None, s_down=None, k_scale=None, v_scale=None, k_fb=None,
             k_cache=rand(blocks, block_size, hkv, hd, std=1.0),
             v_cache=rand(blocks, block_size, hkv, hd, std=1.0)))
+        if fp8:
+            w = layers[-1]
+            w["k_cache"] = w["k_cache"].to(torch.float8_e4m3fn)
+            w["v_cache"] = w["v_cache"].to(torch.float8_e4m3fn)
+            w["k_scale"] = torch.full((hkv,), 0.02, device=dev)
+            w["v_scale"] = torch.full((hkv,), 0.02, device=dev)
+            w["k_fb"] = feedback_factor(torch.randn(256, hq, hd), hkv,
+                                        group=group_size(hd)).to(dev)
     theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 1e6)
     rope = RotaryEmbedding(hd, context + 16, theta).to(dev)
     step = dict(
-        eps=1e-6, num_heads=hq, num_kv_heads=hkv, head_dim=hd, scale=hd ** -0.5,
+        mix=fp8, eps=1e-6, num_heads=hq, num_kv_heads=hkv, head_dim=hd, scale=hd ** -0.5,
         cos_sin=rope.cos_sin_cache.view(-1, hd),
         positions=torch.tensor([context - 1], device=dev),
         slot_mapping=torch.tensor([context - 1], dtype=torch.int32, device=dev),
@@ -91,6 +102,12 @@ VARIANTS = [
     ("barriers alone, a launch a layer", dict(WORK=False, per_layer=True)),
     ("group 1", dict(GROUP=1)),
     ("chunk 32K", dict(CHUNK=32768)),
+    # An fp8 cache (--kv-cache-dtype fp8_e4m3): K's feedback chains a thread each / on the
+    # register tile at every head size.
+    ("fp8: feedback chains", dict(FB_CHAINS_MAX_HD=1 << 10)),
+    ("fp8: feedback on the tile", dict(FB_CHAINS_MAX_HD=0)),
+    ("fp8: feedback on the tile, no prefetch", dict(FB_CHAINS_MAX_HD=0, FB_PREFETCH=False)),
+    ("fp8: no feedback prefetch", dict(FB_PREFETCH=False)),
 ]
 
 
@@ -99,11 +116,13 @@ def main():
     ap.add_argument("--shapes", default="qwen3-0.6b,smollm2-135m")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--phases", action="store_true", help="also time each phase alone")
-    ap.add_argument("--only", default="", help="time only the variants whose label has this "
-                    "text")
+    ap.add_argument("--only", default="", help="time only the variants whose label has one "
+                    "of these comma-separated texts")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     args = ap.parse_args()
+    fp8 = args.kv_cache_dtype == "fp8_e4m3"
     for shape in args.shapes.split(","):
-        layers, step, x = build(shape, args.context)
+        layers, step, x = build(shape, args.context, fp8=fp8)
         n = len(layers)
         whole, each = [lk.stack_layers(layers)], [lk.stack_layers([w]) for w in layers]
         nbytes = sum(w[k].numel() * 2 for w in layers for k in ("w_qkv", "w_o", "w_gu", "w_down"))
@@ -112,7 +131,8 @@ def main():
               f"CONFIG {lk.CONFIG}")
         base = dict(lk.CONFIG)
         for label, change in VARIANTS:
-            if args.only not in label:
+            if (not any(text in label for text in args.only.split(","))
+                    or (label.startswith("fp8") and not fp8)):
                 continue
             change = dict(change)
             stacks = each if change.pop("per_layer", False) else whole

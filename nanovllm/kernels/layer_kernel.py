@@ -68,6 +68,7 @@ def _layers_kernel(
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
+    FB_ASM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -147,8 +148,8 @@ def _layers_kernel(
                         dst = tl.load(slot_ptr).to(tl.int64) * stride_kslot + kvh * HD
                         store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
                                      v_cache + dst, k_scale, v_scale, k_fb, HQ, HKV, HD,
-                                     QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK, FB_G,
-                                     FMAX, MANT, BIAS, SOFT, DOT_PREC)
+                                     QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK, FB_ASM,
+                                     FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
                         tl.debug_barrier()
                     heads = kvh * G + tl.arange(0, G_PAD)
                     g_mask = tl.arange(0, G_PAD) < G

@@ -8,6 +8,7 @@ from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precisi
 from nanovllm.kernels.decode_reduce import reduce_tile
 from nanovllm.kernels.layer_kernel import ALL_PHASES, BLOCK_N, NUM_PHASES, _layers_kernel
 from nanovllm.kernels.triton_decode import _num_sms, _split_counters
+from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
 
 # Tunables (module level so tools/bench_layer_kernel.py can sweep them). CHUNK: weights per
 # K chunk of a matvec. SPLITS: most key splits of a kv head (at most programs / kv heads).
@@ -29,9 +30,15 @@ from nanovllm.kernels.triton_decode import _num_sms, _split_counters
 # 17.00 vs 16.96, Qwen3-0.6B 26.9 / 28.2 vs 25.8: the matrix phases wait on latency, not HBM).
 # FB_PREFETCH (an fp8 cache with K's error feedback): the program that will store a kv
 # head's new key asks for its feedback rows into L2 as the layer starts, as the fused RoPE
-# store does (triton_rope.FEEDBACK_PREFETCH); not yet measured here.
+# store does (triton_rope.FEEDBACK_PREFETCH). H200, tools/bench_layer_kernel.py
+# --kv-cache-dtype fp8_e4m3, us a layer with / without: Qwen3-0.6B shape (tile) 37.2 / 38.9;
+# SmolLM2 (inlined chains) 22.1 / 21.8, (tile) 27.8 / 27.7: kept for the larger head.
+# FB_CHAINS_MAX_HD: up to this head size that program rounds the key a thread per feedback
+# group (layer_fp8._chains), past it on its register tile. Same run, chains / tile: SmolLM2
+# shape (head 64, 2 groups) 22.5 / 27.8; Qwen3-0.6B (head 128, 4 groups) 41.5 / 37.2, a
+# gap not yet explained (an inlined chain: 42.8; the kernel there spills 448 bytes).
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True,
-              FB_PREFETCH=True)
+              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64)
 
 
 _BARRIERS: dict = {}
@@ -203,6 +210,10 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],
         FP16_QK=kv["KV_FP8"] and dtype == torch.bfloat16,
         FB_PREFETCH=present["k_fb"] and CONFIG["FB_PREFETCH"] and not INTERPRET,
+        # K's feedback chains: a thread each on a GPU; the interpreter runs no PTX.
+        FB_ASM=(chain_asm(stack["k_fb"].shape[-1], SOURCE_DTYPES[dtype])
+                if present["k_fb"] and hd <= CONFIG["FB_CHAINS_MAX_HD"] and not INTERPRET
+                else ""),
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

@@ -227,7 +227,7 @@ def feedback_chains_kernel(k_ptr, fb_ptr, s_ptr, cache_ptr, slot_ptr, num_tokens
 
 # Tokens a program of feedback_chains_kernel takes (a thread each).
 CHAINS_BLOCK = 128
-_SRC = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+SOURCE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def feedback_chains(k, feedback, scale, cache, slot_mapping) -> None:
@@ -239,5 +239,5 @@ def feedback_chains(k, feedback, scale, cache, slot_mapping) -> None:
     assert k.is_contiguous() and feedback.is_contiguous() and cache.stride(3) == 1
     feedback_chains_kernel[(triton.cdiv(t, CHAINS_BLOCK), hkv * (d // g))](
         k, feedback, scale, cache, slot_mapping, t, cache.stride(1), cache.stride(2),
-        HKV=hkv, NG=d // g, G=g, ASM=chain_asm(g, _SRC[k.dtype]), BLOCK=CHAINS_BLOCK,
-        num_warps=CHAINS_BLOCK // 32)
+        HKV=hkv, NG=d // g, G=g, ASM=chain_asm(g, SOURCE_DTYPES[k.dtype]),
+        BLOCK=CHAINS_BLOCK, num_warps=CHAINS_BLOCK // 32)

@@ -14,9 +14,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 @functools.cache
 def layer_kernel_mode() -> str:
     """NANOVLLM_LAYER_KERNEL: the dense layers of a batch-1 decode step in one launch
-    (kernels/layer_kernel.py). Unset: on a GPU, with a KV cache in the model's dtype; "1":
-    also over an fp8 cache, and under the Triton interpreter on a CPU (tests); "0": off (a
-    launch per op)."""
+    (kernels/layer_kernel.py). Unset: on a GPU; "1": also under the Triton interpreter on a
+    CPU (tests); "0": off (a launch per op)."""
     value = os.environ.get("NANOVLLM_LAYER_KERNEL", "")
     if value not in ("", "0", "1"):
         raise ValueError(f"NANOVLLM_LAYER_KERNEL={value!r}: use 1 (a batch-1 decode layer in "
@@ -71,12 +70,6 @@ def forward(layers, positions, x):
     cache = core.k_cache.dtype
     fp8 = cache.is_floating_point and cache.itemsize == 1 and core.k_scale is not None
     if ctx.is_prefill or core.k_cache.numel() == 0 or not (cache == x.dtype or fp8):
-        return None
-    if cache != x.dtype and layer_kernel_mode() != "1":
-        # An fp8 cache only where asked for: its GPU tests have not run yet, and on an H200
-        # it gained at Qwen3-0.6B's shape (batch 1: 632 -> 794 tok/s) but not at SmolLM2's
-        # (879 -> 886), where the new key's error-feedback chain is the suspect
-        # (docs/PERF_NOTES.md, thirty-second session).
         return None
     stack = _stack(layers)
     if stack is None:

@@ -127,3 +127,38 @@ def test_gpu_fused_store_rounds_as_the_reference(mix, dtype, hkv, d, fused, monk
     # A differing code is a neighbour: one step is 1/8 of its binade (2^-9 below 2^-6).
     step = 0.125 * torch.maximum(got.abs(), want.abs()).clamp(min=2.0 ** -6)
     assert ((got - want).abs() <= step).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hkv,d", [(3, 64), (8, 128), (2, 16)])
+def test_gpu_layer_kernel_chains_round_as_the_reference(dtype, hkv, d):
+    """The layer kernel's K store (layer_fp8._chains: a decode token's key through its qkv
+    row, a thread per feedback group) gives the reference's codes bit for bit."""
+    import triton
+    import triton.language as tl
+
+    from nanovllm.kernels.kv_feedback import group_size
+    from nanovllm.kernels.layer_fp8 import _chains
+    from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
+
+    @triton.jit
+    def probe(k_ptr, row_ptr, fb_ptr, ks_ptr, out_ptr, HD: tl.constexpr, FB_G: tl.constexpr,
+              FB_ASM: tl.constexpr):
+        h = tl.program_id(0)
+        half = tl.arange(0, HD // 2)[None, :]
+        k1 = tl.load(k_ptr + h * HD + half).to(tl.float32)
+        k2 = tl.load(k_ptr + h * HD + HD // 2 + half).to(tl.float32)
+        _chains(k1, k2, row_ptr + h * HD, fb_ptr + h * (HD * FB_G), tl.load(ks_ptr + h),
+                out_ptr + h * HD, FB_ASM, FB_G)
+
+    k, scale, g = make(t=1, hkv=hkv, d=d, seed=3)
+    group = group_size(d)
+    factor = feedback_factor(torch.randn(256, 2 * hkv, d, generator=g), hkv, group=group)
+    k = k.to(dtype)
+    want = quantize_feedback(k, scale, factor)[0]
+    k, scale, factor = k.cuda(), scale.cuda(), factor.cuda()
+    got = torch.empty(hkv, d, dtype=FP8, device="cuda")
+    probe[(hkv,)](k, torch.empty_like(k), factor, scale, got, HD=d, FB_G=group,
+                  FB_ASM=chain_asm(group, SOURCE_DTYPES[dtype]), num_warps=4)
+    assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))

@@ -16,9 +16,11 @@ CPU = dict(device="cpu", num_kvcache_blocks=16, kvcache_block_size=16, max_model
            enforce_eager=True)
 
 
-def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
+def _logits(path, on: bool, monkeypatch, calls: list, caches: list | None = None,
+            **engine) -> torch.Tensor:
     """Teacher-forced logits of a 24-token context (8 prefilled, then batch-1 decode steps
-    over contexts that cross a cache block and span two key splits)."""
+    over contexts that cross a cache block and span two key splits); the KV cache after
+    them appended to `caches` when given."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1" if on else "0")
     one_launch.layer_kernel_mode.cache_clear()
     llm = LLM(path, **engine)
@@ -30,6 +32,8 @@ def _logits(path, on: bool, monkeypatch, calls: list, **engine) -> torch.Tensor:
         out = context_logits(llm, ctx, 8)
         if on:  # every decode step went through the kernel, all layers in one call
             assert len(calls) - before == len(ctx) - 9
+        if caches is not None:
+            caches.append(llm.clients[0].core.executor.runner.kv_cache.cpu())
         return out
     finally:
         llm.shutdown()
@@ -149,7 +153,8 @@ def test_bad_flag_is_a_value_error(monkeypatch):
     one_launch.layer_kernel_mode.cache_clear()
 
 
-GPU = dict(kvcache_block_size=16, max_model_len=512, enforce_eager=True, dtype="bfloat16")
+GPU = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512, enforce_eager=True,
+           dtype="bfloat16")
 
 
 @pytest.mark.gpu
@@ -162,9 +167,20 @@ def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name,
                                          kv):
     """On the device, one persistent launch with grid barriers, bf16 (fp8 weights widened
     with integer ops; an fp8 cache with its mixing and K feedback, or at head_dim 16 none)."""
-    runs = {on: _logits(toy_models[name], on, monkeypatch, counted, quantization=quantization,
-                        kv_cache_dtype=kv, **GPU) for on in (False, True)}
+    caches = []
+    runs = {on: _logits(toy_models[name], on, monkeypatch, counted, caches,
+                        quantization=quantization, kv_cache_dtype=kv, **GPU)
+            for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
+    if kv == "fp8_e4m3":
+        # The first layer's K codes from the decode steps (slots 8-22: the prefill's are
+        # one path's, the last key is never stored): its input is the same embedding in
+        # both runs, so a code differs only where the kernel's qkv sums round to a
+        # neighbouring bf16 near a code's edge. A key stored in the wrong place or rounded
+        # in the wrong order differs in most.
+        k_off, k_on = (c[0, 0, :2].flatten(0, 1)[8:23].view(torch.uint8) for c in caches)
+        differ = (k_off != k_on).float().mean().item()
+        assert differ < 0.05, differ
 
 
 def test_large_layers_keep_the_launch_per_op_path():
