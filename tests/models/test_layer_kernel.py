@@ -88,15 +88,16 @@ def test_qwen2_and_llama_layers_in_one_launch(arch_models, monkeypatch, counted,
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mix,feedback", [("1", "1"), ("0", "0")])
-def test_fp8_cache_in_one_launch(toy_models, monkeypatch, counted, mix, feedback):
+@pytest.mark.parametrize("kv,mix,feedback", [("fp8_e4m3", "1", "1"), ("fp8_e4m3", "0", "0"),
+                                              ("fp8_e5m2", "1", "1")])
+def test_fp8_cache_in_one_launch(toy_models, monkeypatch, counted, kv, mix, feedback):
     """An fp8 KV cache: the new K and V rounded as the fused RoPE store rounds them (with
-    Hadamard mixing and K's error feedback, the defaults, or neither), attention over the fp8
-    tiles with the scales applied as the decode kernel applies them."""
+    Hadamard mixing and K's error feedback, the defaults, or neither; e5m2 has no feedback),
+    attention over the fp8 tiles with the scales applied as the decode kernel applies them."""
     monkeypatch.setenv("NANOVLLM_KV_MIX", mix)
     monkeypatch.setenv("NANOVLLM_KV_FEEDBACK", feedback)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
-                        kv_cache_dtype="fp8_e4m3", **CPU) for on in (False, True)}
+                        kv_cache_dtype=kv, **CPU) for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
@@ -162,7 +163,8 @@ GPU = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512, enfo
                                                   ("tied_gqa4_d16_l4", None, "auto"),
                                                   ("untied_gqa4_d64", "fp8", "auto"),
                                                   ("untied_gqa4_d64", None, "fp8_e4m3"),
-                                                  ("tied_gqa4_d16_l4", None, "fp8_e4m3")])
+                                                  ("tied_gqa4_d16_l4", None, "fp8_e4m3"),
+                                                  ("untied_gqa4_d64", None, "fp8_e5m2")])
 def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name, quantization,
                                          kv):
     """On the device, one persistent launch with grid barriers, bf16 (fp8 weights widened
@@ -172,7 +174,7 @@ def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name,
                         quantization=quantization, kv_cache_dtype=kv, **GPU)
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
-    if kv == "fp8_e4m3":
+    if kv.startswith("fp8"):
         # The first layer's K codes from the decode steps (slots 8-22: the prefill's are
         # one path's, the last key is never stored): its input is the same embedding in
         # both runs, so a code differs only where the kernel's qkv sums round to a
