@@ -4,7 +4,7 @@ of them between replays), as one persistent launch of all layers or one a layer,
 barriers alone, and as each phase alone (a launch a layer and phase).
 
     python tools/bench_layer_kernel.py [--shapes qwen3-0.6b,smollm2-135m] [--context 512]
-        [--kv-cache-dtype fp8_e4m3]
+        [--kv-cache-dtype fp8_e4m3] [--phases] [--config KEY=INT ...]
 """
 import argparse
 import os
@@ -119,7 +119,15 @@ def main():
     ap.add_argument("--only", default="", help="time only the variants whose label has one "
                     "of these comma-separated texts")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
+    ap.add_argument("--config", action="append", default=[], metavar="KEY=INT",
+                    help="set layer_launch.CONFIG[KEY] first (repeatable), e.g. "
+                    "FB_CHAINS_MAX_HD=0 to time the phases with K's feedback on the tile")
     args = ap.parse_args()
+    for item in args.config:
+        key, _, value = item.partition("=")
+        if key not in lk.CONFIG or not value.lstrip("-").isdigit():
+            raise ValueError(f"--config {item!r}: use KEY=INT with KEY one of {list(lk.CONFIG)}")
+        lk.CONFIG[key] = type(lk.CONFIG[key])(int(value))
     fp8 = args.kv_cache_dtype == "fp8_e4m3"
     for shape in args.shapes.split(","):
         layers, step, x = build(shape, args.context, fp8=fp8)
