@@ -68,7 +68,7 @@ def _layers_kernel(
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
-    FB_ASM: tl.constexpr,
+    FB_ASM: tl.constexpr, FB_L1: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -107,7 +107,7 @@ def _layers_kernel(
             # between steps, and each of the rounding chain's steps waits on its rows.
             h = ((pid - (n_valid - 1) * HKV) % nprog + nprog) % nprog
             if h < HKV:
-                prefetch_rows(k_fb + h * (HD * FB_G), HD * FB_G, HD * FB_G)
+                prefetch_rows(k_fb + h * (HD * FB_G), HD * FB_G, HD * FB_G, False)
         w_o = layer_at(w_o_ptr, off_ptr, layer, 5, NOFF)
         b_o = layer_at(b_o_ptr, off_ptr, layer, 6, NOFF)
         s_o = layer_at(s_o_ptr, off_ptr, layer, 11, NOFF)
@@ -149,7 +149,7 @@ def _layers_kernel(
                         store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
                                      v_cache + dst, k_scale, v_scale, k_fb, HQ, HKV, HD,
                                      QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK, FB_ASM,
-                                     FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
+                                     FB_L1, FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
                         tl.debug_barrier()
                     heads = kvh * G + tl.arange(0, G_PAD)
                     g_mask = tl.arange(0, G_PAD) < G

@@ -37,8 +37,11 @@ from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
 # group (layer_fp8._chains), past it on its register tile. Same run, chains / tile: SmolLM2
 # shape (head 64, 2 groups) 22.5 / 27.8; Qwen3-0.6B (head 128, 4 groups) 41.5 / 37.2, a
 # gap not yet explained (an inlined chain: 42.8; the kernel there spills 448 bytes).
+# FB_PREFETCH_L1: that program also asks for the rows into its L1 as its store begins (the
+# compiled chain loads each row 60-100 instructions ahead of its use, less than an L2 trip);
+# compiled only, not measured: off until tools/lk_fp8_check.sh says it pays.
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True,
-              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64)
+              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, FB_PREFETCH_L1=False)
 
 
 _BARRIERS: dict = {}
@@ -214,6 +217,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FB_ASM=(chain_asm(stack["k_fb"].shape[-1], SOURCE_DTYPES[dtype])
                 if present["k_fb"] and hd <= CONFIG["FB_CHAINS_MAX_HD"] and not INTERPRET
                 else ""),
+        FB_L1=present["k_fb"] and CONFIG["FB_PREFETCH_L1"] and not INTERPRET,
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:
