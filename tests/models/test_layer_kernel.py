@@ -168,7 +168,8 @@ GPU = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512, enfo
 def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name, quantization,
                                          kv):
     """On the device, one persistent launch with grid barriers, bf16 (fp8 weights widened
-    with integer ops; an fp8 cache with its mixing and K feedback, or at head_dim 16 none)."""
+    with integer ops; an fp8 cache with its mixing and K feedback, at head_dim 16 the feedback;
+    e5m2 without the feedback): the logits, and over an fp8 cache the stored K codes."""
     caches = []
     runs = {on: _logits(toy_models[name], on, monkeypatch, counted, caches,
                         quantization=quantization, kv_cache_dtype=kv, **GPU)
