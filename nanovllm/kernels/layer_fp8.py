@@ -89,9 +89,8 @@ def store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, k_sc
                  QK_NORM: tl.constexpr, DTYPE: tl.constexpr, KV_FP8: tl.constexpr,
                  MIX: tl.constexpr, LOG2_HALF: tl.constexpr, FEEDBACK: tl.constexpr,
                  FB_ASM: tl.constexpr, FB_L1: tl.constexpr, FB_G: tl.constexpr,
-                 FMAX: tl.constexpr,
-                 MANT: tl.constexpr, BIAS: tl.constexpr, SOFT: tl.constexpr,
-                 DOT_PREC: tl.constexpr):
+                 FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+                 SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
     """kv head kvh's new K (normed, rotated) and V from the qkv row, stored at k_dst / v_dst
     (this slot and head's row): in the model dtype, or with KV_FP8 as _store_fp8's codes
     (k_scale / v_scale: the layer's per-kv-head scales)."""
