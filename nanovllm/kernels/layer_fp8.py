@@ -8,7 +8,7 @@ import triton.language as tl
 
 from nanovllm.kernels._common import quantize_fp8
 from nanovllm.kernels.layer_parts import rope_rows
-from nanovllm.kernels.triton_feedback import feedback_round, prefetch_rows, top_rows
+from nanovllm.kernels.triton_feedback import feedback_round, top_rows
 from nanovllm.kernels.triton_rope import mix_halves
 
 
@@ -36,18 +36,13 @@ def mix_rows(x, DTYPE: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.const
 def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs, fb_ptr,
                  HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, QK_NORM: tl.constexpr,
                  DTYPE: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
-                 FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr, FB_L1: tl.constexpr,
-                 FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+                 FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
                  BIAS: tl.constexpr, SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
     """kv head kvh's new K (normed, rotated, mixed) and V from the qkv row, as fp8 codes of
     k / ks (K's groups of FB_G channels rounded with error feedback through fb_ptr [Hkv, HD,
     FB_G] when FEEDBACK: by FB_ASM, triton_feedback.chain_asm's PTX, where it is set, else on
-    the register tile) and v / vs, stored at k_dst / v_dst (this slot and head's row). FB_L1:
-    the feedback rows are first asked into this SM's L1, a line a thread, so the chain's
-    steps wait on L1, not L2, for them while the key is normed, rotated and mixed."""
+    the register tile) and v / vs, stored at k_dst / v_dst (this slot and head's row)."""
     HALF: tl.constexpr = HD // 2
-    if FEEDBACK and FB_L1:
-        prefetch_rows(fb_ptr + kvh * (HD * FB_G), HD * FB_G, HD * FB_G, True)
     R: tl.constexpr = 16 if MIX else 1  # the mixing's dots take 16 rows at least
     rows = tl.arange(0, R)
     k = rope_rows(qkv_ptr + HQ * HD, rows * 0 + kvh, rows < 1, pos, cos_sin_ptr, k_norm, eps,
@@ -88,7 +83,7 @@ def store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, k_sc
                  fb_ptr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                  QK_NORM: tl.constexpr, DTYPE: tl.constexpr, KV_FP8: tl.constexpr,
                  MIX: tl.constexpr, LOG2_HALF: tl.constexpr, FEEDBACK: tl.constexpr,
-                 FB_ASM: tl.constexpr, FB_L1: tl.constexpr, FB_G: tl.constexpr,
+                 FB_ASM: tl.constexpr, FB_G: tl.constexpr,
                  FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
                  SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
     """kv head kvh's new K (normed, rotated) and V from the qkv row, stored at k_dst / v_dst
@@ -97,7 +92,7 @@ def store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, k_sc
     if KV_FP8:
         _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst,
                    tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr, HQ, HKV, HD,
-                   QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_ASM, FB_L1, FB_G, FMAX, MANT,
+                   QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_ASM, FB_G, FMAX, MANT,
                    BIAS, SOFT, DOT_PREC)
     else:
         kv_head = tl.full([1], 0, tl.int32) + kvh

@@ -12,6 +12,8 @@ all programs are resident at once, as the grid is sized to what the SMs hold sid
   B  per (kv head, key split): q/k norm and RoPE, the new K/V into the paged cache (by the
      split that holds the new key), attention over the split; the last split of a kv head
      to finish combines the splits (decode_reduce.split_done, as the decode kernel does).
+     With NEW_APART the new key is a split of its own, so its store (an fp8 cache's
+     rounding chain) runs beside the old keys' splits, not before one of them.
      An fp8 cache (KV_FP8) gets the codes the fused RoPE store writes (layer_fp8.py: per-kv-
      head scales, Hadamard-mixed q and K with MIX, K's error feedback with FEEDBACK)
   C  o_proj rows
@@ -68,7 +70,7 @@ def _layers_kernel(
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
-    FB_ASM: tl.constexpr, FB_L1: tl.constexpr,
+    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -79,8 +81,12 @@ def _layers_kernel(
     # The step's metadata, read once (the attention phase needs it after the first barrier).
     ctx = tl.load(ctx_ptr)
     pos = tl.load(pos_ptr).to(tl.int64)
-    split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
-    n_valid = tl.cdiv(ctx, split_len)
+    if NEW_APART:  # the old keys over SPLITS - 1 splits, the new key alone after them
+        split_len = tl.cdiv(tl.cdiv(tl.maximum(ctx - 1, 1), SPLITS - 1), BLOCK_N) * BLOCK_N
+        n_valid = tl.cdiv(ctx - 1, split_len) + 1
+    else:
+        split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+        n_valid = tl.cdiv(ctx, split_len)
     # Each program's qkv rows, the same in every layer; the first layer's first weight chunk
     # and its norm weight, requested now. Later layers' come during the barrier before them.
     rows_a = pid * R_QKV + tl.arange(0, RP_QKV)
@@ -107,7 +113,7 @@ def _layers_kernel(
             # between steps, and each of the rounding chain's steps waits on its rows.
             h = ((pid - (n_valid - 1) * HKV) % nprog + nprog) % nprog
             if h < HKV:
-                prefetch_rows(k_fb + h * (HD * FB_G), HD * FB_G, HD * FB_G, False)
+                prefetch_rows(k_fb + h * (HD * FB_G), HD * FB_G, HD * FB_G)
         w_o = layer_at(w_o_ptr, off_ptr, layer, 5, NOFF)
         b_o = layer_at(b_o_ptr, off_ptr, layer, 6, NOFF)
         s_o = layer_at(s_o_ptr, off_ptr, layer, 11, NOFF)
@@ -142,6 +148,9 @@ def _layers_kernel(
                 s = item // HKV
                 start = s * split_len
                 end = tl.minimum(start + split_len, ctx)
+                if NEW_APART:  # (no key at all, ctx 0: the warm-up's stand-ins, nothing to do)
+                    end = tl.where(s == n_valid - 1, ctx, tl.minimum(end, ctx - 1))
+                    start = tl.where(s == n_valid - 1, tl.maximum(ctx - 1, 0), start)
                 if start < end:
                     offs_d = tl.arange(0, HD)
                     if s == n_valid - 1:  # the split that holds the new key stores it first
@@ -149,7 +158,7 @@ def _layers_kernel(
                         store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
                                      v_cache + dst, k_scale, v_scale, k_fb, HQ, HKV, HD,
                                      QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK, FB_ASM,
-                                     FB_L1, FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
+                                     FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
                         tl.debug_barrier()
                     heads = kvh * G + tl.arange(0, G_PAD)
                     g_mask = tl.arange(0, G_PAD) < G

@@ -28,6 +28,10 @@ from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
 # products (36.8; Qwen3-8B shape 224 us a layer), C-E's weights asked into L2
 # (prefetch.global.L2) at the A->B barrier or by the programs idle in B (SmolLM2 16.70 /
 # 17.00 vs 16.96, Qwen3-0.6B 26.9 / 28.2 vs 25.8: the matrix phases wait on latency, not HBM).
+# A flag per program in place of the shared counter (a release store each, every flag polled
+# with relaxed loads, then an acquire fence or acquire loads): H200, barriers alone 7.3-7.5
+# vs 4.3-4.6 us a layer, SmolLM2 18.2-18.5 vs 16.2 (the counter's arrivals are not what a
+# barrier waits on; one more acquire poll after each wait costs ~1.0 us a layer, 0.2 a trip).
 # FB_PREFETCH (an fp8 cache with K's error feedback): the program that will store a kv
 # head's new key asks for its feedback rows into L2 as the layer starts, as the fused RoPE
 # store does (triton_rope.FEEDBACK_PREFETCH). H200, tools/bench_layer_kernel.py
@@ -37,11 +41,17 @@ from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
 # group (layer_fp8._chains), past it on its register tile. Same run, chains / tile: SmolLM2
 # shape (head 64, 2 groups) 22.5 / 27.8; Qwen3-0.6B (head 128, 4 groups) 41.5 / 37.2, a
 # gap not yet explained (an inlined chain: 42.8; the kernel there spills 448 bytes).
-# FB_PREFETCH_L1: that program also asks for the rows into its L1 as its store begins (the
-# compiled chain loads each row 60-100 instructions ahead of its use, less than an L2 trip);
-# compiled only, not measured: off until tools/lk_fp8_check.sh says it pays.
+# The rows also asked into that SM's L1 as its store begins (prefetch.global.L1; the
+# compiled chain loads each row 60-100 instructions ahead of its use): H200, chains / tile,
+# Qwen3-0.6B shape 43.7 / 37.5 against 41.4 / 36.8 without, SmolLM2 22.4 / 27.8 against
+# 22.1 / 27.7. Dropped.
+# NEW_APART: the new key a split of its own (layer_kernel.py, phase B): 0 never, 1 always,
+# 2 where K's feedback runs on the register tile. H200, context 512 / 2048, us a layer,
+# without / with, two rounds alternating: fp8 Qwen3-0.6B shape (tile) 36.8, 37.4 / 36.2,
+# 36.7 and 37.6, 38.3 / 37.1, 36.9; fp8 SmolLM2 (chains) 22.05 / 22.27, 23.1 / 23.2; bf16
+# caches 23.7 / 24.0 (Qwen3), 16.2 / 16.3 (SmolLM2), 25.0-25.1 / 25.1-25.2 (Qwen2.5-0.5B).
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True,
-              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, FB_PREFETCH_L1=False)
+              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2)
 
 
 _BARRIERS: dict = {}
@@ -194,6 +204,12 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     kv = fp8_meta(k_cache.dtype)
     assert not kv["KV_INT8"] and (present["k_scale"] or not kv["KV_FP8"])
     assert not mix or hd >= 32
+    # K's feedback chains: a thread each on a GPU; the interpreter runs no PTX.
+    fb_asm = (chain_asm(stack["k_fb"].shape[-1], SOURCE_DTYPES[dtype])
+              if present["k_fb"] and hd <= CONFIG["FB_CHAINS_MAX_HD"] and not INTERPRET
+              else "")
+    apart = CONFIG["NEW_APART"] == 1 or (CONFIG["NEW_APART"] == 2 and present["k_fb"]
+                                         and not fb_asm)
     head = (qkv, po, lse, o, ao, act, *(stack[c] for c in COLUMNS), stack["offsets"])
     tail = (cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache.stride(0),
             k_cache.stride(1), _barrier(device), _split_counters(device, hkv), eps,
@@ -213,11 +229,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],
         FP16_QK=kv["KV_FP8"] and dtype == torch.bfloat16,
         FB_PREFETCH=present["k_fb"] and CONFIG["FB_PREFETCH"] and not INTERPRET,
-        # K's feedback chains: a thread each on a GPU; the interpreter runs no PTX.
-        FB_ASM=(chain_asm(stack["k_fb"].shape[-1], SOURCE_DTYPES[dtype])
-                if present["k_fb"] and hd <= CONFIG["FB_CHAINS_MAX_HD"] and not INTERPRET
-                else ""),
-        FB_L1=present["k_fb"] and CONFIG["FB_PREFETCH_L1"] and not INTERPRET,
+        FB_ASM=fb_asm, NEW_APART=apart and splits > 1,
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

@@ -59,18 +59,13 @@ def store_tile(k1, k2, ks, fb_ptr, dst_ptr, stride_ch, HKV: tl.constexpr, R: tl.
 
 
 @triton.jit
-def prefetch_rows(ptr, n: tl.constexpr, N_POW2: tl.constexpr, L1: tl.constexpr):
+def prefetch_rows(ptr, n: tl.constexpr, N_POW2: tl.constexpr):
     """Ask for the n fp32 values at ptr (a multiple of 32: whole 128-byte lines; N_POW2 a
-    power of two >= n) to be brought into L2, or with L1 into this SM's L1 too, not waiting
-    for them."""
+    power of two >= n) to be brought into L2, not waiting for them."""
     lines = tl.arange(0, N_POW2 // 32)
     addr = (ptr + tl.minimum(lines, n // 32 - 1) * 32).to(tl.int64)
-    if L1:
-        tl.inline_asm_elementwise("prefetch.global.L1 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [addr],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -14,9 +14,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 @functools.cache
 def layer_kernel_mode() -> str:
     """NANOVLLM_LAYER_KERNEL: the dense layers of a batch-1 decode step in one launch
-    (kernels/layer_kernel.py). Unset: on a GPU (an e5m2 KV cache excepted); "1": also over
-    an e5m2 cache, and under the Triton interpreter on a CPU (tests); "0": off (a launch per
-    op)."""
+    (kernels/layer_kernel.py). Unset: on a GPU; "1": also under the Triton interpreter on
+    a CPU (tests); "0": off (a launch per op)."""
     value = os.environ.get("NANOVLLM_LAYER_KERNEL", "")
     if value not in ("", "0", "1"):
         raise ValueError(f"NANOVLLM_LAYER_KERNEL={value!r}: use 1 (a batch-1 decode layer in "
@@ -71,10 +70,6 @@ def forward(layers, positions, x):
     cache = core.k_cache.dtype
     fp8 = cache.is_floating_point and cache.itemsize == 1 and core.k_scale is not None
     if ctx.is_prefill or core.k_cache.numel() == 0 or not (cache == x.dtype or fp8):
-        return None
-    if cache == torch.float8_e5m2 and layer_kernel_mode() != "1":
-        # Only where asked for until its GPU test (an e5m2 parameter of
-        # test_gpu_one_launch_matches_op_by_op) has run; e4m3 passed its tests on an H200.
         return None
     stack = _stack(layers)
     if stack is None:

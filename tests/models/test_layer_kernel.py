@@ -101,6 +101,17 @@ def test_fp8_cache_in_one_launch(toy_models, monkeypatch, counted, kv, mix, feed
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("apart", [False, True])
+def test_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv, apart):
+    """CONFIG["NEW_APART"] both ways: the new key stored and attended by a split of its own
+    (the old keys over the others) or by the split that holds it; the same logits."""
+    monkeypatch.setitem(layer_launch.CONFIG, "NEW_APART", int(apart))
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        kv_cache_dtype=kv, **CPU) for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
+
+
 def test_layers_it_cannot_run_keep_their_path(arch_models, monkeypatch):
     """An MLP with bias (Llama's mlp_bias) is not one the kernel computes."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1")
@@ -184,6 +195,19 @@ def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name,
         k_off, k_on = (c[0, 0, :2].flatten(0, 1)[8:23].view(torch.uint8) for c in caches)
         differ = (k_off != k_on).float().mean().item()
         assert differ < 0.05, differ
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+def test_gpu_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv):
+    """CONFIG["NEW_APART"] forced on (by default only where K's feedback runs on the register
+    tile, head sizes past 64): the warm-up's launch over stand-ins (context 0) and the
+    logits as the launch-per-op path's."""
+    monkeypatch.setitem(layer_launch.CONFIG, "NEW_APART", 1)
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        kv_cache_dtype=kv, **dict(GPU, enforce_eager=False))
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
 
 
 def test_large_layers_keep_the_launch_per_op_path():
