@@ -39,8 +39,8 @@ from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
 from nanovllm.kernels.layer_fp8 import queries, store_new_kv
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
-                                          h_chunk, layer_at, matvec, row_sumsq, wait,
-                                          weight_chunk)
+                                          h_chunk, layer_at, ll_word, matvec, row_sumsq,
+                                          wait, weight_chunk)
 from nanovllm.kernels.triton_feedback import prefetch_rows
 
 ALL_PHASES = -1
@@ -57,7 +57,7 @@ def _layers_kernel(
     w_down_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_down_ptr, k_cache_ptr, v_cache_ptr,
     k_scale_ptr, v_scale_ptr, fb_ptr, off_ptr,
     first, count, cos_sin_ptr, pos_ptr, slot_ptr, ctx_ptr, bt_ptr,
-    stride_kblk, stride_kslot, bar_ptr, cnt_ptr, eps, qk_scale,
+    stride_kblk, stride_kslot, bar_ptr, cnt_ptr, ll_ptr, eps, qk_scale,
     D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, I: tl.constexpr,
     R_QKV: tl.constexpr, RP_QKV: tl.constexpr, R_O: tl.constexpr, RP_O: tl.constexpr,
     R_GU: tl.constexpr, RP_GU: tl.constexpr, R_DOWN: tl.constexpr, RP_DOWN: tl.constexpr,
@@ -70,7 +70,7 @@ def _layers_kernel(
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
-    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr,
+    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, LL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -95,8 +95,24 @@ def _layers_kernel(
     w_qkv = layer_at(w_qkv_ptr, off_ptr, first, 1, NOFF)
     w0_a = weight_chunk(w_qkv, D, rows_a, mask_a, 0, D, BK_D)
     last = first + count - 1
+    # LL: phases C, D and E hand their outputs over as flagged words (layer_parts.ll_word) at
+    # ll_ptr (ao, act, y), which their readers poll: no barrier after C, D or E, and no
+    # release fence before them (~0.3 us each). Each launch's words carry epochs of its own:
+    # the launch count (bar_ptr[2], bumped by the last program out) and the layer.
+    NB: tl.constexpr = 5 - 3 * LL  # grid barriers a layer
+    BAR_END: tl.constexpr = PERSIST and not LL
+    seq = tl.load(bar_ptr + 2, volatile=True)
+    ll_ao = ll_ptr
+    ll_act = ll_ptr + D
+    ll_y = ll_ptr + D + I
     for layer in range(first, first + count):
-        bar0 = 5 * (layer - first) * nprog  # the counter's value as this layer begins
+        bar0 = NB * (layer - first) * nprog  # the counter's value as this layer begins
+        epoch = ((seq & 0x3FFFFFF) << 6) + (layer - first) + 1
+        live = layer > first  # the flagged words hold the previous layer's outputs
+        busy = layer >= first  # (always: a runtime true for the reads of this layer's)
+        # LL: h by layer parity (its readers in D may still run when pid 0 writes the next)
+        h_cur = h_ptr + ((layer - first) % 2) * D * LL
+        h_prev = h_ptr + ((layer - first + 1) % 2) * D * LL
         # The layer's other tensors: their offsets load while phase A runs.
         b_qkv = layer_at(b_qkv_ptr, off_ptr, layer, 2, NOFF)
         s_qkv = layer_at(s_qkv_ptr, off_ptr, layer, 10, NOFF)
@@ -124,18 +140,24 @@ def _layers_kernel(
         s_down = layer_at(s_down_ptr, off_ptr, layer, 13, NOFF)
         # The first layer reads the launch's input; later ones the previous layer's output.
         x_in = tl.where(layer == first, x_ptr, y_ptr)
-        r_in = tl.where(layer == first, res_ptr, res_out_ptr)
+        if LL:  # the residual h2 = ao + h, summed again from the previous layer's
+            r_in = tl.where(layer == first, res_ptr, h_prev)
+        else:
+            r_in = tl.where(layer == first, res_ptr, res_out_ptr)
 
         # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T --------------------------------
         if (PHASE < 0 or PHASE == 0) and WORK:
-            inv = rstd(row_sumsq(x_in, r_in, D, BK_D, True, DTYPE), D, eps)
+            inv = rstd(row_sumsq(x_in, r_in, D, BK_D, True, DTYPE, ll_y, ll_ao, epoch - 1,
+                                 live, LL, LL), D, eps)
             if pid == 0:  # h, the residual the attention output is added to
                 for k0 in tl.static_range(0, D, BK_D):
                     offs = k0 + tl.arange(0, BK_D)
-                    tl.store(h_ptr + offs, h_chunk(x_in, r_in, offs, D, True, DTYPE),
+                    tl.store(h_cur + offs, h_chunk(x_in, r_in, offs, D, True, DTYPE, ll_y,
+                                                   ll_ao, epoch - 1, live, LL, LL),
                              mask=offs < D)
             out = matvec(w0_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_D,
-                         RP_QKV, True, True, DTYPE, WIDEN, GROUP)
+                         RP_QKV, True, True, DTYPE, WIDEN, GROUP, ll_y, ll_ao, epoch - 1, live,
+                         LL, LL)
             epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
         if PERSIST:
             seen = arrive(bar_ptr)
@@ -190,7 +212,8 @@ def _layers_kernel(
                                       HQ * HD, BK_Q, PERSIST)
             out = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
                          BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
-            epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
+            epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS, ll_ao, epoch, False,
+                     LL)
         elif PERSIST:
             barrier(bar_ptr, bar0 + 2 * nprog)
 
@@ -202,23 +225,30 @@ def _layers_kernel(
             rows = pair + (j % 2) * I
             mask = (pair < I) & (j // 2 < R_GU)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 3 * nprog, w_gu, D, rows, mask, D, BK_D,
-                                      PERSIST)
-            inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
+                                      BAR_END)
+            inv = rstd(row_sumsq(ao_ptr, h_cur, D, BK_D, True, DTYPE, ll_ao, None, epoch, busy,
+                                 LL), D, eps)
             if pid == 0:  # h2: the next layer's residual
                 for k0 in tl.static_range(0, D, BK_D):
                     offs = k0 + tl.arange(0, BK_D)
-                    tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
+                    tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_cur, offs, D, True, DTYPE,
+                                                         ll_ao, None, epoch, busy, LL),
                              mask=offs < D)
-            out = matvec(w0, w_gu, D, rows, mask, ao_ptr, h_ptr, w_post, inv, D, BK_D,
-                         2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
+            out = matvec(w0, w_gu, D, rows, mask, ao_ptr, h_cur, w_post, inv, D, BK_D,
+                         2 * RP_GU, True, True, DTYPE, WIDEN, GROUP, ll_ao, None, epoch, busy,
+                         LL)
             if W_SCALE:
                 out *= tl.load(s_gu + rows, mask=mask, other=0.0)
             gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
             act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
             cols = pid * R_GU + tl.arange(0, RP_GU)
-            tl.store(act_ptr + cols, (act * up).to(DTYPE),
-                     mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
-        elif PERSIST:
+            a_mask = (cols < I) & (tl.arange(0, RP_GU) < R_GU)
+            if LL:
+                tl.store(ll_act + cols, ll_word((act * up).to(DTYPE).to(tl.float32), epoch),
+                         mask=a_mask)
+            else:
+                tl.store(act_ptr + cols, (act * up).to(DTYPE), mask=a_mask)
+        elif BAR_END:
             barrier(bar_ptr, bar0 + 3 * nprog)
 
         # -- E: down_proj ---------------------------------------------------------------------
@@ -226,11 +256,13 @@ def _layers_kernel(
             rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
             mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 4 * nprog, w_down, I, rows, mask, I,
-                                      BK_I, PERSIST)
+                                      BK_I, BAR_END)
             out = matvec(w0, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                         RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
-            epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
-        elif PERSIST:
+                         RP_DOWN, False, False, DTYPE, WIDEN, GROUP, ll_act, None, epoch, busy,
+                         LL, False, True)
+            epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False, ll_y, epoch,
+                     layer == last, LL)
+        elif BAR_END:
             barrier(bar_ptr, bar0 + 4 * nprog)
 
         # The next layer's norm weight and first qkv chunk, requested while this layer's last
@@ -240,14 +272,15 @@ def _layers_kernel(
         w_qkv = layer_at(w_qkv_ptr, off_ptr, nxt, 1, NOFF)
         # (Masked off past the last layer rather than skipped: a chunk kept from before
         # would stay live, in registers, through the whole layer.)
-        if PERSIST and layer < last:
+        if BAR_END and layer < last:
             seen = arrive(bar_ptr)
         more = tl.full([RP_QKV], layer, tl.int32) < last  # (a vector: the interpreter's mask)
         w0_a = weight_chunk(w_qkv, D, rows_a, mask_a & more, 0, D, BK_D)
-        if PERSIST and layer < last:
+        if BAR_END and layer < last:
             wait(bar_ptr, bar0 + 5 * nprog, seen)
     if PERSIST:
         # The last program out resets the counter for the next launch (no one polls then).
         if tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel") == nprog - 1:
             tl.atomic_xchg(bar_ptr, 0)
             tl.atomic_xchg(bar_ptr + 1, 0)
+            tl.atomic_add(bar_ptr + 2, 1)  # the next launch's epochs (LL)

@@ -197,6 +197,19 @@ def test_gpu_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv)
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+def test_gpu_flagged_handoffs(toy_models, monkeypatch, counted, kv):
+    """CONFIG["LL"]: phases C, D and E hand their outputs over as flagged words instead of
+    grid barriers, over CUDA graph replays (each launch's epochs new): the logits as the
+    launch-per-op path's."""
+    monkeypatch.setitem(layer_launch.CONFIG, "LL", True)
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        kv_cache_dtype=kv, **dict(GPU, enforce_eager=False))
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
+
+
 def test_large_layers_keep_the_launch_per_op_path():
     """Per-program tiles past MAX_TILE (the K loop is unrolled) are refused: Qwen3-8B and
     Llama-3.2-1B shapes on an H100's 132 SMs, while Qwen3-0.6B, SmolLM2-135M and
