@@ -107,12 +107,14 @@ def _layers_kernel(
     ll_y = ll_ptr + D + I
     for layer in range(first, first + count):
         bar0 = NB * (layer - first) * nprog  # the counter's value as this layer begins
-        epoch = ((seq & 0x3FFFFFF) << 6) + (layer - first) + 1
-        live = layer > first  # the flagged words hold the previous layer's outputs
-        busy = layer >= first  # (always: a runtime true for the reads of this layer's)
+        # (By the layer's index in the stack, not in the launch: a persistent launch starts
+        # at 0, and a launch per phase (the interpreter's) then takes the same words.)
+        epoch = ((seq & 0x3FFFFFF) << 6) + layer + 1
+        live = layer > 0  # the flagged words hold the previous layer's outputs
+        busy = layer >= 0  # (always: a runtime true for the reads of this layer's)
         # LL: h by layer parity (its readers in D may still run when pid 0 writes the next)
-        h_cur = h_ptr + ((layer - first) % 2) * D * LL
-        h_prev = h_ptr + ((layer - first + 1) % 2) * D * LL
+        h_cur = h_ptr + (layer % 2) * D * LL
+        h_prev = h_ptr + ((layer + 1) % 2) * D * LL
         # The layer's other tensors: their offsets load while phase A runs.
         b_qkv = layer_at(b_qkv_ptr, off_ptr, layer, 2, NOFF)
         s_qkv = layer_at(s_qkv_ptr, off_ptr, layer, 10, NOFF)
@@ -141,7 +143,7 @@ def _layers_kernel(
         # The first layer reads the launch's input; later ones the previous layer's output.
         x_in = tl.where(layer == first, x_ptr, y_ptr)
         if LL:  # the residual h2 = ao + h, summed again from the previous layer's
-            r_in = tl.where(layer == first, res_ptr, h_prev)
+            r_in = tl.where(live, h_prev, res_ptr)
         else:
             r_in = tl.where(layer == first, res_ptr, res_out_ptr)
 
@@ -212,7 +214,7 @@ def _layers_kernel(
                                       HQ * HD, BK_Q, PERSIST)
             out = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
                          BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
-            epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS, ll_ao, epoch, False,
+            epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS, ll_ao, epoch, layer < 0,
                      LL)
         elif PERSIST:
             barrier(bar_ptr, bar0 + 2 * nprog)

@@ -204,8 +204,9 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         phased = INTERPRET
     splits = max(1, min(CONFIG["SPLITS"], programs // hkv))
     f32 = dict(dtype=torch.float32, device=device)
-    # LL (persistent launches only): C, D and E hand their outputs over as flagged words.
-    ll = bool(CONFIG["LL"]) and not phased
+    # LL: C, D and E hand their outputs over as flagged words (a launch per phase, as the
+    # interpreter runs it, takes the same words: each phase's are complete before the next).
+    ll = bool(CONFIG["LL"])
     assert not ll or stack["num_layers"] < 63, "LL's epochs count up to 63 layers a launch"
     qkv = torch.empty((hq + 2 * hkv) * hd, dtype=dtype, device=device)
     po = torch.empty(hq * splits * hd, **f32)

@@ -60,6 +60,12 @@ def ll_word(v, epoch):
 
 
 @triton.jit
+def masked_by(mask, flag, want):
+    """mask where the scalar flag == want (the interpreter cannot `&` a scalar into a block)."""
+    return mask & ((tl.zeros(mask.shape, tl.int32) + flag) == want)
+
+
+@triton.jit
 def ll_load(ptr, offs, mask, epoch, POLL: tl.constexpr):
     """The fp32 values of the flagged words at ptr + offs (ll_word). POLL: read again until
     every word the program reads carries epoch (the words stand in for a grid barrier: each
@@ -99,14 +105,14 @@ def h_chunk(x_ptr, r_ptr, offs, K: tl.constexpr, HAS_R: tl.constexpr, DTYPE: tl.
     values, rounded. Elsewhere x_ptr and r_ptr as they are (a launch's first layer)."""
     mask = offs < K
     if LL_X:  # one of the two reads is masked off: adding its zero is exact
-        h = (ll_load(ll_x, offs, mask & live, epoch, POLL)
-             + tl.load(x_ptr + offs, mask=mask & (live == 0), other=0.0).to(tl.float32))
+        h = (ll_load(ll_x, offs, masked_by(mask, live, 1), epoch, POLL)
+             + tl.load(x_ptr + offs, mask=masked_by(mask, live, 0), other=0.0).to(tl.float32))
     else:
         h = tl.load(x_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     if HAS_R:
         r = tl.load(r_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         if LL_R:
-            r_ll = (ll_load(ll_r, offs, mask & live, epoch, False) + r).to(DTYPE)
+            r_ll = (ll_load(ll_r, offs, masked_by(mask, live, 1), epoch, False) + r).to(DTYPE)
             r = tl.where(live, r_ll.to(tl.float32), r)
         h = (h + r).to(DTYPE).to(tl.float32)
     return h
@@ -125,7 +131,7 @@ def x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexpr
         g = tl.load(g_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
         x = ((h * rstd).to(DTYPE).to(tl.float32) * g).to(DTYPE).to(tl.float32)
     elif LL_X:
-        x = ll_load(ll_x, offs, (offs < K) & live, epoch, POLL)
+        x = ll_load(ll_x, offs, masked_by(offs < K, live, 1), epoch, POLL)
     else:
         x = tl.load(x_ptr + offs, mask=offs < K, other=0.0, cache_modifier=".cg").to(tl.float32)
     return x
@@ -211,7 +217,7 @@ def epilogue(out, rows, mask, s_ptr, b_ptr, y_ptr, W_SCALE: tl.constexpr,
     v = out.to(y_ptr.dtype.element_ty)
     if LL:
         tl.store(ll_ptr + rows, ll_word(v.to(tl.float32), epoch), mask=mask)
-        tl.store(y_ptr + rows, v, mask=mask & plain)
+        tl.store(y_ptr + rows, v, mask=masked_by(mask, plain, 1))
     else:
         tl.store(y_ptr + rows, v, mask=mask)
 

@@ -99,6 +99,16 @@ def test_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted):
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
+def test_flagged_handoffs_in_the_interpreter(toy_models, monkeypatch, counted):
+    """CONFIG["LL"] in the interpreter's launch per phase (each phase's words complete before
+    the next reads them, so no poll waits): the words' packing, their epochs, h by layer
+    parity and the residual summed again in phase A give the launch-per-op path's logits."""
+    monkeypatch.setitem(layer_launch.CONFIG, "LL", True)
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted, **CPU)
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
+
+
 def test_layers_it_cannot_run_keep_their_path(arch_models, monkeypatch):
     """An MLP with bias (Llama's mlp_bias) is not one the kernel computes."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1")
