@@ -70,7 +70,7 @@ def _layers_kernel(
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
-    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, LL: tl.constexpr,
+    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, LL_LEVEL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -95,16 +95,21 @@ def _layers_kernel(
     w_qkv = layer_at(w_qkv_ptr, off_ptr, first, 1, NOFF)
     w0_a = weight_chunk(w_qkv, D, rows_a, mask_a, 0, D, BK_D)
     last = first + count - 1
-    # LL: phases C, D and E hand their outputs over as flagged words (layer_parts.ll_word) at
-    # ll_ptr (ao, act, y), which their readers poll: no barrier after C, D or E, and no
-    # release fence before them (~0.3 us each). Each launch's words carry epochs of its own:
-    # the launch count (bar_ptr[2], bumped by the last program out) and the layer.
-    NB: tl.constexpr = 5 - 3 * LL  # grid barriers a layer
+    # LL_LEVEL >= 1 (LL): phases C, D and E hand their outputs over as flagged words
+    # (layer_parts.ll_word) at ll_ptr (ao, act, y), which their readers poll: no barrier
+    # after C, D or E, and no release fence before them (~0.3 us each). LL_LEVEL 2 (LLB):
+    # also B's combined attention output (o) to C. Each launch's words carry epochs of its
+    # own: the launch count (bar_ptr[2], bumped by the last program out) and the layer.
+    LL: tl.constexpr = LL_LEVEL > 0
+    LLB: tl.constexpr = LL_LEVEL > 1
+    NB: tl.constexpr = 5 - 3 * LL - LLB  # grid barriers a layer
     BAR_END: tl.constexpr = PERSIST and not LL
+    BAR_C: tl.constexpr = PERSIST and not LLB
     seq = tl.load(bar_ptr + 2, volatile=True)
     ll_ao = ll_ptr
     ll_act = ll_ptr + D
     ll_y = ll_ptr + D + I
+    ll_o = ll_ptr + 2 * D + I
     for layer in range(first, first + count):
         bar0 = NB * (layer - first) * nprog  # the counter's value as this layer begins
         # (By the layer's index in the stack, not in the launch: a persistent launch starts
@@ -202,7 +207,13 @@ def _layers_kernel(
                     tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
                     split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
                                SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK,
-                               HD)
+                               HD, ll_o, epoch, LLB)
+            if LLB:  # no keys at all (ctx 0: the warm-up's stand-ins): C still waits for o
+                if ctx == 0:
+                    if pid == 0:
+                        for hh in range(0, HQ):
+                            tl.store(ll_o + hh * HD + tl.arange(0, HD),
+                                     ll_word(tl.zeros([HD], tl.float32), epoch))
 
         # Each matrix phase's first weight chunk is requested between the barrier's arrival
         # and its wait (chunk_across_barrier).
@@ -211,12 +222,13 @@ def _layers_kernel(
             rows = pid * R_O + tl.arange(0, RP_O)
             mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 2 * nprog, w_o, HQ * HD, rows, mask,
-                                      HQ * HD, BK_Q, PERSIST)
+                                      HQ * HD, BK_Q, BAR_C)
             out = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
-                         BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
+                         BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP, ll_o, None, epoch, busy,
+                         LLB, False, True)
             epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS, ll_ao, epoch, layer < 0,
                      LL)
-        elif PERSIST:
+        elif BAR_C:
             barrier(bar_ptr, bar0 + 2 * nprog)
 
         # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ------------------------------

@@ -50,13 +50,14 @@ from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
 # without / with, two rounds alternating: fp8 Qwen3-0.6B shape (tile) 36.8, 37.4 / 36.2,
 # 36.7 and 37.6, 38.3 / 37.1, 36.9; fp8 SmolLM2 (chains) 22.05 / 22.27, 23.1 / 23.2; bf16
 # caches 23.7 / 24.0 (Qwen3), 16.2 / 16.3 (SmolLM2), 25.0-25.1 / 25.1-25.2 (Qwen2.5-0.5B).
-# LL: phases C, D and E hand their outputs to the next phase as flagged words (value and
-# epoch in one 8-byte store, polled by the readers) instead of a grid barrier each: the
+# LL: 1, phases C, D and E hand their outputs to the next phase as flagged words (value and
+# epoch in one 8-byte store, polled by the readers) instead of a grid barrier each (2: B's
+# combined attention output to C too, so one barrier a layer is left, before B): the
 # barrier's release fence alone costs ~0.33 us (H200: arrivals without it, incorrect but
 # timed, SmolLM2 16.1 -> 14.5 us a layer, Qwen3-0.6B 23.6 -> 22.0). Built and compiled for
 # sm_90 without a device; off until tools/lk_ll_check.sh has run its tests and timings.
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True,
-              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, LL=False)
+              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, LL=0)
 
 
 _BARRIERS: dict = {}
@@ -206,7 +207,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     f32 = dict(dtype=torch.float32, device=device)
     # LL: C, D and E hand their outputs over as flagged words (a launch per phase, as the
     # interpreter runs it, takes the same words: each phase's are complete before the next).
-    ll = bool(CONFIG["LL"])
+    ll = int(CONFIG["LL"])
     assert not ll or stack["num_layers"] < 63, "LL's epochs count up to 63 layers a launch"
     qkv = torch.empty((hq + 2 * hkv) * hd, dtype=dtype, device=device)
     po = torch.empty(hq * splits * hd, **f32)
@@ -237,7 +238,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     head = (qkv, po, lse, o, ao, act, *(stack[c] for c in COLUMNS), stack["offsets"])
     tail = (cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache.stride(0),
             k_cache.stride(1), _barrier(device), _split_counters(device, hkv),
-            _ll_words(device, 2 * d + inter) if ll else _barrier(device), eps,
+            _ll_words(device, 2 * d + inter + hq * hd) if ll else _barrier(device), eps,
             scale * LOG2E)
     meta = dict(
         D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
@@ -254,7 +255,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],
         FP16_QK=kv["KV_FP8"] and dtype == torch.bfloat16,
         FB_PREFETCH=present["k_fb"] and CONFIG["FB_PREFETCH"] and not INTERPRET,
-        FB_ASM=fb_asm, NEW_APART=apart and splits > 1, LL=ll,
+        FB_ASM=fb_asm, NEW_APART=apart and splits > 1, LL_LEVEL=ll,
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

@@ -99,16 +99,6 @@ def test_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted):
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
-def test_flagged_handoffs_in_the_interpreter(toy_models, monkeypatch, counted):
-    """CONFIG["LL"] in the interpreter's launch per phase (each phase's words complete before
-    the next reads them, so no poll waits): the words' packing, their epochs, h by layer
-    parity and the residual summed again in phase A give the launch-per-op path's logits."""
-    monkeypatch.setitem(layer_launch.CONFIG, "LL", True)
-    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted, **CPU)
-            for on in (False, True)}
-    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
-
-
 def test_layers_it_cannot_run_keep_their_path(arch_models, monkeypatch):
     """An MLP with bias (Llama's mlp_bias) is not one the kernel computes."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1")
@@ -201,19 +191,6 @@ def test_gpu_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv)
     tile, head sizes past 64): the warm-up's launch over stand-ins (context 0) and the
     logits as the launch-per-op path's."""
     monkeypatch.setitem(layer_launch.CONFIG, "NEW_APART", 1)
-    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
-                        kv_cache_dtype=kv, **dict(GPU, enforce_eager=False))
-            for on in (False, True)}
-    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
-def test_gpu_flagged_handoffs(toy_models, monkeypatch, counted, kv):
-    """CONFIG["LL"]: phases C, D and E hand their outputs over as flagged words instead of
-    grid barriers, over CUDA graph replays (each launch's epochs new): the logits as the
-    launch-per-op path's."""
-    monkeypatch.setitem(layer_launch.CONFIG, "LL", True)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
                         kv_cache_dtype=kv, **dict(GPU, enforce_eager=False))
             for on in (False, True)}
