@@ -3,7 +3,7 @@ kv head) combines the splits' partial outputs (see triton_decode.py)."""
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.layer_parts import ll_word
+from nanovllm.kernels.flagged import ll_word
 
 
 def reduce_tile(group: int, head_dim: int = 128) -> tuple[int, int]:
@@ -30,7 +30,7 @@ def split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, b, kvh, n_valid, n_count, stride
     """Count this split in; the last of the n_count splits that take part combines the
     n_valid that hold keys (n_count = max(n_valid, 1): with no keys at all one split still
     writes the zero output). LL: the output as flagged words at ll_ptr (the layer kernel's
-    hand-over to its o_proj phase, layer_parts.ll_word), not at o_ptr."""
+    hand-over to its o_proj phase, flagged.ll_word), not at o_ptr."""
     # acq_rel: every split's partial stores happen before its increment, and the last program
     # reads them after its own, so it sees them all.
     cnt = cnt_ptr + b * NUM_KV_HEADS + kvh

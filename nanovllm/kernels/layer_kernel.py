@@ -36,11 +36,12 @@ import triton.language as tl
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.decode_reduce import split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
+from nanovllm.kernels.flagged import ll_word
 from nanovllm.kernels.gemm_prologue import rstd
 from nanovllm.kernels.layer_fp8 import queries, store_new_kv
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
-                                          h_chunk, layer_at, ll_word, matvec, row_sumsq,
-                                          wait, weight_chunk)
+                                          h_chunk, layer_at, matvec, row_sumsq, wait,
+                                          weight_chunk)
 from nanovllm.kernels.triton_feedback import prefetch_rows
 
 ALL_PHASES = -1
@@ -96,7 +97,7 @@ def _layers_kernel(
     w0_a = weight_chunk(w_qkv, D, rows_a, mask_a, 0, D, BK_D)
     last = first + count - 1
     # LL_LEVEL >= 1 (LL): phases C, D and E hand their outputs over as flagged words
-    # (layer_parts.ll_word) at ll_ptr (ao, act, y), which their readers poll: no barrier
+    # (flagged.ll_word) at ll_ptr (ao, act, y), which their readers poll: no barrier
     # after C, D or E, and no release fence before them (~0.3 us each). LL_LEVEL 2 (LLB):
     # also B's combined attention output (o) to C. Each launch's words carry epochs of its
     # own: the launch count (bar_ptr[2], bumped by the last program out) and the layer.

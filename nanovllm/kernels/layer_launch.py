@@ -77,7 +77,7 @@ _WORDS: dict = {}
 
 def _ll_words(device, n: int) -> torch.Tensor:
     """Zeroed int64 [n] per device and size, made once (the first call is a warm-up's,
-    outside graph capture): the flagged words of CONFIG["LL"] (layer_parts.ll_word). Only
+    outside graph capture): the flagged words of CONFIG["LL"] (flagged.ll_word). Only
     the layer kernel writes them, with epochs that grow launch by launch, so no word left
     from before can pass for a new one."""
     key = (device, n)
