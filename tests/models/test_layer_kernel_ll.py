@@ -8,13 +8,12 @@ from nanovllm.kernels import layer_launch
 from tests.models.test_layer_kernel import CPU, GPU, _logits, counted  # noqa: F401 (a fixture)
 
 
-@pytest.mark.parametrize("level", [1, 2])
-def test_flagged_handoffs_in_the_interpreter(toy_models, monkeypatch, counted, level):
-    """In the interpreter's launch per phase (each phase's words complete before the next
-    reads them, so no poll waits): the words' packing, their epochs, h by layer parity, the
-    residual summed again in phase A and (level 2) the attention output's words give the
-    launch-per-op path's logits."""
-    monkeypatch.setitem(layer_launch.CONFIG, "LL", level)
+def test_flagged_handoffs_in_the_interpreter(toy_models, monkeypatch, counted):
+    """Level 2 (every hand-over level 1 makes, and the attention output's) in the
+    interpreter's launch per phase (each phase's words complete before the next reads them,
+    so no poll waits): the words' packing, their epochs, h by layer parity and the residual
+    summed again in phase A give the launch-per-op path's logits."""
+    monkeypatch.setitem(layer_launch.CONFIG, "LL", 2)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted, **CPU)
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
