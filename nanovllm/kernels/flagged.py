@@ -1,7 +1,7 @@
 """Flagged words: a value handed from one program to others with the epoch it belongs to, in
 one 8-byte store (fp32 bits low, epoch high), so a reader that sees the epoch sees the value
 without a fence or a barrier between them (NCCL's "LL" protocol). The batch-1 layer kernel's
-phases hand their outputs over this way with layer_launch.CONFIG["LL"]."""
+phases hand their outputs over this way with layer_config.CONFIG["LL"]."""
 import triton
 import triton.language as tl
 

@@ -1,0 +1,51 @@
+"""The one-launch decode layers' (layer_kernel.py) tunables and the measurements behind them.
+A module-level dict, so tools/bench_layer_kernel.py and tests can override it (layer_launch
+uses this very object)."""
+
+# CHUNK: weights per K chunk of a matvec. SPLITS: most key splits of a kv head (at most
+# programs / kv heads). PER_SM: programs per SM. GROUP: products each thread sums at once in
+# a matvec (1: a partial sum per product). WORK=False: the barriers alone (timing only).
+# H100, tools/bench_layer_kernel.py, Qwen3-0.6B shape, context 512, us a layer, a launch a
+# layer: 33.9 with 8192-weight chunks -> 32.2 with 16384 (4096: 39.8; 32768 no better);
+# 30.6 -> 30.3 with the next layer's qkv rows prefetched into L2 at the end; 30.3 -> 27.0
+# with each matrix phase's first chunk requested before the wait it follows and GROUP=8
+# (SmolLM2 shape 18.8 -> 18.0; either alone 27.8 / 29.8; a release-only arrival that skips
+# the count: 27.0 vs 26.8; 8 warps or 8K / 32K chunks with them: 29.6 / 30.4 / 28.1).
+# Tried and dropped (docs/PERF_NOTES.md): the later phases' weights prefetched into L2 at
+# the start (30.3 -> 33.8: their 22 MB compete with phase A's reads), the cached K/V of each
+# split prefetched (no gain), barriers polling with atomics (the barriers alone 8.8 vs 8.3
+# with acquire loads), each K chunk summed to [rows] at once (32.1), 8 warps (31.1), 2
+# programs per SM (31.2), tensor-core dots over a pipelined K loop instead of unrolled fp32
+# products (36.8; Qwen3-8B shape 224 us a layer), C-E's weights asked into L2
+# (prefetch.global.L2) at the A->B barrier or by the programs idle in B (SmolLM2 16.70 /
+# 17.00 vs 16.96, Qwen3-0.6B 26.9 / 28.2 vs 25.8: the matrix phases wait on latency, not HBM).
+# A flag per program in place of the shared counter (a release store each, every flag polled
+# with relaxed loads, then an acquire fence or acquire loads): H200, barriers alone 7.3-7.5
+# vs 4.3-4.6 us a layer, SmolLM2 18.2-18.5 vs 16.2 (the counter's arrivals are not what a
+# barrier waits on; one more acquire poll after each wait costs ~1.0 us a layer, 0.2 a trip).
+# FB_PREFETCH (an fp8 cache with K's error feedback): the program that will store a kv
+# head's new key asks for its feedback rows into L2 as the layer starts, as the fused RoPE
+# store does (triton_rope.FEEDBACK_PREFETCH). H200, tools/bench_layer_kernel.py
+# --kv-cache-dtype fp8_e4m3, us a layer with / without: Qwen3-0.6B shape (tile) 37.2 / 38.9;
+# SmolLM2 (inlined chains) 22.1 / 21.8, (tile) 27.8 / 27.7: kept for the larger head.
+# FB_CHAINS_MAX_HD: up to this head size that program rounds the key a thread per feedback
+# group (layer_fp8._chains), past it on its register tile. Same run, chains / tile: SmolLM2
+# shape (head 64, 2 groups) 22.5 / 27.8; Qwen3-0.6B (head 128, 4 groups) 41.5 / 37.2, a
+# gap not yet explained (an inlined chain: 42.8; the kernel there spills 448 bytes).
+# The rows also asked into that SM's L1 as its store begins (prefetch.global.L1; the
+# compiled chain loads each row 60-100 instructions ahead of its use): H200, chains / tile,
+# Qwen3-0.6B shape 43.7 / 37.5 against 41.4 / 36.8 without, SmolLM2 22.4 / 27.8 against
+# 22.1 / 27.7. Dropped.
+# NEW_APART: the new key a split of its own (layer_kernel.py, phase B): 0 never, 1 always,
+# 2 where K's feedback runs on the register tile. H200, context 512 / 2048, us a layer,
+# without / with, two rounds alternating: fp8 Qwen3-0.6B shape (tile) 36.8, 37.4 / 36.2,
+# 36.7 and 37.6, 38.3 / 37.1, 36.9; fp8 SmolLM2 (chains) 22.05 / 22.27, 23.1 / 23.2; bf16
+# caches 23.7 / 24.0 (Qwen3), 16.2 / 16.3 (SmolLM2), 25.0-25.1 / 25.1-25.2 (Qwen2.5-0.5B).
+# LL: 1, phases C, D and E hand their outputs to the next phase as flagged words (value and
+# epoch in one 8-byte store, polled by the readers) instead of a grid barrier each (2: B's
+# combined attention output to C too, so one barrier a layer is left, before B): the
+# barrier's release fence alone costs ~0.33 us (H200: arrivals without it, incorrect but
+# timed, SmolLM2 16.1 -> 14.5 us a layer, Qwen3-0.6B 23.6 -> 22.0). Built and compiled for
+# sm_90 without a device; off until tools/lk_ll_check.sh has run its tests and timings.
+CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True,
+              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, LL=0)
