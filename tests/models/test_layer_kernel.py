@@ -88,17 +88,6 @@ def test_qwen2_and_llama_layers_in_one_launch(arch_models, monkeypatch, counted,
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
-def test_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted):
-    """CONFIG["NEW_APART"] forced on over a bf16 cache (by default only an fp8 cache whose K
-    feedback runs on the register tile takes it, and in the interpreter every fp8 cache with
-    feedback does: test_layer_kernel_fp8.py): the new key stored and attended by a split of
-    its own, the old keys over the others; the same logits."""
-    monkeypatch.setitem(layer_launch.CONFIG, "NEW_APART", 1)
-    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted, **CPU)
-            for on in (False, True)}
-    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
-
-
 def test_layers_it_cannot_run_keep_their_path(arch_models, monkeypatch):
     """An MLP with bias (Llama's mlp_bias) is not one the kernel computes."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1")

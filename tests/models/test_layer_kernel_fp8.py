@@ -12,7 +12,9 @@ from tests.models.test_layer_kernel import CPU, _logits, counted  # noqa: F401 (
 def test_fp8_cache_in_one_launch(toy_models, monkeypatch, counted, kv, mix, feedback):
     """An fp8 KV cache: the new K and V rounded as the fused RoPE store rounds them (with
     Hadamard mixing and K's error feedback, the defaults, or neither; e5m2 has no feedback),
-    attention over the fp8 tiles with the scales applied as the decode kernel applies them."""
+    attention over the fp8 tiles with the scales applied as the decode kernel applies them.
+    With the feedback the new key is a split of its own (CONFIG["NEW_APART"]'s default where
+    the feedback runs on the register tile, as it always does in the interpreter)."""
     monkeypatch.setenv("NANOVLLM_KV_MIX", mix)
     monkeypatch.setenv("NANOVLLM_KV_FEEDBACK", feedback)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
