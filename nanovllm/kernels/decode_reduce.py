@@ -3,8 +3,6 @@ kv head) combines the splits' partial outputs (see triton_decode.py)."""
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.flagged import ll_word
-
 
 def reduce_tile(group: int, head_dim: int = 128) -> tuple[int, int]:
     """(GP, CHUNK) of combine_heads for G = group: [GP, CHUNK, head_dim] fp32 partials per
@@ -25,30 +23,26 @@ def reduce_tile(group: int, head_dim: int = 128) -> tuple[int, int]:
 def split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, b, kvh, n_valid, n_count, stride_pb,
                stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                NUM_KV_HEADS: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-               CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr, ll_ptr=None, epoch=0,
-               LL: tl.constexpr = False):
+               CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Count this split in; the last of the n_count splits that take part combines the
     n_valid that hold keys (n_count = max(n_valid, 1): with no keys at all one split still
-    writes the zero output). LL: the output as flagged words at ll_ptr (the layer kernel's
-    hand-over to its o_proj phase, flagged.ll_word), not at o_ptr."""
+    writes the zero output)."""
     # acq_rel: every split's partial stores happen before its increment, and the last program
     # reads them after its own, so it sees them all.
     cnt = cnt_ptr + b * NUM_KV_HEADS + kvh
     if tl.atomic_add(cnt, 1, sem="acq_rel") == n_count - 1:
         combine_heads(po_ptr, lse_ptr, o_ptr, b, kvh * G, n_valid, stride_pb, stride_ph,
                       stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, G, GP, CHUNK,
-                      HEAD_DIM, ll_ptr, epoch, LL)
+                      HEAD_DIM)
         tl.atomic_xchg(cnt, 0)  # ready for the next call (and the next graph replay)
 
 
 @triton.jit
 def combine_heads(po_ptr, lse_ptr, o_ptr, b, h0, n_valid, stride_pb, stride_ph, stride_ps,
                   stride_lb, stride_lh, stride_ob, stride_oh, G: tl.constexpr,
-                  GP: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr, ll_ptr=None,
-                  epoch=0, LL: tl.constexpr = False):
+                  GP: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
     """o = sum_s 2^(lse_s - max) * o_s / sum_s 2^(lse_s - max) for the G query heads from h0,
-    over splits 0 .. n_valid - 1; GP = G rounded up to a power of two (reduce_tile); LL: see
-    split_done.
+    over splits 0 .. n_valid - 1; GP = G rounded up to a power of two (reduce_tile).
 
     All heads at once, CHUNK splits per load: at a short context (a batch-1 decode step) one
     load of the partials and one of their lse, side by side, and the combine is done. (Head by
@@ -78,9 +72,5 @@ def combine_heads(po_ptr, lse_ptr, o_ptr, b, h0, n_valid, stride_pb, stride_ph, 
         acc = acc * alpha[:, None] + tl.sum(part * w[:, :, None], axis=1)
         m = m_new
     out = acc / tl.where(denom > 0, denom, 1.0)[:, None]  # no keys (ctx == 0): zeros
-    out = out.to(o_ptr.dtype.element_ty)
-    offs = b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    if LL:
-        tl.store(ll_ptr + offs, ll_word(out.to(tl.float32), epoch), mask=g_mask[:, None])
-    else:
-        tl.store(o_ptr + offs, out, mask=g_mask[:, None])
+    tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])

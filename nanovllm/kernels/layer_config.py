@@ -41,11 +41,13 @@ uses this very object)."""
 # without / with, two rounds alternating: fp8 Qwen3-0.6B shape (tile) 36.8, 37.4 / 36.2,
 # 36.7 and 37.6, 38.3 / 37.1, 36.9; fp8 SmolLM2 (chains) 22.05 / 22.27, 23.1 / 23.2; bf16
 # caches 23.7 / 24.0 (Qwen3), 16.2 / 16.3 (SmolLM2), 25.0-25.1 / 25.1-25.2 (Qwen2.5-0.5B).
-# LL: 1, phases C, D and E hand their outputs to the next phase as flagged words (value and
-# epoch in one 8-byte store, polled by the readers) instead of a grid barrier each (2: B's
-# combined attention output to C too, so one barrier a layer is left, before B): the
-# barrier's release fence alone costs ~0.33 us (H200: arrivals without it, incorrect but
-# timed, SmolLM2 16.1 -> 14.5 us a layer, Qwen3-0.6B 23.6 -> 22.0). Built and compiled for
-# sm_90 without a device; off until tools/lk_ll_check.sh has run its tests and timings.
+# Flagged hand-overs (NCCL's "LL" idea; tried and dropped, docs/PERF_NOTES.md): phases C, D
+# and E (and B's combined output) handed their outputs over as 8-byte words {fp32 value,
+# epoch}, polled by the readers, in place of four of a layer's five barriers (whose release
+# fence alone costs ~0.33 us). GPU tests passed, but H200, us a layer, barriers / words:
+# SmolLM2 shape 16.2 / 16.9, Qwen3-0.6B 23.8 / 30.2, Qwen2.5-0.5B 25.7 / 29.5, Qwen3 fp8
+# 36.0 / 43.0 (a poll per K chunk); polling all chunks at once, then reading: 18.0 / 29.4,
+# and each producer's last word first: 18.9 / 30.8. A wait on the words costs what the
+# barrier did, and reading 8-byte words costs more than 2-byte ones.
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True,
-              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, LL=0)
+              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2)

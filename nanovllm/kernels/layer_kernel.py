@@ -36,7 +36,6 @@ import triton.language as tl
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.decode_reduce import split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
-from nanovllm.kernels.flagged import ll_word
 from nanovllm.kernels.gemm_prologue import rstd
 from nanovllm.kernels.layer_fp8 import queries, store_new_kv
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
@@ -58,7 +57,7 @@ def _layers_kernel(
     w_down_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_down_ptr, k_cache_ptr, v_cache_ptr,
     k_scale_ptr, v_scale_ptr, fb_ptr, off_ptr,
     first, count, cos_sin_ptr, pos_ptr, slot_ptr, ctx_ptr, bt_ptr,
-    stride_kblk, stride_kslot, bar_ptr, cnt_ptr, ll_ptr, eps, qk_scale,
+    stride_kblk, stride_kslot, bar_ptr, cnt_ptr, eps, qk_scale,
     D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, I: tl.constexpr,
     R_QKV: tl.constexpr, RP_QKV: tl.constexpr, R_O: tl.constexpr, RP_O: tl.constexpr,
     R_GU: tl.constexpr, RP_GU: tl.constexpr, R_DOWN: tl.constexpr, RP_DOWN: tl.constexpr,
@@ -71,7 +70,7 @@ def _layers_kernel(
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
-    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, LL_LEVEL: tl.constexpr,
+    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -96,31 +95,8 @@ def _layers_kernel(
     w_qkv = layer_at(w_qkv_ptr, off_ptr, first, 1, NOFF)
     w0_a = weight_chunk(w_qkv, D, rows_a, mask_a, 0, D, BK_D)
     last = first + count - 1
-    # LL_LEVEL >= 1 (LL): phases C, D and E hand their outputs over as flagged words
-    # (flagged.ll_word) at ll_ptr (ao, act, y), which their readers poll: no barrier
-    # after C, D or E, and no release fence before them (~0.3 us each). LL_LEVEL 2 (LLB):
-    # also B's combined attention output (o) to C. Each launch's words carry epochs of its
-    # own: the launch count (bar_ptr[2], bumped by the last program out) and the layer.
-    LL: tl.constexpr = LL_LEVEL > 0
-    LLB: tl.constexpr = LL_LEVEL > 1
-    NB: tl.constexpr = 5 - 3 * LL - LLB  # grid barriers a layer
-    BAR_END: tl.constexpr = PERSIST and not LL
-    BAR_C: tl.constexpr = PERSIST and not LLB
-    seq = tl.load(bar_ptr + 2, volatile=True)
-    ll_ao = ll_ptr
-    ll_act = ll_ptr + D
-    ll_y = ll_ptr + D + I
-    ll_o = ll_ptr + 2 * D + I
     for layer in range(first, first + count):
-        bar0 = NB * (layer - first) * nprog  # the counter's value as this layer begins
-        # (By the layer's index in the stack, not in the launch: a persistent launch starts
-        # at 0, and a launch per phase (the interpreter's) then takes the same words.)
-        epoch = ((seq & 0x3FFFFFF) << 6) + layer + 1
-        live = layer > 0  # the flagged words hold the previous layer's outputs
-        busy = layer >= 0  # (always: a runtime true for the reads of this layer's)
-        # LL: h by layer parity (its readers in D may still run when pid 0 writes the next)
-        h_cur = h_ptr + (layer % 2) * D * LL
-        h_prev = h_ptr + ((layer + 1) % 2) * D * LL
+        bar0 = 5 * (layer - first) * nprog  # the counter's value as this layer begins
         # The layer's other tensors: their offsets load while phase A runs.
         b_qkv = layer_at(b_qkv_ptr, off_ptr, layer, 2, NOFF)
         s_qkv = layer_at(s_qkv_ptr, off_ptr, layer, 10, NOFF)
@@ -148,24 +124,18 @@ def _layers_kernel(
         s_down = layer_at(s_down_ptr, off_ptr, layer, 13, NOFF)
         # The first layer reads the launch's input; later ones the previous layer's output.
         x_in = tl.where(layer == first, x_ptr, y_ptr)
-        if LL:  # the residual h2 = ao + h, summed again from the previous layer's
-            r_in = tl.where(live, h_prev, res_ptr)
-        else:
-            r_in = tl.where(layer == first, res_ptr, res_out_ptr)
+        r_in = tl.where(layer == first, res_ptr, res_out_ptr)
 
         # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T --------------------------------
         if (PHASE < 0 or PHASE == 0) and WORK:
-            inv = rstd(row_sumsq(x_in, r_in, D, BK_D, True, DTYPE, ll_y, ll_ao, epoch - 1,
-                                 live, LL, LL), D, eps)
+            inv = rstd(row_sumsq(x_in, r_in, D, BK_D, True, DTYPE), D, eps)
             if pid == 0:  # h, the residual the attention output is added to
                 for k0 in tl.static_range(0, D, BK_D):
                     offs = k0 + tl.arange(0, BK_D)
-                    tl.store(h_cur + offs, h_chunk(x_in, r_in, offs, D, True, DTYPE, ll_y,
-                                                   ll_ao, epoch - 1, live, LL, LL),
+                    tl.store(h_ptr + offs, h_chunk(x_in, r_in, offs, D, True, DTYPE),
                              mask=offs < D)
             out = matvec(w0_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_D,
-                         RP_QKV, True, True, DTYPE, WIDEN, GROUP, ll_y, ll_ao, epoch - 1, live,
-                         LL, LL)
+                         RP_QKV, True, True, DTYPE, WIDEN, GROUP)
             epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
         if PERSIST:
             seen = arrive(bar_ptr)
@@ -208,13 +178,7 @@ def _layers_kernel(
                     tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
                     split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
                                SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK,
-                               HD, ll_o, epoch, LLB)
-            if LLB:  # no keys at all (ctx 0: the warm-up's stand-ins): C still waits for o
-                if ctx == 0:
-                    if pid == 0:
-                        for hh in range(0, HQ):
-                            tl.store(ll_o + hh * HD + tl.arange(0, HD),
-                                     ll_word(tl.zeros([HD], tl.float32), epoch))
+                               HD)
 
         # Each matrix phase's first weight chunk is requested between the barrier's arrival
         # and its wait (chunk_across_barrier).
@@ -223,13 +187,11 @@ def _layers_kernel(
             rows = pid * R_O + tl.arange(0, RP_O)
             mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 2 * nprog, w_o, HQ * HD, rows, mask,
-                                      HQ * HD, BK_Q, BAR_C)
+                                      HQ * HD, BK_Q, PERSIST)
             out = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
-                         BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP, ll_o, None, epoch, busy,
-                         LLB, False, True)
-            epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS, ll_ao, epoch, layer < 0,
-                     LL)
-        elif BAR_C:
+                         BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
+            epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
+        elif PERSIST:
             barrier(bar_ptr, bar0 + 2 * nprog)
 
         # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ------------------------------
@@ -240,30 +202,23 @@ def _layers_kernel(
             rows = pair + (j % 2) * I
             mask = (pair < I) & (j // 2 < R_GU)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 3 * nprog, w_gu, D, rows, mask, D, BK_D,
-                                      BAR_END)
-            inv = rstd(row_sumsq(ao_ptr, h_cur, D, BK_D, True, DTYPE, ll_ao, None, epoch, busy,
-                                 LL), D, eps)
+                                      PERSIST)
+            inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
             if pid == 0:  # h2: the next layer's residual
                 for k0 in tl.static_range(0, D, BK_D):
                     offs = k0 + tl.arange(0, BK_D)
-                    tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_cur, offs, D, True, DTYPE,
-                                                         ll_ao, None, epoch, busy, LL),
+                    tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
                              mask=offs < D)
-            out = matvec(w0, w_gu, D, rows, mask, ao_ptr, h_cur, w_post, inv, D, BK_D,
-                         2 * RP_GU, True, True, DTYPE, WIDEN, GROUP, ll_ao, None, epoch, busy,
-                         LL)
+            out = matvec(w0, w_gu, D, rows, mask, ao_ptr, h_ptr, w_post, inv, D, BK_D,
+                         2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
             if W_SCALE:
                 out *= tl.load(s_gu + rows, mask=mask, other=0.0)
             gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
             act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
             cols = pid * R_GU + tl.arange(0, RP_GU)
-            a_mask = (cols < I) & (tl.arange(0, RP_GU) < R_GU)
-            if LL:
-                tl.store(ll_act + cols, ll_word((act * up).to(DTYPE).to(tl.float32), epoch),
-                         mask=a_mask)
-            else:
-                tl.store(act_ptr + cols, (act * up).to(DTYPE), mask=a_mask)
-        elif BAR_END:
+            tl.store(act_ptr + cols, (act * up).to(DTYPE),
+                     mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
+        elif PERSIST:
             barrier(bar_ptr, bar0 + 3 * nprog)
 
         # -- E: down_proj ---------------------------------------------------------------------
@@ -271,13 +226,11 @@ def _layers_kernel(
             rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
             mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 4 * nprog, w_down, I, rows, mask, I,
-                                      BK_I, BAR_END)
+                                      BK_I, PERSIST)
             out = matvec(w0, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                         RP_DOWN, False, False, DTYPE, WIDEN, GROUP, ll_act, None, epoch, busy,
-                         LL, False, True)
-            epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False, ll_y, epoch,
-                     layer == last, LL)
-        elif BAR_END:
+                         RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
+            epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
+        elif PERSIST:
             barrier(bar_ptr, bar0 + 4 * nprog)
 
         # The next layer's norm weight and first qkv chunk, requested while this layer's last
@@ -287,15 +240,14 @@ def _layers_kernel(
         w_qkv = layer_at(w_qkv_ptr, off_ptr, nxt, 1, NOFF)
         # (Masked off past the last layer rather than skipped: a chunk kept from before
         # would stay live, in registers, through the whole layer.)
-        if BAR_END and layer < last:
+        if PERSIST and layer < last:
             seen = arrive(bar_ptr)
         more = tl.full([RP_QKV], layer, tl.int32) < last  # (a vector: the interpreter's mask)
         w0_a = weight_chunk(w_qkv, D, rows_a, mask_a & more, 0, D, BK_D)
-        if BAR_END and layer < last:
+        if PERSIST and layer < last:
             wait(bar_ptr, bar0 + 5 * nprog, seen)
     if PERSIST:
         # The last program out resets the counter for the next launch (no one polls then).
         if tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel") == nprog - 1:
             tl.atomic_xchg(bar_ptr, 0)
             tl.atomic_xchg(bar_ptr + 1, 0)
-            tl.atomic_add(bar_ptr + 2, 1)  # the next launch's epochs (LL)

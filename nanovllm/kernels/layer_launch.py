@@ -15,26 +15,12 @@ _BARRIERS: dict = {}
 
 
 def _barrier(device) -> torch.Tensor:
-    """Zeroed int32 [3] (arrivals, exits, launches) per device, made once outside graph
-    capture; every launch leaves the first two zero and bumps the third (LL's epochs)."""
+    """Zeroed int32 [2] (arrivals, exits) per device, made once outside graph capture; every
+    launch leaves it zero."""
     buf = _BARRIERS.get(device)
     if buf is None:
-        buf = _BARRIERS[device] = torch.zeros(3, dtype=torch.int32, device=device)
+        buf = _BARRIERS[device] = torch.zeros(2, dtype=torch.int32, device=device)
     return buf
-
-
-_WORDS: dict = {}
-
-
-def _ll_words(device, n: int) -> torch.Tensor:
-    """Zeroed int64 [n] per device and size, made once (the first call is a warm-up's,
-    outside graph capture): the flagged words of CONFIG["LL"] (flagged.ll_word). Only
-    the layer kernel writes them, with epochs that grow launch by launch, so no word left
-    from before can pass for a new one."""
-    key = (device, n)
-    if key not in _WORDS:
-        _WORDS[key] = torch.zeros(n, dtype=torch.int64, device=device)
-    return _WORDS[key]
 
 
 _ZEROS: dict = {}
@@ -156,16 +142,11 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         phased = INTERPRET
     splits = max(1, min(CONFIG["SPLITS"], programs // hkv))
     f32 = dict(dtype=torch.float32, device=device)
-    # LL: C, D and E hand their outputs over as flagged words (a launch per phase, as the
-    # interpreter runs it, takes the same words: each phase's are complete before the next).
-    ll = int(CONFIG["LL"])
-    assert not ll or stack["num_layers"] < 63, "LL's epochs count up to 63 layers a launch"
     qkv = torch.empty((hq + 2 * hkv) * hd, dtype=dtype, device=device)
     po = torch.empty(hq * splits * hd, **f32)
     lse = torch.empty(hq * splits, **f32)
     o = torch.empty(hq * hd, dtype=dtype, device=device)
-    ao, res_out, y = (torch.empty(1, d, dtype=dtype, device=device) for _ in range(3))
-    h = torch.empty(2 if ll else 1, d, dtype=dtype, device=device)
+    ao, h, res_out, y = (torch.empty(1, d, dtype=dtype, device=device) for _ in range(4))
     act = torch.empty(inter, dtype=dtype, device=device)
     r_qkv, rp_qkv = _rows((hq + 2 * hkv) * hd, programs)
     r_o, rp_o = _rows(d, programs)
@@ -188,8 +169,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
                                          and not fb_asm)
     head = (qkv, po, lse, o, ao, act, *(stack[c] for c in COLUMNS), stack["offsets"])
     tail = (cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache.stride(0),
-            k_cache.stride(1), _barrier(device), _split_counters(device, hkv),
-            _ll_words(device, 2 * d + inter + hq * hd) if ll else _barrier(device), eps,
+            k_cache.stride(1), _barrier(device), _split_counters(device, hkv), eps,
             scale * LOG2E)
     meta = dict(
         D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
@@ -206,7 +186,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],
         FP16_QK=kv["KV_FP8"] and dtype == torch.bfloat16,
         FB_PREFETCH=present["k_fb"] and CONFIG["FB_PREFETCH"] and not INTERPRET,
-        FB_ASM=fb_asm, NEW_APART=apart and splits > 1, LL_LEVEL=ll,
+        FB_ASM=fb_asm, NEW_APART=apart and splits > 1,
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

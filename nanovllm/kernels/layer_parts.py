@@ -6,7 +6,6 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import e4m3_to_bf16
-from nanovllm.kernels.flagged import ll_load, ll_word, masked_by
 
 
 @triton.jit
@@ -54,56 +53,36 @@ def chunk_across_barrier(bar_ptr, target, w_ptr, stride_w, rows, row_mask, K: tl
 
 @triton.jit
 def row_sumsq(x_ptr, r_ptr, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_R: tl.constexpr,
-              DTYPE: tl.constexpr, ll_x=None, ll_r=None, epoch=0, live=True,
-              LL_X: tl.constexpr = False, LL_R: tl.constexpr = False):
-    """sum of h^2 over the row h = x (+ r, rounded to DTYPE); LL_X / LL_R: see h_chunk (the
-    flagged words waited for)."""
+              DTYPE: tl.constexpr):
+    """sum of h^2 over the row h = x (+ r, rounded to DTYPE)."""
     acc = tl.zeros([BLOCK_K], tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
-        h = h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE, ll_x, ll_r, epoch, live, LL_X, LL_R,
-                    True)
+        h = h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE)
         acc += h * h
     return tl.sum(acc, axis=0)
 
 
 @triton.jit
-def h_chunk(x_ptr, r_ptr, offs, K: tl.constexpr, HAS_R: tl.constexpr, DTYPE: tl.constexpr,
-            ll_x=None, ll_r=None, epoch=0, live=True, LL_X: tl.constexpr = False,
-            LL_R: tl.constexpr = False, POLL: tl.constexpr = False):
-    """h = x (+ r) at offs, rounded to DTYPE as the unfused residual add does (fp32). Where
-    live (a scalar) holds, LL_X: x from the flagged words at ll_x (ll_load; POLL: waiting
-    for epoch); LL_R: r is the flagged words at ll_r (already seen complete) plus r_ptr's
-    values, rounded. Elsewhere x_ptr and r_ptr as they are (a launch's first layer)."""
+def h_chunk(x_ptr, r_ptr, offs, K: tl.constexpr, HAS_R: tl.constexpr, DTYPE: tl.constexpr):
+    """h = x (+ r) at offs, rounded to DTYPE as the unfused residual add does (fp32)."""
     mask = offs < K
-    if LL_X:  # one of the two reads is masked off: adding its zero is exact
-        h = (ll_load(ll_x, offs, masked_by(mask, live, 1), epoch, POLL)
-             + tl.load(x_ptr + offs, mask=masked_by(mask, live, 0), other=0.0).to(tl.float32))
-    else:
-        h = tl.load(x_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    h = tl.load(x_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     if HAS_R:
         r = tl.load(r_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        if LL_R:
-            r_ll = (ll_load(ll_r, offs, masked_by(mask, live, 1), epoch, False) + r).to(DTYPE)
-            r = tl.where(live, r_ll.to(tl.float32), r)
         h = (h + r).to(DTYPE).to(tl.float32)
     return h
 
 
 @triton.jit
 def x_chunk(x_ptr, r_ptr, g_ptr, rstd, offs, K: tl.constexpr, NORM: tl.constexpr,
-            HAS_R: tl.constexpr, DTYPE: tl.constexpr, ll_x=None, ll_r=None, epoch=0,
-            live=True, LL_X: tl.constexpr = False, LL_R: tl.constexpr = False,
-            POLL: tl.constexpr = False):
+            HAS_R: tl.constexpr, DTYPE: tl.constexpr):
     """A chunk of the matmul's input: x itself, or RMSNorm(x (+ r)) rounded as layernorm.py
-    rounds ((h * rstd) to DTYPE, then its product with the weight); LL_*: see h_chunk."""
+    rounds ((h * rstd) to DTYPE, then its product with the weight)."""
     if NORM:
-        h = h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE, ll_x, ll_r, epoch, live, LL_X, LL_R,
-                    POLL)
+        h = h_chunk(x_ptr, r_ptr, offs, K, HAS_R, DTYPE)
         g = tl.load(g_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
         x = ((h * rstd).to(DTYPE).to(tl.float32) * g).to(DTYPE).to(tl.float32)
-    elif LL_X:
-        x = ll_load(ll_x, offs, masked_by(offs < K, live, 1), epoch, POLL)
     else:
         x = tl.load(x_ptr + offs, mask=offs < K, other=0.0, cache_modifier=".cg").to(tl.float32)
     return x
@@ -122,15 +101,13 @@ def weight_chunk(w_ptr, stride_w, rows, row_mask, k0, K: tl.constexpr, BLOCK_K: 
 def matvec(w0, w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
            BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
            HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr,
-           GROUP: tl.constexpr, ll_x=None, ll_r=None, epoch=0, live=True,
-           LL_X: tl.constexpr = False, LL_R: tl.constexpr = False, POLL: tl.constexpr = False):
+           GROUP: tl.constexpr):
     """W[rows] @ x over the whole K (fp32 [ROWS]). w0 is its first K chunk (weight_chunk),
     which the caller loads early: before a grid barrier's wait or the norm's reduction, so
     its latency hides behind them. The K loop is unrolled, each chunk's successor requested
     before the chunk is used. WIDEN: e4m3 weights widened to bf16 with integer ops
     (_common.e4m3_to_bf16) before the fp32 products. GROUP > 1: each thread sums GROUP
-    adjacent products at once, so the partial sums take 1/GROUP of the registers. LL_*: x
-    (and r) from flagged words (h_chunk); POLL: each read of x waits for them."""
+    adjacent products at once, so the partial sums take 1/GROUP of the registers."""
     acc = tl.zeros([ROWS, BLOCK_K // GROUP], tl.float32)
     w_next = w0
     for k0 in tl.static_range(0, K, BLOCK_K):
@@ -138,7 +115,7 @@ def matvec(w0, w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl
         if k0 + BLOCK_K < K:
             w_next = weight_chunk(w_ptr, stride_w, rows, row_mask, k0 + BLOCK_K, K, BLOCK_K)
         x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, k0 + tl.arange(0, BLOCK_K), K, NORM, HAS_R,
-                    DTYPE, ll_x, ll_r, epoch, live, LL_X, LL_R, POLL)
+                    DTYPE)
         if WIDEN:
             w = e4m3_to_bf16(w)
         p = w.to(tl.float32) * x[None, :]
@@ -178,20 +155,13 @@ def rope_rows(src_ptr, heads, head_mask, pos, cos_sin_ptr, w_ptr, eps, HD: tl.co
 
 @triton.jit
 def epilogue(out, rows, mask, s_ptr, b_ptr, y_ptr, W_SCALE: tl.constexpr,
-             HAS_BIAS: tl.constexpr, ll_ptr=None, epoch=0, plain=True,
-             LL: tl.constexpr = False):
-    """y[rows] = out (times fp8 row scales) (+ bias), rounded once to y's dtype. LL: as
-    flagged words at ll_ptr (ll_word), and at y only where plain holds."""
+              HAS_BIAS: tl.constexpr):
+    """y[rows] = out (times fp8 row scales) (+ bias), rounded once to y's dtype."""
     if W_SCALE:
         out *= tl.load(s_ptr + rows, mask=mask, other=0.0)
     if HAS_BIAS:
         out += tl.load(b_ptr + rows, mask=mask, other=0.0).to(tl.float32)
-    v = out.to(y_ptr.dtype.element_ty)
-    if LL:
-        tl.store(ll_ptr + rows, ll_word(v.to(tl.float32), epoch), mask=mask)
-        tl.store(y_ptr + rows, v, mask=masked_by(mask, plain, 1))
-    else:
-        tl.store(y_ptr + rows, v, mask=mask)
+    tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
