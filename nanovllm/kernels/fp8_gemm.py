@@ -39,7 +39,7 @@ from nanovllm.kernels.skinny_gemm import BLOCK_SCALE, MAX_M, ROW_SCALE, gemm
 # known checkpoint's), so block scales apply once per tile. SPLIT_K None: K splits while the
 # tiles alone give too few programs (batched decode of a narrow layer). Module level so
 # tools/bench_gemm.py and tests can override them.
-# TODO(gemm): first guesses; tune with tools/bench_gemm.py --large-m on an H100.
+# (Off: see DEQUANT_FROM_M. tools/fp8_tall_sweep.py timed 12 tile shapes per M.)
 TALL_CONFIGS = [
     (32, dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=None, num_warps=4, num_stages=4)),
     (64, dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=None, num_warps=4, num_stages=4)),
@@ -50,7 +50,13 @@ TALL_CONFIGS = [
 # --large-m, 2026-11-24, the first tall-tile version (W as the second dot operand): at M = 128
 # tall tiles took 19-26 us on Qwen3-0.6B's layers and 45-147 us on Qwen3-8B's, dequantize +
 # cuBLAS 9-12 and 32-194, W8A8 10-24 and 25-85; at M = 1024 and 8192 tall tiles were 2-3x
-# slower than either. So the tall tiles are off (17 = just past the skinny kernel).
+# slower than either. H200, 2026-11-29, tools/fp8_tall_sweep.py (Qwen3-0.6B's four layers,
+# us summed, each tile shape's best): M = 32 / 64 / 128 / 256 tall 32.9 / 36.2 / 43.5 / 62.7,
+# dequantize + cuBLAS 36.5 / 38.2 / 39.1 / 43.9, bf16 cuBLAS 24.1 / 24.9 / 25.6 / 28.8 (best
+# tiles 32 x 64 x 128-256, 4 warps); bench.py with tall tiles up to M = 64: 24,567 tok/s vs
+# 24,405 dequantize + cuBLAS (bf16 26,599), within a run's spread. So the tall tiles stay
+# off (17 = just past the skinny kernel): every fp8 path here is latency-bound, ~1.3-2x
+# bf16 cuBLAS's ~5-8 us a layer.
 DEQUANT_FROM_M = 17
 INTERPRET_TALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT_K=None, num_warps=1,
                       num_stages=1)
