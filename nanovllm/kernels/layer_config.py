@@ -49,5 +49,10 @@ uses this very object)."""
 # 36.0 / 43.0 (a poll per K chunk); polling all chunks at once, then reading: 18.0 / 29.4,
 # and each producer's last word first: 18.9 / 30.8. A wait on the words costs what the
 # barrier did, and reading 8-byte words costs more than 2-byte ones.
-CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=8, WORK=True,
+# GROUP 16 (each thread sums 16 products at once; 8 before): H200, 2026-11-29, us a layer,
+# alternating 16 / 8: SmolLM2 shape 15.82, 15.82 / 16.11, 16.13; Qwen3-0.6B 23.79, 23.78 /
+# 24.01 (GPU tests passed). Same sweep, no gain: CHUNK 8192 / 32768 (SmolLM2 16.25 / 16.14;
+# Qwen3 25.57 at 32768), 8 warps (17.09; with 32768-weight chunks 15.94, Qwen3 23.79),
+# GROUP 4 (16.22), SPLITS 16 / 32 (16.04 / 16.24).
+CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
               FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2)
