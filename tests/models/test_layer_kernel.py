@@ -67,7 +67,7 @@ def test_qwen3_layers_in_one_launch_match_op_by_op(toy_models, monkeypatch, coun
 
 
 def test_ungrouped_sums_match_op_by_op(toy_models, monkeypatch, counted):
-    """GROUP=1 (a partial sum per product, not per 8 adjacent ones): the same logits."""
+    """GROUP=1 (a partial sum per product, not per 16 adjacent ones): the same logits."""
     monkeypatch.setitem(layer_launch.CONFIG, "GROUP", 1)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted, **CPU)
             for on in (False, True)}
