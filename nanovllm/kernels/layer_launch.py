@@ -171,16 +171,17 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     tail = (cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache.stride(0),
             k_cache.stride(1), _barrier(device), _split_counters(device, hkv), eps,
             scale * LOG2E)
+    bk = dict(BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
+              BK_I=_block_k(rp_down, inter))
     meta = dict(
         D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
-        R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down,
-        BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
-        BK_I=_block_k(rp_down, inter),
+        R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down, **bk,
         QKV_BIAS=present["b_qkv"], O_BIAS=present["b_o"], QK_NORM=present["q_norm"],
         SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
         RED_CHUNK=red_chunk, BLOCK_SIZE=k_cache.shape[1], BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(dtype), NOFF=len(COLUMNS), W_SCALE=present["s_qkv"],
-        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), GROUP=CONFIG["GROUP"], WORK=CONFIG["WORK"],
+        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), WORK=CONFIG["WORK"],
+        GROUP=min(CONFIG["GROUP"], *bk.values()),  # a group lies within one K chunk
         KV_FP8=kv["KV_FP8"], MIX=mix, LOG2_HALF=(hd // 2).bit_length() - 1,
         FEEDBACK=present["k_fb"], FB_G=stack["k_fb"].shape[-1] if present["k_fb"] else 1,
         FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],
