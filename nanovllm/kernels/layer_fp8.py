@@ -36,8 +36,9 @@ def mix_rows(x, DTYPE: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.const
 def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs, fb_ptr,
                  HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, QK_NORM: tl.constexpr,
                  DTYPE: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
-                 FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
-                 BIAS: tl.constexpr, SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
+                 FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr, FB_G: tl.constexpr,
+                 FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+                 SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
     """kv head kvh's new K (normed, rotated, mixed) and V from the qkv row, as fp8 codes of
     k / ks (K's groups of FB_G channels rounded with error feedback through fb_ptr [Hkv, HD,
     FB_G] when FEEDBACK: by FB_ASM, triton_feedback.chain_asm's PTX, where it is set, else on
