@@ -74,3 +74,30 @@ def combine_heads(po_ptr, lse_ptr, o_ptr, b, h0, n_valid, stride_pb, stride_ph, 
     out = acc / tl.where(denom > 0, denom, 1.0)[:, None]  # no keys (ctx == 0): zeros
     tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
+
+
+@triton.jit
+def combine_all(po_ptr, lse_ptr, n_valid, HQ: tl.constexpr, HQ_PAD: tl.constexpr,
+                SPLITS: tl.constexpr, LOADED: tl.constexpr, HEAD_DIM: tl.constexpr,
+                DTYPE: tl.constexpr):
+    """Every head's combined output from splits 0 .. n_valid - 1 (n_valid <= LOADED; the
+    partials [HQ, SPLITS, HEAD_DIM], their lse [HQ, SPLITS]), as combine_heads computes it,
+    rounded to DTYPE, as fp32 [HQ_PAD * HEAD_DIM] (head h at h * HEAD_DIM, zeros past HQ):
+    the layer kernel's o_proj input, built in registers by every program in one load instead
+    of by the last split of each kv head after a count."""
+    heads = tl.arange(0, HQ_PAD)
+    splits = tl.arange(0, LOADED)
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask = (heads < HQ)[:, None] & (splits < n_valid)[None, :]
+    lse = tl.load(lse_ptr + heads[:, None] * SPLITS + splits[None, :], mask=mask,
+                  other=float("-inf"), cache_modifier=".cg")
+    part = tl.load(po_ptr + heads[:, None, None] * (SPLITS * HEAD_DIM)
+                   + splits[None, :, None] * HEAD_DIM + offs_d[None, None, :],
+                   mask=mask[:, :, None], other=0.0, cache_modifier=".cg")
+    m = tl.max(lse, axis=1)
+    m_safe = tl.where(m > float("-inf"), m, 0.0)
+    w = tl.exp2(lse - m_safe[:, None])
+    denom = tl.sum(w, axis=1)
+    acc = tl.sum(part * w[:, :, None], axis=1)
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    return tl.reshape(out.to(DTYPE).to(tl.float32), [HQ_PAD * HEAD_DIM])

@@ -54,5 +54,17 @@ uses this very object)."""
 # 24.01 (GPU tests passed). Same sweep, no gain: CHUNK 8192 / 32768 (SmolLM2 16.25 / 16.14;
 # Qwen3 25.57 at 32768), 8 warps (17.09; with 32768-weight chunks 15.94, Qwen3 23.79),
 # GROUP 4 (16.22), SPLITS 16 / 32 (16.04 / 16.24).
+# TRACE: each program records its clocks around every barrier's wait (tools/lk_trace.py).
+# C_SPLITS: up to this many key splits, every program of phase C combines the splits' partial
+# outputs itself (one load) instead of the last split of each kv head (a count, then a load;
+# phase B's slowest program: tools/lk_trace.py, SmolLM2 shape, its work 5.4 -> 3.2 us). H200,
+# 2026-11-29, us a layer, off / 8, alternating: SmolLM2 shape context 512 15.97, 15.92 /
+# 14.90, 14.91; 1024 (16 splits: B combines) 16.19, 15.97 / 16.12, 16.07; 2048 16.48, 16.50
+# / 16.95, 16.59; bf16 Qwen2.5-0.5B and fp8 SmolLM2 at 512: 25.6 / 24.0, 22.2 / 20.9 (an
+# earlier form). Qwen3-0.6B's 16 heads of 128 fit 4 splits, which cost more (23.7 / 24.3 at
+# 256): off there. Also tried: at most 8 longer splits up to 4096 keys (1024: 15.9 vs 15.7,
+# 2048: 19.1 vs 16.4); a phase C that picks its input (combined or read) before one matvec,
+# or that reads split 0 holding B's combine: 0.3-1.3 us slower past 8 splits.
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
-              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2)
+              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False,
+              C_SPLITS=8)

@@ -11,12 +11,13 @@ all programs are resident at once, as the grid is sized to what the SMs hold sid
   A  h = x + residual, RMSNorm (each program on the whole row: a few KB), qkv rows
   B  per (kv head, key split): q/k norm and RoPE, the new K/V into the paged cache (by the
      split that holds the new key), attention over the split; the last split of a kv head
-     to finish combines the splits (decode_reduce.split_done, as the decode kernel does).
+     to finish combines the splits (decode_reduce.split_done, as the decode kernel does),
+     unless they are few (C_SPLITS): then phase C's programs combine them each.
      With NEW_APART the new key is a split of its own, so its store (an fp8 cache's
      rounding chain) runs beside the old keys' splits, not before one of them.
      An fp8 cache (KV_FP8) gets the codes the fused RoPE store writes (layer_fp8.py: per-kv-
      head scales, Hadamard-mixed q and K with MIX, K's error feedback with FEEDBACK)
-  C  o_proj rows
+  C  o_proj rows (of the splits' combined output when B left it to C)
   D  h2 = o + h, RMSNorm, gate and up rows side by side, SiLU-and-mul
   E  down rows -> the layer's output (h2 is the next residual)
 
@@ -34,13 +35,13 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET
-from nanovllm.kernels.decode_reduce import split_done
+from nanovllm.kernels.decode_reduce import combine_all, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
 from nanovllm.kernels.layer_fp8 import queries, store_new_kv
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
-                                          h_chunk, layer_at, matvec, row_sumsq, wait,
-                                          weight_chunk)
+                                          h_chunk, layer_at, matvec, matvec_x, row_sumsq,
+                                          wait, weight_chunk)
 from nanovllm.kernels.triton_feedback import prefetch_rows
 
 ALL_PHASES = -1
@@ -70,7 +71,8 @@ def _layers_kernel(
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
-    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr,
+    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, TRACE: tl.constexpr,
+    C_SPLITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -139,7 +141,7 @@ def _layers_kernel(
             epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
         if PERSIST:
             seen = arrive(bar_ptr)
-            wait(bar_ptr, bar0 + nprog, seen)
+            wait(bar_ptr, bar0 + nprog, seen, TRACE)
 
         # -- B: norms, RoPE, K/V store, attention over one key split, combine --------------
         if (PHASE < 0 or PHASE == 1) and WORK:
@@ -176,9 +178,10 @@ def _layers_kernel(
                     po = po_ptr + heads[:, None] * (SPLITS * HD) + s * HD + offs_d[None, :]
                     tl.store(po, part, mask=g_mask[:, None])
                     tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
-                    split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid, 0,
-                               SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP, RED_CHUNK,
-                               HD)
+                    if C_SPLITS == 0 or n_valid > C_SPLITS:  # else phase C combines
+                        split_done(po_ptr, lse_ptr, o_ptr, cnt_ptr, 0, kvh, n_valid, n_valid,
+                                   0, SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP,
+                                   RED_CHUNK, HD)
 
         # Each matrix phase's first weight chunk is requested between the barrier's arrival
         # and its wait (chunk_across_barrier).
@@ -187,12 +190,19 @@ def _layers_kernel(
             rows = pid * R_O + tl.arange(0, RP_O)
             mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 2 * nprog, w_o, HQ * HD, rows, mask,
-                                      HQ * HD, BK_Q, PERSIST)
-            out = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
-                         BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
-            epilogue(out, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
+                                      HQ * HD, BK_Q, PERSIST, TRACE)
+            # (A name of its own: a runtime branch's result may not take the shape of phase
+            # A's `out`, defined before it.)
+            if C_SPLITS > 0 and n_valid <= C_SPLITS:  # one K chunk; the splits combined here
+                x = combine_all(po_ptr, lse_ptr, n_valid, HQ, BK_Q // HD, SPLITS, C_SPLITS, HD,
+                                DTYPE)
+                o_rows = matvec_x(w0, x, RP_O, BK_Q, WIDEN, GROUP)
+            else:
+                o_rows = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
+                                BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
+            epilogue(o_rows, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
         elif PERSIST:
-            barrier(bar_ptr, bar0 + 2 * nprog)
+            barrier(bar_ptr, bar0 + 2 * nprog, TRACE)
 
         # -- D: h2 = o + h; act = silu(gate) * up of RMSNorm(h2) ------------------------------
         if (PHASE < 0 or PHASE == 3) and WORK:
@@ -202,7 +212,7 @@ def _layers_kernel(
             rows = pair + (j % 2) * I
             mask = (pair < I) & (j // 2 < R_GU)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 3 * nprog, w_gu, D, rows, mask, D, BK_D,
-                                      PERSIST)
+                                      PERSIST, TRACE)
             inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
             if pid == 0:  # h2: the next layer's residual
                 for k0 in tl.static_range(0, D, BK_D):
@@ -219,19 +229,19 @@ def _layers_kernel(
             tl.store(act_ptr + cols, (act * up).to(DTYPE),
                      mask=(cols < I) & (tl.arange(0, RP_GU) < R_GU))
         elif PERSIST:
-            barrier(bar_ptr, bar0 + 3 * nprog)
+            barrier(bar_ptr, bar0 + 3 * nprog, TRACE)
 
         # -- E: down_proj ---------------------------------------------------------------------
         if (PHASE < 0 or PHASE == 4) and WORK:
             rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
             mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
             w0 = chunk_across_barrier(bar_ptr, bar0 + 4 * nprog, w_down, I, rows, mask, I,
-                                      BK_I, PERSIST)
+                                      BK_I, PERSIST, TRACE)
             out = matvec(w0, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
                          RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
             epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
         elif PERSIST:
-            barrier(bar_ptr, bar0 + 4 * nprog)
+            barrier(bar_ptr, bar0 + 4 * nprog, TRACE)
 
         # The next layer's norm weight and first qkv chunk, requested while this layer's last
         # programs finish (a launch of a phase runs one layer: nothing comes next).
@@ -245,7 +255,7 @@ def _layers_kernel(
         more = tl.full([RP_QKV], layer, tl.int32) < last  # (a vector: the interpreter's mask)
         w0_a = weight_chunk(w_qkv, D, rows_a, mask_a & more, 0, D, BK_D)
         if PERSIST and layer < last:
-            wait(bar_ptr, bar0 + 5 * nprog, seen)
+            wait(bar_ptr, bar0 + 5 * nprog, seen, TRACE)
     if PERSIST:
         # The last program out resets the counter for the next launch (no one polls then).
         if tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel") == nprog - 1:

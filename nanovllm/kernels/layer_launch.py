@@ -14,13 +14,19 @@ from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
 _BARRIERS: dict = {}
 
 
-def _barrier(device) -> torch.Tensor:
+def _barrier(device, words: int = 2) -> torch.Tensor:
     """Zeroed int32 [2] (arrivals, exits) per device, made once outside graph capture; every
-    launch leaves it zero."""
-    buf = _BARRIERS.get(device)
+    launch leaves those two zero. With CONFIG["TRACE"] the words from 64 on hold the waits'
+    clocks (layer_parts._trace)."""
+    buf = _BARRIERS.get((device, words))
     if buf is None:
-        buf = _BARRIERS[device] = torch.zeros(2, dtype=torch.int32, device=device)
+        buf = _BARRIERS[(device, words)] = torch.zeros(words, dtype=torch.int32, device=device)
     return buf
+
+
+def trace_words(num_layers: int, programs: int) -> int:
+    """The barrier buffer's size with CONFIG["TRACE"]: 4 words a (barrier, program)."""
+    return 64 + 4 * NUM_PHASES * num_layers * programs
 
 
 _ZEROS: dict = {}
@@ -68,6 +74,17 @@ def _rows(n: int, programs: int) -> tuple[int, int]:
 def _block_k(rows_pad: int, k: int) -> int:
     """K chunk of a matvec: CONFIG["CHUNK"] weights a chunk, whole K if smaller."""
     return max(16, min(triton.next_power_of_2(k), CONFIG["CHUNK"] // rows_pad))
+
+
+def _c_splits(hq: int, hd: int, splits: int, bk_q: int) -> int:
+    """Up to how many key splits phase C combines them itself (0: never; the last split of
+    each kv head does): CONFIG["C_SPLITS"] (a power of two, 2 or more), where o_proj's K is
+    one chunk (the combined row is its input) and the partials fit in 8K fp32 values a
+    program (at Qwen3-0.6B's 16 heads of 128, 4 splits fit and cost more than they save)."""
+    c = min(CONFIG["C_SPLITS"], 1 << (splits.bit_length() - 1))  # (at most the buffers')
+    if c < 2 or c & (c - 1) or bk_q < hq * hd or c * bk_q > 8192:
+        return 0
+    return c
 
 
 # The per-layer tensors of the kernel, in the order of its offsets table's columns
@@ -169,7 +186,9 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
                                          and not fb_asm)
     head = (qkv, po, lse, o, ao, act, *(stack[c] for c in COLUMNS), stack["offsets"])
     tail = (cos_sin, positions, slot_mapping, context_lens, block_tables, k_cache.stride(0),
-            k_cache.stride(1), _barrier(device), _split_counters(device, hkv), eps,
+            k_cache.stride(1),
+            _barrier(device, trace_words(stack["num_layers"], programs) if CONFIG["TRACE"] else 2),
+            _split_counters(device, hkv), eps,
             scale * LOG2E)
     bk = dict(BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
               BK_I=_block_k(rp_down, inter))
@@ -187,7 +206,8 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],
         FP16_QK=kv["KV_FP8"] and dtype == torch.bfloat16,
         FB_PREFETCH=present["k_fb"] and CONFIG["FB_PREFETCH"] and not INTERPRET,
-        FB_ASM=fb_asm, NEW_APART=apart and splits > 1,
+        FB_ASM=fb_asm, NEW_APART=apart and splits > 1, TRACE=bool(CONFIG["TRACE"]),
+        C_SPLITS=_c_splits(hq, hd, splits, bk["BK_Q"]),
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

@@ -19,27 +19,55 @@ def arrive(bar_ptr):
 
 
 @triton.jit
-def wait(bar_ptr, target, seen):
+def wait(bar_ptr, target, seen, TRACE: tl.constexpr = False):
     """Wait until the counter reaches target (seen: arrive's count), polling with acquire
     loads (which leave the counter's line to the arrivals); then every thread may read
-    what the others stored."""
+    what the others stored. TRACE: record this program's clocks as it starts and stops
+    waiting (_trace; tools/lk_trace.py reads them)."""
     addr = (bar_ptr + tl.zeros([1], tl.int32)).to(tl.int64)
+    if TRACE:
+        t0 = _clocks(addr)
     while seen < target:
         seen = tl.max(tl.inline_asm_elementwise(
             "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
             is_pure=False, pack=1), axis=0)
     tl.debug_barrier()
+    if TRACE:
+        _trace(bar_ptr, target, t0, _clocks(addr))
 
 
 @triton.jit
-def barrier(bar_ptr, target):
+def _clocks(addr):
+    """(the SM's cycle counter, the GPU's nanosecond timer), low 32 bits each."""
+    clock = tl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r,l", [addr], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    ns = tl.inline_asm_elementwise("mov.u32 $0, %globaltimer_lo;", "=r,l", [addr],
+                                   dtype=tl.int32, is_pure=False, pack=1)
+    return tl.max(clock, axis=0), tl.max(ns, axis=0)
+
+
+@triton.jit
+def _trace(bar_ptr, target, t0, t1):
+    """Words 64 on of the barrier buffer, 4 per (barrier, program): the clock and the timer
+    as the wait began, then as it ended (barrier b = target / programs - 1)."""
+    nprog = tl.num_programs(0)
+    slot = bar_ptr + 64 + 4 * ((target // nprog - 1) * nprog + tl.program_id(0))
+    tl.store(slot, t0[0])
+    tl.store(slot + 1, t0[1])
+    tl.store(slot + 2, t1[0])
+    tl.store(slot + 3, t1[1])
+
+
+@triton.jit
+def barrier(bar_ptr, target, TRACE: tl.constexpr = False):
     """The grid barrier alone: count in, then wait for target arrivals."""
-    wait(bar_ptr, target, arrive(bar_ptr))
+    wait(bar_ptr, target, arrive(bar_ptr), TRACE)
 
 
 @triton.jit
 def chunk_across_barrier(bar_ptr, target, w_ptr, stride_w, rows, row_mask, K: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PERSIST: tl.constexpr):
+                         BLOCK_K: tl.constexpr, PERSIST: tl.constexpr,
+                         TRACE: tl.constexpr = False):
     """A matrix phase's first weight chunk (weight_chunk from k = 0), requested between the
     grid barrier's arrival and its wait (weights do not depend on what the other programs
     wrote before it); without barriers (PERSIST off: a launch per phase), the chunk alone."""
@@ -47,7 +75,7 @@ def chunk_across_barrier(bar_ptr, target, w_ptr, stride_w, rows, row_mask, K: tl
         seen = arrive(bar_ptr)
     w0 = weight_chunk(w_ptr, stride_w, rows, row_mask, 0, K, BLOCK_K)
     if PERSIST:
-        wait(bar_ptr, target, seen)
+        wait(bar_ptr, target, seen, TRACE)
     return w0
 
 
@@ -116,14 +144,30 @@ def matvec(w0, w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl
             w_next = weight_chunk(w_ptr, stride_w, rows, row_mask, k0 + BLOCK_K, K, BLOCK_K)
         x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, k0 + tl.arange(0, BLOCK_K), K, NORM, HAS_R,
                     DTYPE)
-        if WIDEN:
-            w = e4m3_to_bf16(w)
-        p = w.to(tl.float32) * x[None, :]
-        if GROUP > 1:
-            acc += tl.sum(tl.reshape(p, [ROWS, BLOCK_K // GROUP, GROUP]), axis=2)
-        else:
-            acc += p
+        acc = _accumulate(acc, w, x, ROWS, BLOCK_K, WIDEN, GROUP)
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def matvec_x(w0, x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
+             GROUP: tl.constexpr):
+    """W[rows] @ x for a K of one chunk (w0) with x already in registers (fp32 [BLOCK_K])."""
+    acc = tl.zeros([ROWS, BLOCK_K // GROUP], tl.float32)
+    return tl.sum(_accumulate(acc, w0, x, ROWS, BLOCK_K, WIDEN, GROUP), axis=1)
+
+
+@triton.jit
+def _accumulate(acc, w, x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
+                GROUP: tl.constexpr):
+    """acc + a chunk's products w * x, GROUP adjacent ones summed at once (matvec)."""
+    if WIDEN:
+        w = e4m3_to_bf16(w)
+    p = w.to(tl.float32) * x[None, :]
+    if GROUP > 1:
+        acc += tl.sum(tl.reshape(p, [ROWS, BLOCK_K // GROUP, GROUP]), axis=2)
+    else:
+        acc += p
+    return acc
 
 
 @triton.jit

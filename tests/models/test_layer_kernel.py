@@ -17,15 +17,15 @@ CPU = dict(device="cpu", num_kvcache_blocks=16, kvcache_block_size=16, max_model
 
 
 def _logits(path, on: bool, monkeypatch, calls: list, caches: list | None = None,
-            **engine) -> torch.Tensor:
+            tokens: tuple[int, int] | None = None, **engine) -> torch.Tensor:
     """Teacher-forced logits of a 24-token context (8 prefilled, then batch-1 decode steps
     over contexts that cross a cache block and span two key splits); the KV cache after
     them appended to `caches` when given. On the CPU 20 tokens, 12 prefilled: the decode
     steps (contexts 13-20) still cross the block and span two splits, in half the
-    interpreter's time."""
+    interpreter's time. tokens: (context, prefilled) instead."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1" if on else "0")
     one_launch.layer_kernel_mode.cache_clear()
-    n, prefill = (20, 12) if engine.get("device") == "cpu" else (24, 8)
+    n, prefill = tokens or ((20, 12) if engine.get("device") == "cpu" else (24, 8))
     llm = LLM(path, **engine)
     try:
         layers = llm.clients[0].core.executor.runner.model.model.layers
@@ -70,6 +70,18 @@ def test_ungrouped_sums_match_op_by_op(toy_models, monkeypatch, counted):
     """GROUP=1 (a partial sum per product, not per 16 adjacent ones): the same logits."""
     monkeypatch.setitem(layer_launch.CONFIG, "GROUP", 1)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted, **CPU)
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
+
+
+def test_splits_past_c_splits_combined_in_phase_b(toy_models, monkeypatch, counted):
+    """More key splits than phase C combines (8 programs, so 4 splits a kv head; C_SPLITS 2;
+    contexts 35-39 in 16-key splits: 3): the last split of each kv head combines them and
+    phase C reads its output. The same logits."""
+    monkeypatch.setattr(layer_launch, "_programs", lambda device: 8)
+    monkeypatch.setitem(layer_launch.CONFIG, "C_SPLITS", 2)
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        tokens=(40, 34), **CPU)
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
@@ -185,6 +197,19 @@ def test_gpu_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv)
     monkeypatch.setitem(layer_launch.CONFIG, "NEW_APART", 1)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
                         kv_cache_dtype=kv, **dict(GPU, enforce_eager=False))
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [300, 600])
+def test_gpu_splits_combined_by_o_proj(toy_models, monkeypatch, counted, tokens):
+    """Longer contexts, so the device's 64-key splits are several: 5 (phase C combines them)
+    and 10 (more than C_SPLITS: the last split of each kv head does): the logits as the
+    launch-per-op path's."""
+    engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80)
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        tokens=(tokens, tokens - 12), **engine)
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
 
