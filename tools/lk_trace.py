@@ -43,7 +43,8 @@ def trace(shape: str, context: int, fp8: bool) -> None:
     for k in range(5):
         rows = [5 * layer + k for layer in range(1, n - 1)]
         last_pid = np.bincount(ns0[rows].argmax(axis=1), minlength=programs).argmax()
-        print(f"  {PHASE_NAMES[k]:16s} {work[rows].mean():9.2f} {work[rows].max(axis=1).mean():9.2f} "
+        print(f"  {PHASE_NAMES[k]:16s} {work[rows].mean():9.2f} "
+              f"{work[rows].max(axis=1).mean():9.2f} "
               f"{wait[rows].mean():9.2f} {wait[rows].min(axis=1).mean():9.2f} "
               f"{gap[rows].mean():12.2f} {last_pid:13d}")
     rows = [b for b in range(5, 5 * n - 5)]

@@ -65,6 +65,10 @@ uses this very object)."""
 # 256): off there. Also tried: at most 8 longer splits up to 4096 keys (1024: 15.9 vs 15.7,
 # 2048: 19.1 vs 16.4); a phase C that picks its input (combined or read) before one matvec,
 # or that reads split 0 holding B's combine: 0.3-1.3 us slower past 8 splits.
+# TAIL: a matvec whose K ends in a narrow remainder of at most TAIL columns (SmolLM2's 576 =
+# 512 + 64 in phases A and D) loads that remainder with its first chunk, before the barrier,
+# instead of a whole masked chunk after it (a round trip to HBM after the wait). 0: off (not
+# yet timed on a GPU).
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
               FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False,
-              C_SPLITS=8)
+              C_SPLITS=8, TAIL=0)

@@ -40,8 +40,8 @@ from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
 from nanovllm.kernels.layer_fp8 import queries, store_new_kv
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
-                                          h_chunk, layer_at, matvec, matvec_x, row_sumsq,
-                                          wait, weight_chunk)
+                                          first_chunks, h_chunk, layer_at, matvec, matvec_x,
+                                          row_sumsq, wait)
 from nanovllm.kernels.triton_feedback import prefetch_rows
 
 ALL_PHASES = -1
@@ -62,7 +62,8 @@ def _layers_kernel(
     D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, I: tl.constexpr,
     R_QKV: tl.constexpr, RP_QKV: tl.constexpr, R_O: tl.constexpr, RP_O: tl.constexpr,
     R_GU: tl.constexpr, RP_GU: tl.constexpr, R_DOWN: tl.constexpr, RP_DOWN: tl.constexpr,
-    BK_D: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
+    BK_D: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr, TAIL_D: tl.constexpr,
+    TAIL_Q: tl.constexpr, TAIL_I: tl.constexpr,
     QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr,
     QK_NORM: tl.constexpr, SPLITS: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr,
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -95,7 +96,7 @@ def _layers_kernel(
     mask_a = (rows_a < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
     w_in = layer_at(w_in_ptr, off_ptr, first, 0, NOFF)
     w_qkv = layer_at(w_qkv_ptr, off_ptr, first, 1, NOFF)
-    w0_a = weight_chunk(w_qkv, D, rows_a, mask_a, 0, D, BK_D)
+    w0_a, wt_a = first_chunks(w_qkv, D, rows_a, mask_a, D, BK_D, TAIL_D)
     last = first + count - 1
     for layer in range(first, first + count):
         bar0 = 5 * (layer - first) * nprog  # the counter's value as this layer begins
@@ -136,8 +137,8 @@ def _layers_kernel(
                     offs = k0 + tl.arange(0, BK_D)
                     tl.store(h_ptr + offs, h_chunk(x_in, r_in, offs, D, True, DTYPE),
                              mask=offs < D)
-            out = matvec(w0_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_D,
-                         RP_QKV, True, True, DTYPE, WIDEN, GROUP)
+            out = matvec(w0_a, wt_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_D,
+                         TAIL_D, RP_QKV, True, True, DTYPE, WIDEN, GROUP)
             epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
         if PERSIST:
             seen = arrive(bar_ptr)
@@ -189,8 +190,8 @@ def _layers_kernel(
         if (PHASE < 0 or PHASE == 2) and WORK:
             rows = pid * R_O + tl.arange(0, RP_O)
             mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
-            w0 = chunk_across_barrier(bar_ptr, bar0 + 2 * nprog, w_o, HQ * HD, rows, mask,
-                                      HQ * HD, BK_Q, PERSIST, TRACE)
+            w0, wt = chunk_across_barrier(bar_ptr, bar0 + 2 * nprog, w_o, HQ * HD, rows, mask,
+                                          HQ * HD, BK_Q, TAIL_Q, PERSIST, TRACE)
             # (A name of its own: a runtime branch's result may not take the shape of phase
             # A's `out`, defined before it.)
             if C_SPLITS > 0 and n_valid <= C_SPLITS:  # one K chunk; the splits combined here
@@ -198,8 +199,8 @@ def _layers_kernel(
                                 DTYPE)
                 o_rows = matvec_x(w0, x, RP_O, BK_Q, WIDEN, GROUP)
             else:
-                o_rows = matvec(w0, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0, HQ * HD,
-                                BK_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
+                o_rows = matvec(w0, wt, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0,
+                                HQ * HD, BK_Q, TAIL_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
             epilogue(o_rows, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
         elif PERSIST:
             barrier(bar_ptr, bar0 + 2 * nprog, TRACE)
@@ -211,16 +212,16 @@ def _layers_kernel(
             pair = pid * R_GU + j // 2
             rows = pair + (j % 2) * I
             mask = (pair < I) & (j // 2 < R_GU)
-            w0 = chunk_across_barrier(bar_ptr, bar0 + 3 * nprog, w_gu, D, rows, mask, D, BK_D,
-                                      PERSIST, TRACE)
+            w0, wt = chunk_across_barrier(bar_ptr, bar0 + 3 * nprog, w_gu, D, rows, mask, D,
+                                          BK_D, TAIL_D, PERSIST, TRACE)
             inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
             if pid == 0:  # h2: the next layer's residual
                 for k0 in tl.static_range(0, D, BK_D):
                     offs = k0 + tl.arange(0, BK_D)
                     tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
                              mask=offs < D)
-            out = matvec(w0, w_gu, D, rows, mask, ao_ptr, h_ptr, w_post, inv, D, BK_D,
-                         2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
+            out = matvec(w0, wt, w_gu, D, rows, mask, ao_ptr, h_ptr, w_post, inv, D, BK_D,
+                         TAIL_D, 2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
             if W_SCALE:
                 out *= tl.load(s_gu + rows, mask=mask, other=0.0)
             gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
@@ -235,10 +236,10 @@ def _layers_kernel(
         if (PHASE < 0 or PHASE == 4) and WORK:
             rows = pid * R_DOWN + tl.arange(0, RP_DOWN)
             mask = (rows < D) & (tl.arange(0, RP_DOWN) < R_DOWN)
-            w0 = chunk_across_barrier(bar_ptr, bar0 + 4 * nprog, w_down, I, rows, mask, I,
-                                      BK_I, PERSIST, TRACE)
-            out = matvec(w0, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                         RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
+            w0, wt = chunk_across_barrier(bar_ptr, bar0 + 4 * nprog, w_down, I, rows, mask, I,
+                                          BK_I, TAIL_I, PERSIST, TRACE)
+            out = matvec(w0, wt, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
+                         TAIL_I, RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
             epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
         elif PERSIST:
             barrier(bar_ptr, bar0 + 4 * nprog, TRACE)
@@ -253,7 +254,7 @@ def _layers_kernel(
         if PERSIST and layer < last:
             seen = arrive(bar_ptr)
         more = tl.full([RP_QKV], layer, tl.int32) < last  # (a vector: the interpreter's mask)
-        w0_a = weight_chunk(w_qkv, D, rows_a, mask_a & more, 0, D, BK_D)
+        w0_a, wt_a = first_chunks(w_qkv, D, rows_a, mask_a & more, D, BK_D, TAIL_D)
         if PERSIST and layer < last:
             wait(bar_ptr, bar0 + 5 * nprog, seen, TRACE)
     if PERSIST:

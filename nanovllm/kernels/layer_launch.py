@@ -76,6 +76,15 @@ def _block_k(rows_pad: int, k: int) -> int:
     return max(16, min(triton.next_power_of_2(k), CONFIG["CHUNK"] // rows_pad))
 
 
+def _tail(k: int, block_k: int) -> int:
+    """The width of a matvec's narrow last K chunk (a power of two), loaded with its first
+    before the barrier, or 0: the last chunk a whole one, masked past K, requested only as
+    the loop reaches it. Narrow: at most CONFIG["TAIL"] columns (SmolLM2's 576 = 512 + 64)."""
+    rem = k % block_k
+    tail = triton.next_power_of_2(rem) if rem and k > block_k else 0
+    return tail if tail <= CONFIG["TAIL"] and tail < block_k else 0
+
+
 def _c_splits(hq: int, hd: int, splits: int, bk_q: int) -> int:
     """Up to how many key splits phase C combines them itself (0: never; the last split of
     each kv head does): CONFIG["C_SPLITS"] (a power of two, 2 or more), where o_proj's K is
@@ -192,15 +201,18 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
             scale * LOG2E)
     bk = dict(BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
               BK_I=_block_k(rp_down, inter))
+    tails = dict(TAIL_D=_tail(d, bk["BK_D"]), TAIL_Q=_tail(hq * hd, bk["BK_Q"]),
+                 TAIL_I=_tail(inter, bk["BK_I"]))
     meta = dict(
         D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
-        R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down, **bk,
+        R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down, **bk, **tails,
         QKV_BIAS=present["b_qkv"], O_BIAS=present["b_o"], QK_NORM=present["q_norm"],
         SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
         RED_CHUNK=red_chunk, BLOCK_SIZE=k_cache.shape[1], BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(dtype), NOFF=len(COLUMNS), W_SCALE=present["s_qkv"],
         WIDEN=bits_to_bf16(w_qkv.dtype, dtype), WORK=CONFIG["WORK"],
-        GROUP=min(CONFIG["GROUP"], *bk.values()),  # a group lies within one K chunk
+        # (a group lies within one K chunk)
+        GROUP=min(CONFIG["GROUP"], *bk.values(), *(t for t in tails.values() if t)),
         KV_FP8=kv["KV_FP8"], MIX=mix, LOG2_HALF=(hd // 2).bit_length() - 1,
         FEEDBACK=present["k_fb"], FB_G=stack["k_fb"].shape[-1] if present["k_fb"] else 1,
         FMAX=kv["FMAX"], MANT=kv["MANT"], BIAS=kv["BIAS"], SOFT=kv["SOFT"],

@@ -66,17 +66,31 @@ def barrier(bar_ptr, target, TRACE: tl.constexpr = False):
 
 @triton.jit
 def chunk_across_barrier(bar_ptr, target, w_ptr, stride_w, rows, row_mask, K: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PERSIST: tl.constexpr,
+                         BLOCK_K: tl.constexpr, TAIL: tl.constexpr, PERSIST: tl.constexpr,
                          TRACE: tl.constexpr = False):
-    """A matrix phase's first weight chunk (weight_chunk from k = 0), requested between the
-    grid barrier's arrival and its wait (weights do not depend on what the other programs
-    wrote before it); without barriers (PERSIST off: a launch per phase), the chunk alone."""
+    """A matrix phase's first weight chunk and its narrow last one (first_chunks), requested
+    between the grid barrier's arrival and its wait (weights do not depend on what the other
+    programs wrote before it); without barriers (PERSIST off: a launch per phase), the
+    chunks alone."""
     if PERSIST:
         seen = arrive(bar_ptr)
-    w0 = weight_chunk(w_ptr, stride_w, rows, row_mask, 0, K, BLOCK_K)
+    w0, wt = first_chunks(w_ptr, stride_w, rows, row_mask, K, BLOCK_K, TAIL)
     if PERSIST:
         wait(bar_ptr, target, seen, TRACE)
-    return w0
+    return w0, wt
+
+
+@triton.jit
+def first_chunks(w_ptr, stride_w, rows, row_mask, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 TAIL: tl.constexpr):
+    """(W[rows, :BLOCK_K], W[rows, K - K % BLOCK_K:] in TAIL columns): what matvec takes
+    loaded (TAIL 0: no narrow last chunk, the first chunk twice)."""
+    w0 = weight_chunk(w_ptr, stride_w, rows, row_mask, 0, K, BLOCK_K)
+    if TAIL > 0:
+        wt = weight_chunk(w_ptr, stride_w, rows, row_mask, K - K % BLOCK_K, K, TAIL)
+    else:
+        wt = w0
+    return w0, wt
 
 
 @triton.jit
@@ -126,26 +140,34 @@ def weight_chunk(w_ptr, stride_w, rows, row_mask, k0, K: tl.constexpr, BLOCK_K: 
 
 
 @triton.jit
-def matvec(w0, w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd, K: tl.constexpr,
-           BLOCK_K: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
-           HAS_R: tl.constexpr, DTYPE: tl.constexpr, WIDEN: tl.constexpr,
-           GROUP: tl.constexpr):
-    """W[rows] @ x over the whole K (fp32 [ROWS]). w0 is its first K chunk (weight_chunk),
-    which the caller loads early: before a grid barrier's wait or the norm's reduction, so
-    its latency hides behind them. The K loop is unrolled, each chunk's successor requested
-    before the chunk is used. WIDEN: e4m3 weights widened to bf16 with integer ops
-    (_common.e4m3_to_bf16) before the fp32 products. GROUP > 1: each thread sums GROUP
-    adjacent products at once, so the partial sums take 1/GROUP of the registers."""
+def matvec(w0, wt, w_ptr, stride_w, rows, row_mask, x_ptr, r_ptr, g_ptr, rstd,
+           K: tl.constexpr, BLOCK_K: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr,
+           NORM: tl.constexpr, HAS_R: tl.constexpr, DTYPE: tl.constexpr,
+           WIDEN: tl.constexpr, GROUP: tl.constexpr):
+    """W[rows] @ x over the whole K (fp32 [ROWS]). w0 and wt are its first chunk and, with
+    TAIL, its narrow last one (first_chunks), which the caller loads early: before a grid
+    barrier's wait or the norm's reduction, so their latency hides behind them. Without TAIL
+    the last chunk is a whole one, masked past K. The K loop is unrolled, each chunk's
+    successor requested before the chunk is used. WIDEN: e4m3 weights widened to bf16 with
+    integer ops (_common.e4m3_to_bf16) before the fp32 products. GROUP > 1: each thread sums
+    GROUP adjacent products at once, so the partial sums take 1/GROUP of the registers."""
+    K_FULL: tl.constexpr = K - (K % BLOCK_K) * (TAIL > 0)  # what the whole chunks cover
     acc = tl.zeros([ROWS, BLOCK_K // GROUP], tl.float32)
     w_next = w0
-    for k0 in tl.static_range(0, K, BLOCK_K):
+    for k0 in tl.static_range(0, K_FULL, BLOCK_K):
         w = w_next
-        if k0 + BLOCK_K < K:
+        if k0 + BLOCK_K < K_FULL:
             w_next = weight_chunk(w_ptr, stride_w, rows, row_mask, k0 + BLOCK_K, K, BLOCK_K)
         x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, k0 + tl.arange(0, BLOCK_K), K, NORM, HAS_R,
                     DTYPE)
         acc = _accumulate(acc, w, x, ROWS, BLOCK_K, WIDEN, GROUP)
-    return tl.sum(acc, axis=1)
+    out = tl.sum(acc, axis=1)
+    if TAIL > 0:
+        x = x_chunk(x_ptr, r_ptr, g_ptr, rstd, K_FULL + tl.arange(0, TAIL), K, NORM, HAS_R,
+                    DTYPE)
+        out += tl.sum(_accumulate(tl.zeros([ROWS, TAIL // GROUP], tl.float32), wt, x, ROWS,
+                                  TAIL, WIDEN, GROUP), axis=1)
+    return out
 
 
 @triton.jit

@@ -86,6 +86,17 @@ def test_splits_past_c_splits_combined_in_phase_b(toy_models, monkeypatch, count
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
+def test_narrow_last_chunks_loaded_with_the_first(toy_models, monkeypatch, counted):
+    """CONFIG["TAIL"]: hidden 96 in 64-column chunks (CHUNK 4096 over 64 rows) ends in a
+    32-column chunk, loaded with the first in phases A and D. The same logits."""
+    monkeypatch.setitem(layer_launch.CONFIG, "CHUNK", 4096)
+    monkeypatch.setitem(layer_launch.CONFIG, "TAIL", 64)
+    assert layer_launch._tail(96, 64) == 32 and layer_launch._tail(576, 512) == 64
+    runs = {on: _logits(toy_models["tied_gqa4_d16_l4"], on, monkeypatch, counted, **CPU)
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
+
+
 def test_fp8_weights_in_one_launch(toy_models, monkeypatch, counted):
     """Weights quantized to fp8 at load (row scales): the layer kernel scales each row's
     sum, as the fp8 GEMM does."""
