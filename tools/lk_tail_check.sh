@@ -1,30 +1,35 @@
 #!/usr/bin/env bash
-# One device call (~6 min; `OUT=$OUT bash tools/lk_tail_check.sh`): the layer kernel's GPU
-# tests at the defaults (C_SPLITS 8 since 2026-11-29: phase C combines up to 8 key splits),
-# then CONFIG["TAIL"] (a narrow last K chunk loaded with the first, before the barrier;
-# SmolLM2's 576 = 512 + 64) off / on alternating, us a layer (tools/bench_layer_kernel.py,
-# SmolLM2 shape, bf16 and fp8 caches, contexts 512 and 2048), its per-phase trace
-# (tools/lk_trace.py), and bench.py --single --num-seqs 16 both ways. Lines go to
-# $OUT/tail.txt as they come, so a cut call keeps what it measured.
+# One device call (~8 min; `OUT=$OUT bash tools/lk_tail_check.sh`): the layer kernel's GPU
+# tests at the defaults (C_SPLITS 8 since 2026-11-29: phase C combines up to 8 key splits;
+# TAIL and A_CHUNK forced on in their own tests), then CONFIG["TAIL"] (a narrow last K chunk
+# loaded with the first, before the barrier: SmolLM2's 576 = 512 + 64) and ["A_CHUNK"]
+# (phase A's K chunks sized for its own rows) off / on, alternating, us a layer
+# (tools/bench_layer_kernel.py, context 512; SmolLM2 also over an fp8 cache), the SmolLM2
+# trace with both (tools/lk_trace.py), and bench.py --single --num-seqs 16 both ways. Lines
+# go to $OUT/tail.txt as they come, so a cut call keeps what it measured.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 f=$OUT/tail.txt
 timeout 150 python3 -m pytest -q -m gpu tests/models/test_layer_kernel.py 2>&1 | tail -4 | tee -a $f
-for run in "512 auto" "2048 auto" "512 fp8_e4m3"; do
+for run in "smollm2-135m auto" "qwen2.5-0.5b auto" "qwen3-0.6b auto" "smollm2-135m fp8_e4m3"; do
   set -- $run
-  for cfg in "TAIL=0" "TAIL=64" "TAIL=0" "TAIL=64"; do
-    echo "smollm2 ctx $1 $2 $cfg: $(timeout 40 python3 tools/bench_layer_kernel.py --only config \
-      --shapes smollm2-135m --context $1 --kv-cache-dtype $2 --config $cfg 2>&1 \
-      | grep -E 'us a layer|Error' | tr -s ' ')" | tee -a $f
+  for cfg in "TAIL=0 A_CHUNK=0" "TAIL=64 A_CHUNK=0" "TAIL=0 A_CHUNK=1" "TAIL=64 A_CHUNK=1" \
+             "TAIL=0 A_CHUNK=0" "TAIL=64 A_CHUNK=1"; do
+    args=""; for c in $cfg; do args="$args --config $c"; done
+    echo "$1 $2 $cfg: $(timeout 40 python3 tools/bench_layer_kernel.py --only config \
+      --shapes $1 --kv-cache-dtype $2 $args 2>&1 | grep -E 'us a layer|Error' | tr -s ' ')" \
+      | tee -a $f
   done
 done
-timeout 60 python3 tools/lk_trace.py --shapes smollm2-135m --config TAIL=64 2>&1 | tee -a $f
-for tail in 0 64; do
-  echo "[smollm2 TAIL=$tail] $(timeout 90 python3 -c "
+timeout 60 python3 tools/lk_trace.py --shapes smollm2-135m --config TAIL=64 --config A_CHUNK=1 \
+  2>&1 | tee -a $f
+for run in "smollm2-135m 0 0" "smollm2-135m 64 1" "qwen2.5-0.5b 0 0" "qwen2.5-0.5b 64 1"; do
+  set -- $run
+  echo "[$1 TAIL=$2 A_CHUNK=$3] $(timeout 90 python3 -c "
 import runpy, sys
 from nanovllm.kernels.layer_config import CONFIG
-CONFIG['TAIL'] = $tail
-sys.argv = ['bench.py', '--single', '--num-seqs', '16', '--model-shape', 'smollm2-135m']
+CONFIG.update(TAIL=$2, A_CHUNK=bool($3))
+sys.argv = ['bench.py', '--single', '--num-seqs', '16', '--model-shape', '$1']
 runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error')" | tee -a $f
 done

@@ -69,6 +69,10 @@ uses this very object)."""
 # 512 + 64 in phases A and D) loads that remainder with its first chunk, before the barrier,
 # instead of a whole masked chunk after it (a round trip to HBM after the wait). 0: off (not
 # yet timed on a GPU).
+# A_CHUNK: phase A's K chunks sized for its own qkv rows (CHUNK / rows), not for D's gate_up
+# rows, which are more: Qwen2.5-0.5B's qkv 16 rows a program in one 1024-column chunk
+# instead of seven of 128, SmolLM2's 8 in one of 1024 instead of two of 512, Qwen3-0.6B's
+# 32 in two of 512 instead of four of 256. Off: not yet timed on a GPU.
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
               FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False,
-              C_SPLITS=8, TAIL=0)
+              C_SPLITS=8, TAIL=0, A_CHUNK=False)

@@ -62,8 +62,8 @@ def _layers_kernel(
     D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, I: tl.constexpr,
     R_QKV: tl.constexpr, RP_QKV: tl.constexpr, R_O: tl.constexpr, RP_O: tl.constexpr,
     R_GU: tl.constexpr, RP_GU: tl.constexpr, R_DOWN: tl.constexpr, RP_DOWN: tl.constexpr,
-    BK_D: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr, TAIL_D: tl.constexpr,
-    TAIL_Q: tl.constexpr, TAIL_I: tl.constexpr,
+    BK_A: tl.constexpr, BK_D: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
+    TAIL_A: tl.constexpr, TAIL_D: tl.constexpr, TAIL_Q: tl.constexpr, TAIL_I: tl.constexpr,
     QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr,
     QK_NORM: tl.constexpr, SPLITS: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr,
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -96,7 +96,7 @@ def _layers_kernel(
     mask_a = (rows_a < NQKV) & (tl.arange(0, RP_QKV) < R_QKV)
     w_in = layer_at(w_in_ptr, off_ptr, first, 0, NOFF)
     w_qkv = layer_at(w_qkv_ptr, off_ptr, first, 1, NOFF)
-    w0_a, wt_a = first_chunks(w_qkv, D, rows_a, mask_a, D, BK_D, TAIL_D)
+    w0_a, wt_a = first_chunks(w_qkv, D, rows_a, mask_a, D, BK_A, TAIL_A)
     last = first + count - 1
     for layer in range(first, first + count):
         bar0 = 5 * (layer - first) * nprog  # the counter's value as this layer begins
@@ -131,14 +131,14 @@ def _layers_kernel(
 
         # -- A: h = x + residual; qkv = RMSNorm(h) @ W_qkv^T --------------------------------
         if (PHASE < 0 or PHASE == 0) and WORK:
-            inv = rstd(row_sumsq(x_in, r_in, D, BK_D, True, DTYPE), D, eps)
+            inv = rstd(row_sumsq(x_in, r_in, D, BK_A, True, DTYPE), D, eps)
             if pid == 0:  # h, the residual the attention output is added to
-                for k0 in tl.static_range(0, D, BK_D):
-                    offs = k0 + tl.arange(0, BK_D)
+                for k0 in tl.static_range(0, D, BK_A):
+                    offs = k0 + tl.arange(0, BK_A)
                     tl.store(h_ptr + offs, h_chunk(x_in, r_in, offs, D, True, DTYPE),
                              mask=offs < D)
-            out = matvec(w0_a, wt_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_D,
-                         TAIL_D, RP_QKV, True, True, DTYPE, WIDEN, GROUP)
+            out = matvec(w0_a, wt_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_A,
+                         TAIL_A, RP_QKV, True, True, DTYPE, WIDEN, GROUP)
             epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
         if PERSIST:
             seen = arrive(bar_ptr)
@@ -254,7 +254,7 @@ def _layers_kernel(
         if PERSIST and layer < last:
             seen = arrive(bar_ptr)
         more = tl.full([RP_QKV], layer, tl.int32) < last  # (a vector: the interpreter's mask)
-        w0_a, wt_a = first_chunks(w_qkv, D, rows_a, mask_a & more, D, BK_D, TAIL_D)
+        w0_a, wt_a = first_chunks(w_qkv, D, rows_a, mask_a & more, D, BK_A, TAIL_A)
         if PERSIST and layer < last:
             wait(bar_ptr, bar0 + 5 * nprog, seen, TRACE)
     if PERSIST:

@@ -199,10 +199,12 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
             _barrier(device, trace_words(stack["num_layers"], programs) if CONFIG["TRACE"] else 2),
             _split_counters(device, hkv), eps,
             scale * LOG2E)
-    bk = dict(BK_D=_block_k(max(rp_qkv, 2 * rp_gu), d), BK_Q=_block_k(rp_o, hq * hd),
-              BK_I=_block_k(rp_down, inter))
-    tails = dict(TAIL_D=_tail(d, bk["BK_D"]), TAIL_Q=_tail(hq * hd, bk["BK_Q"]),
-                 TAIL_I=_tail(inter, bk["BK_I"]))
+    # (A_CHUNK off: phase A's qkv rows take the chunks of D's gate_up rows, often more.)
+    bk_d = _block_k(max(rp_qkv, 2 * rp_gu), d)
+    bk = dict(BK_A=_block_k(rp_qkv, d) if CONFIG["A_CHUNK"] else bk_d, BK_D=bk_d,
+              BK_Q=_block_k(rp_o, hq * hd), BK_I=_block_k(rp_down, inter))
+    tails = dict(TAIL_A=_tail(d, bk["BK_A"]), TAIL_D=_tail(d, bk_d),
+                 TAIL_Q=_tail(hq * hd, bk["BK_Q"]), TAIL_I=_tail(inter, bk["BK_I"]))
     meta = dict(
         D=d, HQ=hq, HKV=hkv, HD=hd, I=inter, R_QKV=r_qkv, RP_QKV=rp_qkv, R_O=r_o, RP_O=rp_o,
         R_GU=r_gu, RP_GU=rp_gu, R_DOWN=r_down, RP_DOWN=rp_down, **bk, **tails,

@@ -86,14 +86,21 @@ def test_splits_past_c_splits_combined_in_phase_b(toy_models, monkeypatch, count
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
-def test_narrow_last_chunks_loaded_with_the_first(toy_models, monkeypatch, counted):
-    """CONFIG["TAIL"]: hidden 96 in 64-column chunks (CHUNK 4096 over 64 rows) ends in a
-    32-column chunk, loaded with the first in phases A and D. The same logits."""
-    monkeypatch.setitem(layer_launch.CONFIG, "CHUNK", 4096)
+@pytest.mark.parametrize("a_chunk", [False, True])
+def test_narrow_last_chunks_and_phase_a_chunks(tmp_path, monkeypatch, counted, a_chunk):
+    """CONFIG["TAIL"] and ["A_CHUNK"] with hidden 96 and a wide MLP (intermediate 512), so a
+    program's 256 gate_up rows take 64-column chunks: hidden 96 ends in a 32-column chunk,
+    loaded with the first in phase D (and in phase A, unless A_CHUNK gives A's 64 qkv rows
+    one 128-column chunk). The same logits."""
+    from nanovllm.utils.toy import save_random_qwen3
+
+    path = save_random_qwen3(str(tmp_path / "m"), num_attention_heads=8, num_key_value_heads=2,
+                             head_dim=16, hidden_size=96, intermediate_size=512,
+                             num_hidden_layers=2)
     monkeypatch.setitem(layer_launch.CONFIG, "TAIL", 64)
+    monkeypatch.setitem(layer_launch.CONFIG, "A_CHUNK", a_chunk)
     assert layer_launch._tail(96, 64) == 32 and layer_launch._tail(576, 512) == 64
-    runs = {on: _logits(toy_models["tied_gqa4_d16_l4"], on, monkeypatch, counted, **CPU)
-            for on in (False, True)}
+    runs = {on: _logits(path, on, monkeypatch, counted, **CPU) for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
@@ -221,6 +228,24 @@ def test_gpu_splits_combined_by_o_proj(toy_models, monkeypatch, counted, tokens)
     engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
                         tokens=(tokens, tokens - 12), **engine)
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_chunk", [False, True])
+def test_gpu_narrow_last_chunks_and_phase_a_chunks(tmp_path, monkeypatch, counted, a_chunk):
+    """TAIL and A_CHUNK in the persistent launch (4 programs, so the CPU test's chunks: a
+    32-column tail in D, and in A unless A_CHUNK), with CUDA graphs."""
+    from nanovllm.utils.toy import save_random_qwen3
+
+    path = save_random_qwen3(str(tmp_path / "m"), num_attention_heads=8, num_key_value_heads=2,
+                             head_dim=16, hidden_size=96, intermediate_size=512,
+                             num_hidden_layers=2)
+    monkeypatch.setattr(layer_launch, "_programs", lambda device: 4)
+    monkeypatch.setitem(layer_launch.CONFIG, "TAIL", 64)
+    monkeypatch.setitem(layer_launch.CONFIG, "A_CHUNK", a_chunk)
+    runs = {on: _logits(path, on, monkeypatch, counted, **dict(GPU, enforce_eager=False))
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
 
