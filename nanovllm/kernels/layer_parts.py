@@ -1,7 +1,8 @@
-"""The layer kernel's parts (kernels/layer_kernel.py): the grid barrier (arrive, then wait),
-the residual add + RMSNorm on chunks of a row, the matvec over weight chunks and its
-epilogue, per-head q/k RMSNorm + RoPE rows, and a layer's tensor found through the offsets
-table. Each rounds where the launch-per-op path rounds."""
+"""The layer kernel's parts (kernels/layer_kernel.py): the grid barrier (arrive, then wait;
+optionally traced), the residual add + RMSNorm on chunks of a row, the matvec over weight
+chunks and its epilogue, per-head q/k RMSNorm + RoPE rows, the key splits of a context, and
+a layer's tensor found through the offsets table. Each rounds where the launch-per-op path
+rounds."""
 import triton
 import triton.language as tl
 
@@ -91,6 +92,20 @@ def first_chunks(w_ptr, stride_w, rows, row_mask, K: tl.constexpr, BLOCK_K: tl.c
     else:
         wt = w0
     return w0, wt
+
+
+@triton.jit
+def key_splits(ctx, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, NEW_APART: tl.constexpr):
+    """(keys a split, splits that hold keys) for a context of ctx keys: whole BLOCK_N tiles,
+    over SPLITS splits, or with NEW_APART the old keys over SPLITS - 1 and the new key alone
+    in the split after them."""
+    if NEW_APART:
+        split_len = tl.cdiv(tl.cdiv(tl.maximum(ctx - 1, 1), SPLITS - 1), BLOCK_N) * BLOCK_N
+        n_valid = tl.cdiv(ctx - 1, split_len) + 1
+    else:
+        split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+        n_valid = tl.cdiv(ctx, split_len)
+    return split_len, n_valid
 
 
 @triton.jit
