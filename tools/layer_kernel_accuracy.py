@@ -30,7 +30,8 @@ def main() -> None:
     ap.add_argument("--gguf", help="GGUF checkpoint (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--tokens", type=int, default=40, help="text tokens (half prefilled)")
     ap.add_argument("--kv-cache-dtype", default="auto",
-                    help="auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (the kernel's fp8 phase B)")
+                    help="auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (the kernel's fp8 "
+                    "phase B)")
     ap.add_argument("--programs", type=int, default=0,
                     help="the interpreter's programs (default 4); more give a kv head more key "
                     "splits, e.g. 12 for SmolLM2's 3 kv heads: 4 splits, combined in phase C")
