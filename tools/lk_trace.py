@@ -4,6 +4,7 @@ every grid barrier (CONFIG["TRACE"]), so a phase's work is the time from one wai
 next wait's start, and a barrier's cost is how long the programs wait in it. GPU only.
 
     python tools/lk_trace.py [--shapes smollm2-135m] [--context 512] [--config KEY=INT ...]
+                             [--programs N]
 """
 import argparse
 import os
@@ -18,7 +19,7 @@ from bench_layer_kernel import PHASE_NAMES, build, forward, time_graph  # noqa: 
 from nanovllm.kernels import layer_launch as lk  # noqa: E402
 
 
-def trace(shape: str, context: int, fp8: bool) -> None:
+def trace(shape: str, context: int, fp8: bool, show: int) -> None:
     """Run a graph of every layer of the shape, then print the last replay's waits by phase."""
     layers, step, x = build(shape, context, fp8=fp8)
     n = len(layers)
@@ -47,6 +48,9 @@ def trace(shape: str, context: int, fp8: bool) -> None:
               f"{wait[rows].mean():9.2f} {wait[rows].min(axis=1).mean():9.2f}")
     rows = [b for b in range(5, 5 * n - 5)]
     print(f"  per layer: work {5 * work[rows].mean():.2f} + waits {5 * wait[rows].mean():.2f}")
+    if show:  # phase B's work by program: item p is (kv head p % HKV, split p // HKV)
+        b = work[[5 * layer + 1 for layer in range(1, n - 1)], :show].mean(axis=0)
+        print("  B work by program, us: " + " ".join(f"{v:.2f}" for v in b))
 
 
 def main():
@@ -55,13 +59,14 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     ap.add_argument("--config", action="append", default=[], metavar="KEY=INT")
+    ap.add_argument("--programs", type=int, default=0, help="print phase B's work of the first N")
     args = ap.parse_args()
     lk.CONFIG["TRACE"] = True
     for item in args.config:
         key, _, value = item.partition("=")
         lk.CONFIG[key] = type(lk.CONFIG[key])(int(value))
     for shape in args.shapes.split(","):
-        trace(shape, args.context, args.kv_cache_dtype == "fp8_e4m3")
+        trace(shape, args.context, args.kv_cache_dtype == "fp8_e4m3", args.programs)
 
 
 if __name__ == "__main__":

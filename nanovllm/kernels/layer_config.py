@@ -66,13 +66,18 @@ uses this very object)."""
 # 2048: 19.1 vs 16.4); a phase C that picks its input (combined or read) before one matvec,
 # or that reads split 0 holding B's combine: 0.3-1.3 us slower past 8 splits.
 # TAIL: a matvec whose K ends in a narrow remainder of at most TAIL columns (SmolLM2's 576 =
-# 512 + 64 in phases A and D) loads that remainder with its first chunk, before the barrier,
-# instead of a whole masked chunk after it (a round trip to HBM after the wait). 0: off (not
-# yet timed on a GPU).
+# 512 + 64 in phase D) loads that remainder with its first chunk, before the barrier,
+# instead of a whole masked chunk after it (a round trip to HBM after the wait).
 # A_CHUNK: phase A's K chunks sized for its own qkv rows (CHUNK / rows), not for D's gate_up
-# rows, which are more: Qwen2.5-0.5B's qkv 16 rows a program in one 1024-column chunk
-# instead of seven of 128, SmolLM2's 8 in one of 1024 instead of two of 512, Qwen3-0.6B's
-# 32 in two of 512 instead of four of 256. Off: not yet timed on a GPU.
+# rows, which are more, where that makes K one chunk: Qwen2.5-0.5B's 16 qkv rows a program
+# in one 1024-column chunk instead of seven of 128, SmolLM2's 8 in one of 1024 instead of two
+# of 512 (Qwen3-0.6B's 32 would take two of 512 instead of four of 256: slower, so not).
+# H200, 2026-11-29, context 512, us a layer, alternating (tools/lk_tail_check.sh): SmolLM2
+# shape neither 14.93, 14.88 / TAIL 13.87 / A_CHUNK 14.49 / both 13.80, 13.79; Qwen2.5-0.5B
+# 24.33, 24.35 / A_CHUNK 21.44, 21.13 (with 8 warps and 32K chunks 21.09: not taken);
+# Qwen3-0.6B 24.19, 23.85 / two chunks of 512: 24.66, 24.67; fp8 SmolLM2 20.86, 20.82 /
+# both 19.31, 19.32. bench.py --single --num-seqs 16: SmolLM2 1,967 -> 2,097 tok/s,
+# Qwen2.5-0.5B 1,425 -> 1,593.
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
               FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False,
-              C_SPLITS=8, TAIL=0, A_CHUNK=False)
+              C_SPLITS=8, TAIL=64, A_CHUNK=True)

@@ -199,9 +199,10 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
             _barrier(device, trace_words(stack["num_layers"], programs) if CONFIG["TRACE"] else 2),
             _split_counters(device, hkv), eps,
             scale * LOG2E)
-    # (A_CHUNK off: phase A's qkv rows take the chunks of D's gate_up rows, often more.)
-    bk_d = _block_k(max(rp_qkv, 2 * rp_gu), d)
-    bk = dict(BK_A=_block_k(rp_qkv, d) if CONFIG["A_CHUNK"] else bk_d, BK_D=bk_d,
+    # Phase A's qkv rows take the chunks of D's gate_up rows (often more rows: narrower
+    # chunks), unless A_CHUNK and their own chunk holds all of K (one load, no K loop).
+    bk_d, bk_a = _block_k(max(rp_qkv, 2 * rp_gu), d), _block_k(rp_qkv, d)
+    bk = dict(BK_A=bk_a if CONFIG["A_CHUNK"] and bk_a >= d else bk_d, BK_D=bk_d,
               BK_Q=_block_k(rp_o, hq * hd), BK_I=_block_k(rp_down, inter))
     tails = dict(TAIL_A=_tail(d, bk["BK_A"]), TAIL_D=_tail(d, bk_d),
                  TAIL_Q=_tail(hq * hd, bk["BK_Q"]), TAIL_I=_tail(inter, bk["BK_I"]))
