@@ -24,6 +24,47 @@ def _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, stride_sblk, stride_
 
 
 @triton.jit
+def tile_of(cache_ptr, bt_row, kv_head_off, n, end, stride_kblk, stride_kslot,
+            HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+            PAGE_TILE: tl.constexpr):
+    """A cache's tile [BLOCK_N, HEAD_DIM] of keys n .. n + BLOCK_N, zeros from end on."""
+    n_mask, tok_off, _ = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, 0, 0,
+                                      BLOCK_SIZE, BLOCK_N, PAGE_TILE)
+    kv_off = tok_off[:, None] + kv_head_off + tl.arange(0, HEAD_DIM)[None, :]
+    return tl.load(cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+
+
+@triton.jit
+def prefetch_tile(cache_ptr, bt_row, kv_head_off, n, end, stride_kblk, stride_kslot,
+                  HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PAGE_TILE: tl.constexpr):
+    """Ask for the rows of tile_of's tile (keys before end) to be brought into L2, not
+    waiting for them."""
+    n_mask, tok_off, _ = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot, 0, 0,
+                                      BLOCK_SIZE, BLOCK_N, PAGE_TILE)
+    LINE: tl.constexpr = 1024 // cache_ptr.dtype.element_ty.primitive_bitwidth  # a 128 B line
+    NL: tl.constexpr = max(1, HEAD_DIM // LINE)
+    cols = tl.arange(0, NL) * LINE
+    addr = (cache_ptr + tok_off[:, None] + kv_head_off + cols[None, :]).to(tl.int64)
+    on = (n_mask[:, None] & (cols[None, :] >= 0)).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, on], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def attend_one_tile(q, k, v, n_mask, qk_scale, DOT_PREC: tl.constexpr):
+    """attend_tiles over one tile already in registers (K and V [BLOCK_N, D], the keys of
+    n_mask): (acc [G_PAD, D], m, l), the same values as that loop's one step."""
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
+    rows: tl.constexpr = q.shape[0]
+    m_i, l_i, p, _ = online_softmax_step(tl.full([rows], float("-inf"), tl.float32),
+                                         tl.zeros([rows], tl.float32), qk)
+    return tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC), m_i, l_i
+
+
+@triton.jit
 def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, kv_head_off,
                  start, end, qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
                  G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,

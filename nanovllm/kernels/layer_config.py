@@ -78,6 +78,17 @@ uses this very object)."""
 # Qwen3-0.6B 24.19, 23.85 / two chunks of 512: 24.66, 24.67; fp8 SmolLM2 20.86, 20.82 /
 # both 19.31, 19.32. bench.py --single --num-seqs 16: SmolLM2 1,967 -> 2,097 tok/s,
 # Qwen2.5-0.5B 1,425 -> 1,593.
+# PRE_KV: each program's first key split, when it is one 64-key tile (contexts up to 4096),
+# requested between the A -> B barrier's arrival and its wait: 1 into registers, K and V,
+# the new key put into them after phase B stores it (no read-back, no block barrier), where
+# heads are at most 64 wide (Qwen3-0.6B's 128-dim tiles spill: into L2 there, 2); 0 off.
+# tools/lk_trace.py, SmolLM2 shape, context 300: the splits' phase B work 3.1 -> 2.7 us, the
+# new key's split 3.6 -> 3.3. H200, 2026-11-29, us a layer, off / on, alternating
+# (tools/lk_prekv_check.sh): SmolLM2 context 300 13.66, 13.70 / 13.48, 13.24, 512 13.79 /
+# 13.25; Qwen2.5-0.5B 21.39 / 20.88; Qwen3-0.6B (L2) 23.80, 23.70 / 23.37, 23.36. bench.py
+# --single --num-seqs 16: SmolLM2 2,013 / 2,155 (2,099 / 2,158 in a later call), Qwen2.5
+# 1,587 / 1,572, Qwen3 1,271 (on). Also timed: K alone in registers, V read after the wait
+# (SmolLM2 13.74, 13.75: no gain), and into L2 at 64-dim heads (13.90, 13.81: slower).
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
               FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False,
-              C_SPLITS=8, TAIL=64, A_CHUNK=True)
+              C_SPLITS=8, TAIL=64, A_CHUNK=True, PRE_KV=1)

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import quantize_fp8
+from nanovllm.kernels.decode_tiles import prefetch_tile, tile_of
 from nanovllm.kernels.layer_parts import rope_rows
 from nanovllm.kernels.triton_feedback import feedback_round, top_rows
 from nanovllm.kernels.triton_rope import mix_halves
@@ -80,29 +81,81 @@ def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs
 
 
 @triton.jit
-def store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, k_scale, v_scale,
-                 fb_ptr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                 QK_NORM: tl.constexpr, DTYPE: tl.constexpr, KV_FP8: tl.constexpr,
-                 MIX: tl.constexpr, LOG2_HALF: tl.constexpr, FEEDBACK: tl.constexpr,
-                 FB_ASM: tl.constexpr, FB_G: tl.constexpr,
-                 FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-                 SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """kv head kvh's new K (normed, rotated) and V from the qkv row, stored at k_dst / v_dst
-    (this slot and head's row): in the model dtype, or with KV_FP8 as _store_fp8's codes
-    (k_scale / v_scale: the layer's per-kv-head scales)."""
-    if KV_FP8:
-        _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst,
-                   tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr, HQ, HKV, HD,
-                   QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_ASM, FB_G, FMAX, MANT,
-                   BIAS, SOFT, DOT_PREC)
+def store_new_kv(qkv_ptr, kvh, is_new, sync, slot_ptr, stride_kslot, pos, cos_sin_ptr, k_norm,
+                 eps, k_cache, v_cache, k_scale, v_scale, fb_ptr, HQ: tl.constexpr,
+                 HKV: tl.constexpr, HD: tl.constexpr, QK_NORM: tl.constexpr,
+                 DTYPE: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr,
+                 LOG2_HALF: tl.constexpr, FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr,
+                 FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+                 BIAS: tl.constexpr, SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Where is_new (the split that holds the new key): kv head kvh's new K (normed,
+    rotated) and V from the qkv row, stored at this step's slot of the layer's caches, in
+    the model dtype or with KV_FP8 as _store_fp8's codes (k_scale / v_scale: per-kv-head
+    scales); then, with sync, a block barrier (the split reads the key back). Returns what
+    was stored, as rows [1, HD] (zeros for an fp8 cache or elsewhere): the attention may take
+    the new key from them."""
+    k_row = tl.zeros([1, HD], DTYPE)
+    v_row = tl.zeros([1, HD], DTYPE)
+    if is_new:
+        dst = tl.load(slot_ptr).to(tl.int64) * stride_kslot + kvh * HD
+        if KV_FP8:
+            _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
+                       v_cache + dst, tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr,
+                       HQ, HKV, HD, QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_ASM, FB_G,
+                       FMAX, MANT, BIAS, SOFT, DOT_PREC)
+        else:
+            kv_head = tl.full([1], 0, tl.int32) + kvh
+            k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos, cos_sin_ptr, k_norm,
+                          eps, HD, QK_NORM, DTYPE)
+            offs = tl.arange(0, HD)[None, :]
+            k_row = k.to(DTYPE)
+            v_row = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs, cache_modifier=".cg")
+            tl.store(k_cache + dst + offs, k_row)
+            tl.store(v_cache + dst + offs, v_row)
+        if sync:
+            tl.debug_barrier()
+    return k_row, v_row
+
+
+@triton.jit
+def key_splits(ctx, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, NEW_APART: tl.constexpr):
+    """(keys a split, splits that hold keys) for a context of ctx keys: whole BLOCK_N tiles,
+    over SPLITS splits, or with NEW_APART the old keys over SPLITS - 1 and the new key alone
+    in the split after them."""
+    if NEW_APART:
+        split_len = tl.cdiv(tl.cdiv(tl.maximum(ctx - 1, 1), SPLITS - 1), BLOCK_N) * BLOCK_N
+        n_valid = tl.cdiv(ctx - 1, split_len) + 1
     else:
-        kv_head = tl.full([1], 0, tl.int32) + kvh
-        k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos, cos_sin_ptr, k_norm,
-                      eps, HD, QK_NORM, DTYPE)
-        offs = tl.arange(0, HD)
-        v = tl.load(qkv_ptr + (HQ + HKV) * HD + kvh * HD + offs, cache_modifier=".cg")
-        tl.store(k_dst + offs[None, :], k.to(DTYPE))
-        tl.store(v_dst + offs, v)
+        split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+        n_valid = tl.cdiv(ctx, split_len)
+    return split_len, n_valid
+
+
+@triton.jit
+def old_keys_tile(k_cache, v_cache, bt_row, pid, ctx, split_len, n_valid, stride_kblk,
+                  stride_kslot, HKV: tl.constexpr, HD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, TO_L2: tl.constexpr):
+    """Program pid's phase B item (kv head pid % HKV, split pid // HKV) when its split is one
+    tile: that tile's K and V of the old keys (before ctx - 1), zeros elsewhere, or (TO_L2)
+    asked into L2 with zeros returned. Nothing past n_valid splits or longer ones."""
+    pre = (split_len == BLOCK_N) & (pid < HKV * n_valid)
+    n0 = tl.where(pre, pid // HKV * BLOCK_N, 0)
+    e0 = tl.where(pre, tl.minimum(n0 + BLOCK_N, ctx - 1), 0)
+    off = pid % HKV * HD
+    PAGE: tl.constexpr = BLOCK_SIZE % BLOCK_N == 0
+    if TO_L2:
+        prefetch_tile(k_cache, bt_row, off, n0, e0, stride_kblk, stride_kslot, HD, BLOCK_SIZE,
+                      BLOCK_N, PAGE)
+        prefetch_tile(v_cache, bt_row, off, n0, e0, stride_kblk, stride_kslot, HD, BLOCK_SIZE,
+                      BLOCK_N, PAGE)
+        k = tl.zeros([BLOCK_N, HD], k_cache.dtype.element_ty)
+        v = tl.zeros([BLOCK_N, HD], k_cache.dtype.element_ty)
+    else:
+        k = tile_of(k_cache, bt_row, off, n0, e0, stride_kblk, stride_kslot, HD, BLOCK_SIZE,
+                    BLOCK_N, PAGE)
+        v = tile_of(v_cache, bt_row, off, n0, e0, stride_kblk, stride_kslot, HD, BLOCK_SIZE,
+                    BLOCK_N, PAGE)
+    return k, v
 
 
 @triton.jit

@@ -1,32 +1,27 @@
 """Every dense decoder layer of a batch-1 decode step in one persistent Triton launch.
 
-At batch 1 a layer is ~10 kernels (norm, qkv GEMM, split-K reduce, RoPE + store, attention,
-o GEMM, norm, gate_up GEMM, SiLU-and-mul, down GEMM), each moving a few megabytes at most:
-their launch, ramp and tail cost more than their bytes (docs/PERF_NOTES.md: ~37 us a layer
-of Qwen3-0.6B for ~10 us of weight reads). Here one program per SM (CONFIG["PER_SM"] in
-layer_launch.py, the host side) runs each layer's five phases in turn, layer after layer,
-separated by grid-wide barriers (an atomic counter that every program bumps and then polls;
-all programs are resident at once, as the grid is sized to what the SMs hold side by side):
+At batch 1 a layer is ~10 kernels, each moving a few megabytes at most: their launch, ramp
+and tail cost more than their bytes (docs/PERF_NOTES.md: ~37 us a layer of Qwen3-0.6B for
+~10 us of weight reads). Here one program per SM (layer_launch.py, the host side) runs each
+layer's five phases in turn, layer after layer, separated by grid-wide barriers (an atomic
+counter every program bumps, then polls; the grid is what the SMs hold at once):
 
   A  h = x + residual, RMSNorm (each program on the whole row: a few KB), qkv rows
   B  per (kv head, key split): q/k norm and RoPE, the new K/V into the paged cache (by the
-     split that holds the new key), attention over the split; the last split of a kv head
-     to finish combines the splits (decode_reduce.split_done, as the decode kernel does;
-     up to C_SPLITS splits, phase C's programs each combine them instead).
-     With NEW_APART the new key is a split of its own, so its store (an fp8 cache's
-     rounding chain) runs beside the old keys' splits, not before one of them.
-     An fp8 cache (KV_FP8) gets the codes the fused RoPE store writes (layer_fp8.py: per-kv-
-     head scales, Hadamard-mixed q and K with MIX, K's error feedback with FEEDBACK)
-  C  o_proj rows (of the splits' combined output when B left it to C)
+     split that holds the new key), attention over the split, combined by the last split of
+     a kv head (decode_reduce.split_done) or, up to C_SPLITS splits, by phase C's programs.
+     NEW_APART: the new key a split of its own. PRE_KV: a split's one tile requested before
+     the A -> B barrier's wait. An fp8 cache (KV_FP8) gets the codes the fused RoPE store
+     writes (layer_fp8.py: scales, Hadamard mixing (MIX), K's error feedback (FEEDBACK)).
+  C  o_proj rows
   D  h2 = o + h, RMSNorm, gate and up rows side by side, SiLU-and-mul
   E  down rows -> the layer's output (h2 is the next residual)
 
-Each matrix phase gives each program ceil(N / programs) whole rows, read over the full K,
-so no split-K partials are needed; its first weight chunk is requested between the barrier's
-arrival and its wait. Values are rounded to the model dtype where the unfused path rounds
-(the matmul outputs, h, the normed rows, the rotated q/k, silu), so the two paths differ only
-by summation order. Layers find their tensors through a table of offsets from the first
-layer's (layer_launch.stack_layers), so one compiled variant serves any number of layers.
+Each matrix phase gives each program ceil(N / programs) whole rows over the full K (no
+split-K partials); its first weight chunk is requested between the barrier's arrival and
+its wait. Values are rounded to the model dtype where the unfused path rounds, so the two
+paths differ only by summation order. Layers find their tensors through a table of offsets
+from the first layer's (layer_launch.stack_layers): one compiled variant, any layer count.
 
 PHASE >= 0 runs one phase of one layer per launch without barriers: the interpreter (which
 runs programs one after another, so a barrier would wait forever) and tests take that path.
@@ -36,12 +31,12 @@ import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.decode_reduce import combine_all, split_done
-from nanovllm.kernels.decode_tiles import attend_tiles
+from nanovllm.kernels.decode_tiles import attend_one_tile, attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
-from nanovllm.kernels.layer_fp8 import queries, store_new_kv
+from nanovllm.kernels.layer_fp8 import key_splits, old_keys_tile, queries, store_new_kv
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
-                                          first_chunks, h_chunk, key_splits, layer_at, matvec,
-                                          matvec_x, row_sumsq, wait)
+                                          first_chunks, layer_at, matvec, matvec_x, row_sumsq,
+                                          store_h, wait)
 from nanovllm.kernels.triton_feedback import prefetch_rows
 
 ALL_PHASES = -1
@@ -73,7 +68,7 @@ def _layers_kernel(
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
     FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, TRACE: tl.constexpr,
-    C_SPLITS: tl.constexpr,
+    C_SPLITS: tl.constexpr, PRE_KV: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -128,15 +123,20 @@ def _layers_kernel(
         if (PHASE < 0 or PHASE == 0) and WORK:
             inv = rstd(row_sumsq(x_in, r_in, D, BK_A, True, DTYPE), D, eps)
             if pid == 0:  # h, the residual the attention output is added to
-                for k0 in tl.static_range(0, D, BK_A):
-                    offs = k0 + tl.arange(0, BK_A)
-                    tl.store(h_ptr + offs, h_chunk(x_in, r_in, offs, D, True, DTYPE),
-                             mask=offs < D)
+                store_h(h_ptr, x_in, r_in, D, BK_A, DTYPE)
             out = matvec(w0_a, wt_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_A,
                          TAIL_A, RP_QKV, True, True, DTYPE, WIDEN, GROUP)
             epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
         if PERSIST:
             seen = arrive(bar_ptr)
+        if PRE_KV and (PHASE < 0 or PHASE == 1) and WORK:
+            # This program's first split, when one tile: its old keys do not depend on phase
+            # A, so they are requested before the wait, into registers (PRE_KV 1; the new key
+            # joins them there) or into L2 (2).
+            k_pre, v_pre = old_keys_tile(k_cache, v_cache, bt_ptr, pid, ctx, split_len, n_valid,
+                                         stride_kblk, stride_kslot, HKV, HD, BLOCK_SIZE,
+                                         BLOCK_N, PRE_KV == 2)
+        if PERSIST:
             wait(bar_ptr, bar0 + nprog, seen, TRACE)
 
         # -- B: norms, RoPE, K/V store, attention over one key split, combine --------------
@@ -150,28 +150,35 @@ def _layers_kernel(
                     end = tl.where(s == n_valid - 1, ctx, tl.minimum(end, ctx - 1))
                     start = tl.where(s == n_valid - 1, tl.maximum(ctx - 1, 0), start)
                 if start < end:
-                    offs_d = tl.arange(0, HD)
-                    if s == n_valid - 1:  # the split that holds the new key stores it first
-                        dst = tl.load(slot_ptr).to(tl.int64) * stride_kslot + kvh * HD
-                        store_new_kv(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
-                                     v_cache + dst, k_scale, v_scale, k_fb, HQ, HKV, HD,
-                                     QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK, FB_ASM,
-                                     FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
-                        tl.debug_barrier()
+                    # PRE_KV 1: the tile is in registers, the new key joins it from there.
+                    pre_tile = (item == pid) & (split_len == BLOCK_N) & (PRE_KV == 1)
+                    k_new, v_new = store_new_kv(
+                        qkv_ptr, kvh, s == n_valid - 1, pre_tile == 0, slot_ptr, stride_kslot,
+                        pos, cos_sin_ptr, k_norm, eps, k_cache, v_cache, k_scale, v_scale,
+                        k_fb, HQ, HKV, HD, QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK,
+                        FB_ASM, FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
                     heads = kvh * G + tl.arange(0, G_PAD)
                     g_mask = tl.arange(0, G_PAD) < G
                     q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
                                        qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8, MIX,
                                        LOG2_HALF, FP16_QK, DOT_PREC)
-                    acc, m_i, l_i = attend_tiles(
-                        q, k_cache, v_cache, k_cache, k_cache, bt_ptr, kvh * HD,
-                        start, end, scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
-                        BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC, KV_FP8,
-                        False, q.dtype, False)
+                    if PRE_KV == 1 and pre_tile:
+                        keys = start + tl.arange(0, BLOCK_N)
+                        new = (keys == ctx - 1)[:, None]
+                        acc, m_i, l_i = attend_one_tile(
+                            q, tl.where(new, k_new, k_pre), tl.where(new, v_new, v_pre),
+                            keys < end, scale, DOT_PREC)
+                    else:
+                        acc, m_i, l_i = attend_tiles(
+                            q, k_cache, v_cache, k_cache, k_cache, bt_ptr, kvh * HD, start,
+                            end, scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
+                            BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC,
+                            KV_FP8, False, q.dtype, False)
                     part = acc / l_i[:, None]
                     if KV_FP8:  # V's scale, once on the output
                         part = part * tl.load(v_scale + kvh)
-                    po = po_ptr + heads[:, None] * (SPLITS * HD) + s * HD + offs_d[None, :]
+                    po = (po_ptr + heads[:, None] * (SPLITS * HD) + s * HD
+                          + tl.arange(0, HD)[None, :])
                     tl.store(po, part, mask=g_mask[:, None])
                     tl.store(lse_ptr + heads * SPLITS + s, m_i + tl.log2(l_i), mask=g_mask)
                     if C_SPLITS == 0 or n_valid > C_SPLITS:  # else phase C combines
@@ -179,8 +186,6 @@ def _layers_kernel(
                                    0, SPLITS * HD, HD, 0, SPLITS, 0, HD, HKV, G, RED_GP,
                                    RED_CHUNK, HD)
 
-        # Each matrix phase's first weight chunk is requested between the barrier's arrival
-        # and its wait (chunk_across_barrier).
         # -- C: o_proj ------------------------------------------------------------------------
         if (PHASE < 0 or PHASE == 2) and WORK:
             rows = pid * R_O + tl.arange(0, RP_O)
@@ -210,10 +215,7 @@ def _layers_kernel(
                                           BK_D, TAIL_D, PERSIST, TRACE)
             inv = rstd(row_sumsq(ao_ptr, h_ptr, D, BK_D, True, DTYPE), D, eps)
             if pid == 0:  # h2: the next layer's residual
-                for k0 in tl.static_range(0, D, BK_D):
-                    offs = k0 + tl.arange(0, BK_D)
-                    tl.store(res_out_ptr + offs, h_chunk(ao_ptr, h_ptr, offs, D, True, DTYPE),
-                             mask=offs < D)
+                store_h(res_out_ptr, ao_ptr, h_ptr, D, BK_D, DTYPE)
             out = matvec(w0, wt, w_gu, D, rows, mask, ao_ptr, h_ptr, w_post, inv, D, BK_D,
                          TAIL_D, 2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
             if W_SCALE:

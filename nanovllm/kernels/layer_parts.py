@@ -95,20 +95,6 @@ def first_chunks(w_ptr, stride_w, rows, row_mask, K: tl.constexpr, BLOCK_K: tl.c
 
 
 @triton.jit
-def key_splits(ctx, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, NEW_APART: tl.constexpr):
-    """(keys a split, splits that hold keys) for a context of ctx keys: whole BLOCK_N tiles,
-    over SPLITS splits, or with NEW_APART the old keys over SPLITS - 1 and the new key alone
-    in the split after them."""
-    if NEW_APART:
-        split_len = tl.cdiv(tl.cdiv(tl.maximum(ctx - 1, 1), SPLITS - 1), BLOCK_N) * BLOCK_N
-        n_valid = tl.cdiv(ctx - 1, split_len) + 1
-    else:
-        split_len = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
-        n_valid = tl.cdiv(ctx, split_len)
-    return split_len, n_valid
-
-
-@triton.jit
 def row_sumsq(x_ptr, r_ptr, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_R: tl.constexpr,
               DTYPE: tl.constexpr):
     """sum of h^2 over the row h = x (+ r, rounded to DTYPE)."""
@@ -129,6 +115,14 @@ def h_chunk(x_ptr, r_ptr, offs, K: tl.constexpr, HAS_R: tl.constexpr, DTYPE: tl.
         r = tl.load(r_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         h = (h + r).to(DTYPE).to(tl.float32)
     return h
+
+
+@triton.jit
+def store_h(dst_ptr, x_ptr, r_ptr, K: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
+    """dst = x + r over the row (h_chunk's rounding), a BLOCK_K chunk at a time."""
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        tl.store(dst_ptr + offs, h_chunk(x_ptr, r_ptr, offs, K, True, DTYPE), mask=offs < K)
 
 
 @triton.jit
