@@ -24,10 +24,6 @@ for shape in smollm2-135m qwen2.5-0.5b; do
 done
 for run in "smollm2-135m 0" "smollm2-135m 1" "qwen3-0.6b 2" "qwen2.5-0.5b 2"; do
   set -- $run
-  echo "[$1 NEW_APART=$2] $(timeout 90 python3 -c "
-import runpy, sys
-from nanovllm.kernels.layer_config import CONFIG
-CONFIG.update(NEW_APART=$2)
-sys.argv = ['bench.py', '--single', '--num-seqs', '16', '--model-shape', '$1']
-runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error')" | tee -a $f
+  echo "[$1 NEW_APART=$2] $(timeout 90 python3 tools/lk_single.py $1 NEW_APART=$2 2>&1 \
+    | grep -E 'Single|Error')" | tee -a $f
 done

@@ -24,10 +24,6 @@ time_pre qwen2.5-0.5b 300 0 1
 time_pre qwen3-0.6b 300 0 1 0 1
 for run in "smollm2-135m 0" "smollm2-135m 1" "qwen2.5-0.5b 0" "qwen2.5-0.5b 1" "qwen3-0.6b 1"; do
   set -- $run
-  echo "[$1 PRE_KV=$2] $(timeout 90 python3 -c "
-import runpy, sys
-from nanovllm.kernels.layer_config import CONFIG
-CONFIG.update(PRE_KV=$2)
-sys.argv = ['bench.py', '--single', '--num-seqs', '16', '--model-shape', '$1']
-runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error')" | tee -a $f
+  echo "[$1 PRE_KV=$2] $(timeout 90 python3 tools/lk_single.py $1 PRE_KV=$2 2>&1 \
+    | grep -E 'Single|Error')" | tee -a $f
 done

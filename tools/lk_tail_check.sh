@@ -33,10 +33,6 @@ timeout 60 python3 tools/lk_trace.py --shapes smollm2-135m --config TAIL=64 --co
   2>&1 | tee -a $f
 for run in "smollm2-135m 0 0" "smollm2-135m 64 1" "qwen2.5-0.5b 0 0" "qwen2.5-0.5b 64 1"; do
   set -- $run
-  echo "[$1 TAIL=$2 A_CHUNK=$3] $(timeout 90 python3 -c "
-import runpy, sys
-from nanovllm.kernels.layer_config import CONFIG
-CONFIG.update(TAIL=$2, A_CHUNK=bool($3))
-sys.argv = ['bench.py', '--single', '--num-seqs', '16', '--model-shape', '$1']
-runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error')" | tee -a $f
+  echo "[$1 TAIL=$2 A_CHUNK=$3] $(timeout 90 python3 tools/lk_single.py $1 TAIL=$2 \
+    A_CHUNK=$3 2>&1 | grep -E 'Single|Error')" | tee -a $f
 done
