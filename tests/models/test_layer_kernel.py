@@ -259,6 +259,21 @@ def test_gpu_old_keys_requested_before_the_wait(toy_models, monkeypatch, counted
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("feedback", ["1", "0"])
+def test_gpu_fp8_old_keys_requested_before_the_wait(toy_models, monkeypatch, counted,
+                                                    feedback):
+    """PRE_KV_FP8 over an e4m3 cache (mixed), K's feedback by the chains (their PTX stores
+    the codes) or none: the new key's codes read back into the first tile."""
+    monkeypatch.setitem(layer_launch.CONFIG, "PRE_KV_FP8", True)
+    monkeypatch.setenv("NANOVLLM_KV_FEEDBACK", feedback)
+    engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80, kv_cache_dtype="fp8_e4m3")
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        tokens=(300, 288), **engine)
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("a_chunk", [False, True])
 def test_gpu_narrow_last_chunks_and_phase_a_chunks(tmp_path, monkeypatch, counted, a_chunk):
     """TAIL and A_CHUNK in the persistent launch (4 programs, so the CPU test's chunks: a
