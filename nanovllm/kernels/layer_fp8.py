@@ -137,6 +137,18 @@ def key_splits(ctx, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, NEW_APART: tl.c
 
 
 @triton.jit
+def split_range(s, split_len, n_valid, ctx, NEW_APART: tl.constexpr):
+    """(first key, end) of split s: key_splits' tiles, or with NEW_APART the new key alone
+    in split n_valid - 1 and the old ones before it."""
+    start = s * split_len
+    end = tl.minimum(start + split_len, ctx)
+    if NEW_APART:
+        end = tl.where(s == n_valid - 1, ctx, tl.minimum(end, ctx - 1))
+        start = tl.where(s == n_valid - 1, tl.maximum(ctx - 1, 0), start)
+    return start, end
+
+
+@triton.jit
 def old_keys_tile(k_cache, v_cache, bt_row, pid, ctx, split_len, n_valid, stride_kblk,
                   stride_kslot, HKV: tl.constexpr, HD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                   BLOCK_N: tl.constexpr, TO_L2: tl.constexpr):

@@ -33,7 +33,8 @@ from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.decode_reduce import combine_all, split_done
 from nanovllm.kernels.decode_tiles import attend_one_tile, attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
-from nanovllm.kernels.layer_fp8 import key_splits, old_keys_tile, queries, store_new_kv
+from nanovllm.kernels.layer_fp8 import (key_splits, old_keys_tile, queries, split_range,
+                                        store_new_kv)
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
                                           first_chunks, layer_at, matvec, matvec_x, row_sumsq,
                                           store_h, wait)
@@ -68,7 +69,7 @@ def _layers_kernel(
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
     FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, TRACE: tl.constexpr,
-    C_SPLITS: tl.constexpr, PRE_KV: tl.constexpr,
+    C_SPLITS: tl.constexpr, PRE_KV: tl.constexpr, Q_FIRST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -144,24 +145,23 @@ def _layers_kernel(
             for item in range(pid, HKV * SPLITS, nprog):
                 kvh = item % HKV  # a token's kv heads side by side: whole cache rows a wave
                 s = item // HKV
-                start = s * split_len
-                end = tl.minimum(start + split_len, ctx)
-                if NEW_APART:  # (no key at all, ctx 0: the warm-up's stand-ins, nothing to do)
-                    end = tl.where(s == n_valid - 1, ctx, tl.minimum(end, ctx - 1))
-                    start = tl.where(s == n_valid - 1, tl.maximum(ctx - 1, 0), start)
-                if start < end:
-                    # PRE_KV 1: the tile is in registers, the new key joins it from there.
+                start, end = split_range(s, split_len, n_valid, ctx, NEW_APART)
+                if start < end:  # (none at ctx 0: the warm-up's stand-ins)
                     pre_tile = (item == pid) & (split_len == BLOCK_N) & (PRE_KV == 1)
+                    heads, g_mask = kvh * G + tl.arange(0, G_PAD), tl.arange(0, G_PAD) < G
+                    if Q_FIRST:  # q's loads in flight while the new key's chain runs
+                        q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
+                                           qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8,
+                                           MIX, LOG2_HALF, FP16_QK, DOT_PREC)
                     k_new, v_new = store_new_kv(
                         qkv_ptr, kvh, s == n_valid - 1, pre_tile == 0, slot_ptr, stride_kslot,
                         pos, cos_sin_ptr, k_norm, eps, k_cache, v_cache, k_scale, v_scale,
                         k_fb, HQ, HKV, HD, QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK,
                         FB_ASM, FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
-                    heads = kvh * G + tl.arange(0, G_PAD)
-                    g_mask = tl.arange(0, G_PAD) < G
-                    q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
-                                       qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8, MIX,
-                                       LOG2_HALF, FP16_QK, DOT_PREC)
+                    if not Q_FIRST:
+                        q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
+                                           qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8,
+                                           MIX, LOG2_HALF, FP16_QK, DOT_PREC)
                     if PRE_KV == 1 and pre_tile:
                         keys = start + tl.arange(0, BLOCK_N)
                         new = (keys == ctx - 1)[:, None]

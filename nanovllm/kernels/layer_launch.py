@@ -234,7 +234,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FB_PREFETCH=present["k_fb"] and CONFIG["FB_PREFETCH"] and not INTERPRET,
         FB_ASM=fb_asm, NEW_APART=apart and splits > 1, TRACE=bool(CONFIG["TRACE"]),
         C_SPLITS=_c_splits(hq, hd, splits, bk["BK_Q"]),
-        PRE_KV=_pre_kv(hd, kv["KV_FP8"], apart and splits > 1),
+        PRE_KV=_pre_kv(hd, kv["KV_FP8"], apart and splits > 1), Q_FIRST=CONFIG["Q_FIRST"],
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

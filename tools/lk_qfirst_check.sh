@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call (~8 min; `OUT=$OUT bash tools/lk_qfirst_check.sh`): the layer kernel's GPU
+# tests (PRE_KV_FP8 and Q_FIRST among them), then, us a layer alternating
+# (tools/bench_layer_kernel.py): Q_FIRST 0 / 1 (phase B's queries before the new key's store)
+# for three shapes, and PRE_KV_FP8 0 / 1 (PRE_KV over an fp8 cache) for SmolLM2's; the
+# trace with Q_FIRST; bench.py --single --num-seqs 16 both ways (tools/lk_single.py). Lines
+# go to $OUT/qfirst.txt as they come, so a cut call keeps what it measured.
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+f=$OUT/qfirst.txt
+timeout 200 python3 -m pytest -q -m gpu tests/models/test_layer_kernel.py 2>&1 | tail -4 \
+  | tee -a $f
+time_cfg() {  # shape, cache, context, then configs ("KEY=V KEY=V" each)
+  local shape=$1 kv=$2 ctx=$3; shift 3
+  for cfg in "$@"; do
+    args=""; for c in $cfg; do args="$args --config $c"; done
+    echo "$shape $kv ctx$ctx $cfg: $(timeout 40 python3 tools/bench_layer_kernel.py --only \
+      config --shapes $shape --kv-cache-dtype $kv --context $ctx $args 2>&1 \
+      | grep -E 'us a layer|Error' | tr -s ' ')" | tee -a $f
+  done
+}
+time_cfg smollm2-135m auto 300 Q_FIRST=0 Q_FIRST=1 Q_FIRST=0 Q_FIRST=1
+time_cfg smollm2-135m auto 512 Q_FIRST=0 Q_FIRST=1
+time_cfg qwen2.5-0.5b auto 300 Q_FIRST=0 Q_FIRST=1
+time_cfg qwen3-0.6b auto 300 Q_FIRST=0 Q_FIRST=1
+time_cfg smollm2-135m fp8_e4m3 300 PRE_KV_FP8=0 PRE_KV_FP8=1 PRE_KV_FP8=0 PRE_KV_FP8=1 \
+  "PRE_KV_FP8=1 Q_FIRST=1"
+time_cfg smollm2-135m fp8_e4m3 512 PRE_KV_FP8=0 PRE_KV_FP8=1
+timeout 60 python3 tools/lk_trace.py --shapes smollm2-135m --context 300 --programs 18 \
+  --config Q_FIRST=1 2>&1 | tee -a $f
+for run in "Q_FIRST=0" "Q_FIRST=1"; do
+  echo "[smollm2-135m $run] $(timeout 90 python3 tools/lk_single.py smollm2-135m $run 2>&1 \
+    | grep -E 'Single|Error')" | tee -a $f
+done
+for run in "PRE_KV_FP8=0" "PRE_KV_FP8=1"; do
+  echo "[smollm2-135m fp8 $run] $(timeout 90 python3 tools/lk_single.py smollm2-135m $run \
+    -- --kv-cache-dtype fp8_e4m3 2>&1 | grep -E 'Single|Error')" | tee -a $f
+done
