@@ -5,21 +5,9 @@
 # for three shapes, and PRE_KV_FP8 0 / 1 (PRE_KV over an fp8 cache) for SmolLM2's; the
 # trace with Q_FIRST; bench.py --single --num-seqs 16 both ways (tools/lk_single.py). Lines
 # go to $OUT/qfirst.txt as they come, so a cut call keeps what it measured.
-set -u
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-f=$OUT/qfirst.txt
-timeout 200 python3 -m pytest -q -m gpu tests/models/test_layer_kernel.py 2>&1 | tail -4 \
-  | tee -a $f
-time_cfg() {  # shape, cache, context, then configs ("KEY=V KEY=V" each)
-  local shape=$1 kv=$2 ctx=$3; shift 3
-  for cfg in "$@"; do
-    args=""; for c in $cfg; do args="$args --config $c"; done
-    echo "$shape $kv ctx$ctx $cfg: $(timeout 40 python3 tools/bench_layer_kernel.py --only \
-      config --shapes $shape --kv-cache-dtype $kv --context $ctx $args 2>&1 \
-      | grep -E 'us a layer|Error' | tr -s ' ')" | tee -a $f
-  done
-}
+f=${OUT:-/tmp/out}/qfirst.txt
+source tools/lk_common.sh
+lk_gpu_tests
 time_cfg smollm2-135m auto 300 Q_FIRST=0 Q_FIRST=1 Q_FIRST=0 Q_FIRST=1
 time_cfg smollm2-135m auto 512 Q_FIRST=0 Q_FIRST=1
 time_cfg qwen2.5-0.5b auto 300 Q_FIRST=0 Q_FIRST=1
