@@ -29,7 +29,7 @@ uses this very object)."""
 # --kv-cache-dtype fp8_e4m3, us a layer with / without: Qwen3-0.6B shape (tile) 37.2 / 38.9;
 # SmolLM2 (inlined chains) 22.1 / 21.8, (tile) 27.8 / 27.7: kept for the larger head.
 # FB_CHAINS_MAX_HD: up to this head size that program rounds the key a thread per feedback
-# group (layer_fp8._chains), past it on its register tile. Same run, chains / tile: SmolLM2
+# group (layer_attn._chains), past it on its register tile. Same run, chains / tile: SmolLM2
 # shape (head 64, 2 groups) 22.5 / 27.8; Qwen3-0.6B (head 128, 4 groups) 41.5 / 37.2, a
 # gap not yet explained (an inlined chain: 42.8; the kernel there spills 448 bytes).
 # The rows also asked into that SM's L1 as its store begins (prefetch.global.L1; the

@@ -12,7 +12,7 @@ counter every program bumps, then polls; the grid is what the SMs hold at once):
      a kv head (decode_reduce.split_done) or, up to C_SPLITS splits, by phase C's programs.
      NEW_APART: the new key a split of its own. PRE_KV: a split's one tile requested before
      the A -> B barrier's wait. An fp8 cache (KV_FP8) gets the codes the fused RoPE store
-     writes (layer_fp8.py: scales, Hadamard mixing (MIX), K's error feedback (FEEDBACK)).
+     writes (layer_attn.py: scales, Hadamard mixing (MIX), K's error feedback (FEEDBACK)).
   C  o_proj rows
   D  h2 = o + h, RMSNorm, gate and up rows side by side, SiLU-and-mul
   E  down rows -> the layer's output (h2 is the next residual)
@@ -33,7 +33,7 @@ from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.decode_reduce import combine_all, split_done
 from nanovllm.kernels.decode_tiles import attend_one_tile, attend_tiles
 from nanovllm.kernels.gemm_prologue import rstd
-from nanovllm.kernels.layer_fp8 import (key_splits, old_keys_tile, queries, split_range,
+from nanovllm.kernels.layer_attn import (key_splits, old_keys_tile, queries, split_range,
                                         store_new_kv)
 from nanovllm.kernels.layer_parts import (arrive, barrier, chunk_across_barrier, epilogue,
                                           first_chunks, layer_at, matvec, matvec_x, row_sumsq,

@@ -133,13 +133,13 @@ def test_gpu_fused_store_rounds_as_the_reference(mix, dtype, hkv, d, fused, monk
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hkv,d", [(3, 64), (8, 128), (2, 16)])
 def test_gpu_layer_kernel_chains_round_as_the_reference(dtype, hkv, d):
-    """The layer kernel's K store (layer_fp8._chains: a decode token's key through its qkv
+    """The layer kernel's K store (layer_attn._chains: a decode token's key through its qkv
     row, a thread per feedback group) gives the reference's codes bit for bit."""
     import triton
     import triton.language as tl
 
     from nanovllm.kernels.kv_feedback import group_size
-    from nanovllm.kernels.layer_fp8 import _chains
+    from nanovllm.kernels.layer_attn import _chains
     from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
 
     @triton.jit

@@ -1,4 +1,4 @@
-"""The batch-1 layer kernel over an fp8 KV cache (kernels/layer_fp8.py) in the interpreter,
+"""The batch-1 layer kernel over an fp8 KV cache (kernels/layer_attn.py) in the interpreter,
 against the launch-per-op path (a file of its own: these are the slowest of the layer
 kernel's CPU tests, and the suite spreads files over its workers)."""
 import pytest

@@ -1,8 +1,9 @@
-"""Phase B's parts of the layer kernel (kernels/layer_kernel.py): this token's K and V into
-the cache and a kv head's query rows. An fp8 cache gets them as the fused RoPE store makes
-them (triton_rope: Hadamard mixing, K's error feedback, per-kv-head scales) and the queries
-as the decode kernel takes them. Same steps, same roundings, so both paths store the same
-codes up to the rare tie that a different summation order in the qkv rows tips."""
+"""Phase B's parts of the layer kernel (kernels/layer_kernel.py): the key splits, a split's
+old keys read early (PRE_KV), this token's K and V into the cache and a kv head's query rows.
+An fp8 cache gets them as the fused RoPE store makes them (triton_rope: Hadamard mixing, K's
+error feedback, per-kv-head scales) and the queries as the decode kernel takes them. Same
+steps, same roundings, so both paths store the same codes up to the rare tie that a
+different summation order in the qkv rows tips. (layer_fp8.py before 2026-11-29.)"""
 import triton
 import triton.language as tl
 
