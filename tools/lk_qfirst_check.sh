@@ -4,7 +4,8 @@
 # (tools/bench_layer_kernel.py): Q_FIRST 0 / 1 (phase B's queries before the new key's store)
 # for three shapes, and PRE_KV_FP8 0 / 1 (PRE_KV over an fp8 cache) for SmolLM2's; the
 # trace with Q_FIRST; bench.py --single --num-seqs 16 both ways (tools/lk_single.py). Lines
-# go to $OUT/qfirst.txt as they come, so a cut call keeps what it measured.
+# go to $OUT/qfirst.txt as they come, so a cut call keeps what it measured. Last:
+# tools/host_split.py --single (who sets batch 1's pace: the host or the GPU).
 f=${OUT:-/tmp/out}/qfirst.txt
 source tools/lk_common.sh
 lk_gpu_tests
@@ -25,3 +26,7 @@ for run in "PRE_KV_FP8=0" "PRE_KV_FP8=1"; do
   echo "[smollm2-135m fp8 $run] $(timeout 90 python3 tools/lk_single.py smollm2-135m $run \
     -- --kv-cache-dtype fp8_e4m3 2>&1 | grep -E 'Single|Error')" | tee -a $f
 done
+# Who sets batch 1's pace now (the GPU's layer kernel is ~13.3 us a layer): "wait" near zero
+# means the host does.
+timeout 90 python3 tools/host_split.py --single --model-shape smollm2-135m 2>&1 | tail -6 \
+  | tee -a $f
