@@ -18,6 +18,9 @@ time_cfg smollm2-135m fp8_e4m3 300 PRE_KV_FP8=0 PRE_KV_FP8=1 PRE_KV_FP8=0 PRE_KV
 time_cfg smollm2-135m fp8_e4m3 512 PRE_KV_FP8=0 PRE_KV_FP8=1
 timeout 60 python3 tools/lk_trace.py --shapes smollm2-135m --context 300 --programs 18 \
   --config Q_FIRST=1 2>&1 | tee -a $f
+# Qwen3-0.6B's phases (not traced since PRE_KV; 8 kv heads, 5 splits: 40 programs in B)
+timeout 60 python3 tools/lk_trace.py --shapes qwen3-0.6b --context 300 --programs 40 2>&1 \
+  | tee -a $f
 for run in "Q_FIRST=0" "Q_FIRST=1"; do
   echo "[smollm2-135m $run] $(timeout 90 python3 tools/lk_single.py smollm2-135m $run 2>&1 \
     | grep -E 'Single|Error')" | tee -a $f
