@@ -55,10 +55,7 @@ def prefetch_tile(cache_ptr, bt_row, kv_head_off, n, end, stride_kblk, stride_ks
 @triton.jit
 def attend_one_tile(q, k, v, n_mask, qk_scale, DOT_PREC: tl.constexpr):
     """attend_tiles over one tile already in registers (K and V [BLOCK_N, D], the keys of
-    n_mask; an fp8 cache's codes widened to q's dtype there): (acc [G_PAD, D], m, l), the
-    same values as that loop's one step."""
-    k = k.to(q.dtype)
-    v = v.to(q.dtype)
+    n_mask): (acc [G_PAD, D], m, l), the same values as that loop's one step."""
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
     qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
     rows: tl.constexpr = q.shape[0]

@@ -93,11 +93,10 @@ def store_new_kv(qkv_ptr, kvh, is_new, sync, slot_ptr, stride_kslot, pos, cos_si
     rotated) and V from the qkv row, stored at this step's slot of the layer's caches, in
     the model dtype or with KV_FP8 as _store_fp8's codes (k_scale / v_scale: per-kv-head
     scales); then, with sync, a block barrier (the split reads the key back from the
-    cache). Without sync, returns what was stored as rows [1, HD] of the cache's dtype (an
-    fp8 cache's codes read back after a block barrier, as the chains store them from PTX),
-    for the attention to take the new key from; else zeros."""
-    k_row = tl.zeros([1, HD], k_cache.dtype.element_ty)
-    v_row = tl.zeros([1, HD], k_cache.dtype.element_ty)
+    cache). Returns what was stored, as rows [1, HD] (zeros for an fp8 cache or elsewhere):
+    the attention may take the new key from them."""
+    k_row = tl.zeros([1, HD], DTYPE)
+    v_row = tl.zeros([1, HD], DTYPE)
     if is_new:
         dst = tl.load(slot_ptr).to(tl.int64) * stride_kslot + kvh * HD
         offs = tl.arange(0, HD)[None, :]
@@ -106,10 +105,6 @@ def store_new_kv(qkv_ptr, kvh, is_new, sync, slot_ptr, stride_kslot, pos, cos_si
                        v_cache + dst, tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr,
                        HQ, HKV, HD, QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_ASM, FB_G,
                        FMAX, MANT, BIAS, SOFT, DOT_PREC)
-            if sync == 0:
-                tl.debug_barrier()
-                k_row = tl.load(k_cache + dst + offs)
-                v_row = tl.load(v_cache + dst + offs)
         else:
             kv_head = tl.full([1], 0, tl.int32) + kvh
             k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos, cos_sin_ptr, k_norm,

@@ -89,13 +89,9 @@ uses this very object)."""
 # --single --num-seqs 16: SmolLM2 2,013 / 2,155 (2,099 / 2,158 in a later call), Qwen2.5
 # 1,587 / 1,572, Qwen3 1,271 (on). Also timed: K alone in registers, V read after the wait
 # (SmolLM2 13.74, 13.75: no gain), and into L2 at 64-dim heads (13.90, 13.81: slower).
-# PRE_KV_FP8: PRE_KV over an fp8 cache too (its old keys' codes in registers, the new key's
-# read back after its store into the tile; not with the new key apart). Off: not yet timed.
-# Q_FIRST: phase B computes its queries before the new key's store, not after (the store
-# sits in a branch the compiler does not move loads across), so the split that holds the new
-# key has q's loads in flight during the key's chain (tools/lk_trace.py --programs: that
-# split 3.3 us against 2.7 for the others, SmolLM2 shape, PRE_KV on). Off: not yet timed.
+# Timed and dropped (H200, 2026-11-29, 38th session; docs/PERF_NOTES.md): PRE_KV over an
+# fp8 cache, the new key's codes read back into the tile (SmolLM2 shape 26.9 vs 19.9 us a
+# layer); phase B's queries before the new key's store (13.38-13.83 vs 13.22-13.59).
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
               FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False,
-              C_SPLITS=8, TAIL=64, A_CHUNK=True, PRE_KV=1,
-              PRE_KV_FP8=False, Q_FIRST=False)
+              C_SPLITS=8, TAIL=64, A_CHUNK=True, PRE_KV=1)

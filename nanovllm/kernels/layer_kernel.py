@@ -69,7 +69,7 @@ def _layers_kernel(
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
     FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, TRACE: tl.constexpr,
-    C_SPLITS: tl.constexpr, PRE_KV: tl.constexpr, Q_FIRST: tl.constexpr,
+    C_SPLITS: tl.constexpr, PRE_KV: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -149,19 +149,14 @@ def _layers_kernel(
                 if start < end:  # (none at ctx 0: the warm-up's stand-ins)
                     pre_tile = (item == pid) & (split_len == BLOCK_N) & (PRE_KV == 1)
                     heads, g_mask = kvh * G + tl.arange(0, G_PAD), tl.arange(0, G_PAD) < G
-                    if Q_FIRST:  # q's loads in flight while the new key's chain runs
-                        q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
-                                           qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8,
-                                           MIX, LOG2_HALF, FP16_QK, DOT_PREC)
                     k_new, v_new = store_new_kv(
                         qkv_ptr, kvh, s == n_valid - 1, pre_tile == 0, slot_ptr, stride_kslot,
                         pos, cos_sin_ptr, k_norm, eps, k_cache, v_cache, k_scale, v_scale,
                         k_fb, HQ, HKV, HD, QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK,
                         FB_ASM, FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC)
-                    if not Q_FIRST:
-                        q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
-                                           qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8,
-                                           MIX, LOG2_HALF, FP16_QK, DOT_PREC)
+                    q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
+                                       qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8, MIX,
+                                       LOG2_HALF, FP16_QK, DOT_PREC)
                     if PRE_KV == 1 and pre_tile:
                         keys = start + tl.arange(0, BLOCK_N)
                         new = (keys == ctx - 1)[:, None]

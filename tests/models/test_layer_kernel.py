@@ -105,14 +105,11 @@ def test_narrow_last_chunks_and_phase_a_chunks(tmp_path, monkeypatch, counted, a
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("pre_kv,q_first", [(0, False), (1, False), (1, True)])
-def test_old_keys_loaded_before_phase_a_ends(arch_models, monkeypatch, counted, pre_kv,
-                                             q_first):
+@pytest.mark.parametrize("pre_kv", [0, 1])
+def test_old_keys_loaded_before_phase_a_ends(arch_models, monkeypatch, counted, pre_kv):
     """CONFIG["PRE_KV"] 1: each program's first key split (one tile) read before the A -> B
-    barrier, the new key put in from registers; 0: read after it. Q_FIRST: the queries
-    before the new key's store."""
+    barrier, the new key put in from registers; 0: read after it."""
     monkeypatch.setitem(layer_launch.CONFIG, "PRE_KV", pre_kv)
-    monkeypatch.setitem(layer_launch.CONFIG, "Q_FIRST", q_first)
     runs = {on: _logits(arch_models["llama_untied_linear"], on, monkeypatch, counted, **CPU)
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
@@ -247,33 +244,14 @@ def test_gpu_splits_combined_by_o_proj(toy_models, monkeypatch, counted, tokens)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pre_kv,splits,q_first", [(0, 64, False), (1, 64, False),
-                                                    (2, 64, False), (1, 4, False),
-                                                    (1, 64, True)])
+@pytest.mark.parametrize("pre_kv,splits", [(0, 64), (1, 64), (2, 64), (1, 4)])
 def test_gpu_old_keys_requested_before_the_wait(toy_models, monkeypatch, counted, pre_kv,
-                                                splits, q_first):
+                                                splits):
     """PRE_KV 0-2 (the first tile read after the wait, before it into registers, into L2)
-    at 5 one-tile splits, and with SPLITS 4 (two tiles a split: read after the wait); and
-    with Q_FIRST (the queries before the new key's store)."""
+    at 5 one-tile splits, and with SPLITS 4 (two tiles a split: read after the wait)."""
     monkeypatch.setitem(layer_launch.CONFIG, "PRE_KV", pre_kv)
-    monkeypatch.setitem(layer_launch.CONFIG, "Q_FIRST", q_first)
     monkeypatch.setitem(layer_launch.CONFIG, "SPLITS", splits)
     engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80)
-    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
-                        tokens=(300, 288), **engine)
-            for on in (False, True)}
-    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("feedback", ["1", "0"])
-def test_gpu_fp8_old_keys_requested_before_the_wait(toy_models, monkeypatch, counted,
-                                                    feedback):
-    """PRE_KV_FP8 over an e4m3 cache (mixed), K's feedback by the chains (their PTX stores
-    the codes) or none: the new key's codes read back into the first tile."""
-    monkeypatch.setitem(layer_launch.CONFIG, "PRE_KV_FP8", True)
-    monkeypatch.setenv("NANOVLLM_KV_FEEDBACK", feedback)
-    engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80, kv_cache_dtype="fp8_e4m3")
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
                         tokens=(300, 288), **engine)
             for on in (False, True)}

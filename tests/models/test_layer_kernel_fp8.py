@@ -20,19 +20,3 @@ def test_fp8_cache_in_one_launch(toy_models, monkeypatch, counted, kv, mix, feed
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
                         kv_cache_dtype=kv, **CPU) for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("mix,feedback", [("1", "0"), ("0", "1")])
-def test_fp8_cache_old_keys_before_the_wait(toy_models, monkeypatch, counted, mix, feedback):
-    """CONFIG["PRE_KV_FP8"]: the first split's fp8 tile read before the A -> B barrier, the
-    new key's codes read back into it after its store (with K's feedback: the new key not
-    apart, so it joins an old keys' tile)."""
-    from nanovllm.kernels import layer_launch
-
-    monkeypatch.setitem(layer_launch.CONFIG, "PRE_KV_FP8", True)
-    monkeypatch.setitem(layer_launch.CONFIG, "NEW_APART", 0)
-    monkeypatch.setenv("NANOVLLM_KV_MIX", mix)
-    monkeypatch.setenv("NANOVLLM_KV_FEEDBACK", feedback)
-    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
-                        kv_cache_dtype="fp8_e4m3", **CPU) for on in (False, True)}
-    torch.testing.assert_close(runs[True], runs[False], rtol=1e-4, atol=1e-4)
