@@ -89,7 +89,12 @@ def main():
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     ap.add_argument("--batches", nargs="+", type=int, default=[64, 128, 256])
     ap.add_argument("--splits", nargs="+", type=int, default=[1, 2, 4, 8])
+    ap.add_argument("--fp8-config", nargs="*", default=[], metavar="KEY=INT",
+                    help="CONFIG_FP8 overrides (kernels/decode_config.py), e.g. V_WORDS=1")
     args = ap.parse_args()
+    for item in args.fp8_config:
+        key, _, value = item.partition("=")
+        triton_decode.CONFIG_FP8[key] = type(triton_decode.CONFIG_FP8[key])(int(value))
     if not torch.cuda.is_available():
         sys.exit("bench_splits.py needs a CUDA GPU")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)

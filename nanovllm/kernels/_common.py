@@ -74,6 +74,27 @@ def e4m3_to_bf16(w):
         }""", "=r,=r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=4)
 
 
+@triton.jit
+def e4m3_words_to_f16(w):
+    """int32 words of four e4m3 codes each [R, W] -> fp16 [R, 4 W] (exact; byte 0 first).
+    The words are widened where they were loaded (a join and a reshape follow, which the
+    compiler does not move a layout change across), so a V tile reaches its dot's operand
+    layout as 16-bit values (transposed shared-memory loads) rather than a byte a load."""
+    a, b, c, d = tl.inline_asm_elementwise(
+        """{
+        .reg .b16 lo, hi;
+        .reg .b32 t;
+        mov.b32 {lo, hi}, $4;
+        cvt.rn.f16x2.e4m3x2 t, lo;
+        mov.b32 {$0, $1}, t;
+        cvt.rn.f16x2.e4m3x2 t, hi;
+        mov.b32 {$2, $3}, t;
+        }""", "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+        is_pure=True, pack=1)
+    x = tl.join(tl.join(a, c), tl.join(b, d))
+    return tl.reshape(x, (w.shape[0], 4 * w.shape[1]))
+
+
 # fp8 cache formats: (largest finite value, mantissa bits, exponent bias).
 FP8_FORMATS = {torch.float8_e4m3fn: (448.0, 3, 7), torch.float8_e5m2: (57344.0, 2, 15)}
 

@@ -39,10 +39,21 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
 # 64 15.3 vs 15.3 (128-key tiles: 36.3 / 24.2 / 14.8).
 # An fp8 cache has its own tiles: a 64-key tile is half the bytes of a bf16 one, so it takes
 # more stages in flight to keep HBM busy (H100, `bench_kernels.py --fp8`, b=256 ctx=2048:
-# 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us). FP16_DOT: with
+# 5 stages 405 us = 2.65 TB/s, 3 stages 472 us, 128-key tiles 428-449 us; H200, 32-key
+# tiles at 8-10 stages ~30% slower though 5 programs fit an SM, not 4). FP16_DOT: with
 # bf16 q, run the dots in fp16 (q cast to fp16): fp8 values are exact in fp16 as in bf16, and
 # Hopper converts fp8 to fp16 in one instruction (same shape: 468 us vs 557 with bf16 dots).
-CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5)
+# V_WORDS (e4m3, fp16 dots; not in the interpreter, which runs no PTX): V's tile read as
+# 32-bit words and widened to fp16 where loaded (_common.e4m3_words_to_f16), so it reaches the
+# PV dot through 16-bit transposed shared-memory loads (ldmatrix) instead of a byte a load:
+# the tile loop's SASS 669 -> 428 instructions (sm_90, bench.py's shape), 16 KB more shared
+# memory a program. Slower here all the same (H200, tools/bench_splits.py, Qwen3-0.6B's fp8
+# cache, us a layer, off / on: batch 64 63.71 / 71.98, 128 91.38 / 98.45, 256 172.21 / 192.73;
+# at 3 or 4 stages or 8 warps slower still; bench.py fp8 30,539 / 28,595 tok/s): this kernel
+# waits on latency, not issue slots, and the staging adds a barrier a tile. Off; the layer
+# kernel, one program a kv head split at batch 1, gains from it (kernels/layer_config.py).
+CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5,
+                  V_WORDS=False)
 # An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Without
 # FP16_DOT its dots run in q's dtype (bf16: int8 -> bf16 is an int-to-float conversion per
 # element; an fp16 q gets an fp32 (tf32) PV dot, since p times V's row scales could underflow

@@ -3,7 +3,7 @@ paged address of a tile (and of its int8 row scales)."""
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import int8_to_fp16, online_softmax_step
+from nanovllm.kernels._common import e4m3_words_to_f16, int8_to_fp16, online_softmax_step
 
 
 @triton.jit
@@ -70,7 +70,8 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
                  G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
-                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr):
+                 KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr,
+                 V_WORDS: tl.constexpr = False):
     """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l); an
     8-bit cache's tiles are widened to q's dtype for the QK dot, to PV_DTYPE for the PV dot.
 
@@ -104,10 +105,16 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
         # exp2 domain: qk_scale already includes log2(e).
         qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-        v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        if V_WORDS:  # e4m3 V as 32-bit words, widened to fp16 where loaded (e4m3_words_to_f16)
+            offs_w = tl.arange(0, HEAD_DIM // 4)
+            w_ptr = (v_cache_ptr + kv_head_off).to(tl.pointer_type(tl.int32), bitcast=True)
+            w_off = (tok_off >> 2)[:, None] + offs_w[None, :]
+            v = e4m3_words_to_f16(tl.load(w_ptr + w_off, mask=n_mask[:, None], other=0))
+        else:
+            v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         if KV_INT8 and INT8_F16:
             v = int8_to_fp16(v)
-        elif KV_FP8 or KV_INT8:
+        elif (KV_FP8 or KV_INT8) and not V_WORDS:
             v = v.to(PV_DTYPE)
         pw = p
         if KV_INT8:

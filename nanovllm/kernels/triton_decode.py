@@ -35,7 +35,7 @@ def _decode_partial_kernel(
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
-    HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr,
+    HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
@@ -98,7 +98,7 @@ def _decode_partial_kernel(
                                  v_scale_ptr + kvh * stride_sh, bt_row, kv_head_off, start, end,
                                  qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
                                  G_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT,
-                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16)
+                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16, V_WORDS)
 
     out = acc / l_i[:, None]
     if KV_FP8:
@@ -190,6 +190,9 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     head_fast = cfg["HEAD_FAST"]
     fp16_dot = cfg.get("FP16_DOT", False) and (
         q.dtype == torch.bfloat16 or (kv_int8 and q.dtype == torch.float16))
+    # V_WORDS: an e4m3 V tile widened to fp16 as it is loaded (the PV dot in fp16 then).
+    v_words = (cfg.get("V_WORDS", False) and not INTERPRET
+               and k_cache.dtype == torch.float8_e4m3fn and (fp16_dot or q.dtype == torch.float16))
     red_gp, red_chunk = reduce_tile(group, head_dim)
     grid = (num_kv_heads, batch, num_splits) if head_fast else (batch, num_kv_heads, num_splits)
     _decode_partial_kernel[grid](
@@ -208,7 +211,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
-        HEAD_FAST=head_fast, ORDERED=order is not None,
+        HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words,
         num_warps=cfg["num_warps"], num_stages=stages,
     )
     return o

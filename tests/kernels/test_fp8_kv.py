@@ -186,6 +186,23 @@ def test_decode_fp8_gpu(dtype, batch, ctx, fp16_dot, monkeypatch):
     assert rel_err(ref, c.exact) < (0.06 if dtype == torch.float8_e4m3fn else 0.12)
 
 
+@pytest.mark.parametrize("batch,ctx,splits", [(1, 3000, None), (4, 700, None), (64, 301, None),
+                                              (64, 301, 3)])
+@on_gpu
+def test_decode_fp8_gpu_v_words(batch, ctx, splits, monkeypatch):
+    """CONFIG_FP8["V_WORDS"] (V's e4m3 tile read as words, widened where loaded): the same
+    output as the byte-wise widening, ragged contexts and forced splits too."""
+    c = fp8_case([(1, ctx - i % 5) for i in range(batch)], 256, torch.float8_e4m3fn, seed=batch)
+    args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
+    outs = []
+    for on in (False, True):
+        monkeypatch.setitem(triton_decode.CONFIG_FP8, "V_WORDS", on)
+        outs.append(triton_decode.decode_attention(*args, num_splits=splits, k_scale=c.k_scale,
+                                                   v_scale=c.v_scale))
+    assert rel_err(outs[1], outs[0]) < 1e-3
+    assert rel_err(outs[1], decode_attention_torch(*args, c.k_scale, c.v_scale)) < GPU_TOL
+
+
 @pytest.mark.parametrize("dtype", FP8)
 @pytest.mark.parametrize("seqs", [[(1000, 1000), (7, 7)], [(300, 1500), (257, 257)]])
 @on_gpu

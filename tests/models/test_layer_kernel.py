@@ -326,3 +326,18 @@ def test_start_up_compiles_the_kernel_once(toy_models, monkeypatch):
     finally:
         llm.shutdown()
         one_launch.layer_kernel_mode.cache_clear()
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_v_tiles_widened_as_loaded(toy_models, monkeypatch, counted):
+    """V_WORDS in the layer kernel and the decode kernel (an e4m3 cache's V tiles read as
+    words and widened where loaded), five splits: the logits as the launch-per-op path's."""
+    from nanovllm.kernels import decode_config
+
+    monkeypatch.setitem(layer_launch.CONFIG, "V_WORDS", True)
+    monkeypatch.setitem(decode_config.CONFIG_FP8, "V_WORDS", True)
+    engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80, kv_cache_dtype="fp8_e4m3")
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        tokens=(300, 288), **engine)
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)

@@ -1,0 +1,38 @@
+"""bench.py in this process with kernel tunables overridden first, for A/B runs in one call.
+
+    python tools/bench_with.py fp8.V_WORDS=1 layer.V_WORDS=1 -- --kv-cache-dtype fp8_e4m3
+
+Each override is TABLE.KEY=INT: `decode`, `fp8` or `int8` (kernels/decode_config.py's CONFIG,
+CONFIG_FP8, CONFIG_INT8) or `layer` (kernels/layer_config.py); the value takes the type of
+the one it replaces. What follows `--` goes to bench.py as is.
+"""
+import os
+import runpy
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from nanovllm.kernels import decode_config, layer_config  # noqa: E402
+
+TABLES = {"decode": decode_config.CONFIG, "fp8": decode_config.CONFIG_FP8,
+          "int8": decode_config.CONFIG_INT8, "layer": layer_config.CONFIG}
+
+
+def main():
+    """Apply the overrides, then run bench.py with the rest of the arguments."""
+    args = sys.argv[1:]
+    cut = args.index("--") if "--" in args else len(args)
+    for item in args[:cut]:
+        name, _, value = item.partition("=")
+        table, _, key = name.partition(".")
+        if table not in TABLES or key not in TABLES[table]:
+            sys.exit(f"bench_with.py: unknown tunable {name!r} (TABLE.KEY, TABLE one of "
+                     f"{', '.join(TABLES)})")
+        TABLES[table][key] = type(TABLES[table][key])(int(value))
+    sys.argv = ["bench.py", *args[cut + 1:]]
+    runpy.run_path(os.path.join(ROOT, "bench.py"), run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
