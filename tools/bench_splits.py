@@ -30,8 +30,10 @@ MODELS = {"qwen2.5": (14, 2, 64, torch.bfloat16, 24), "smollm2": (9, 3, 64, torc
 BLOCK = 256
 
 
-def make_layers(model, batch, seed=0):
-    """(ctx, order, block_tables, layers), each layer (q, k_cache, v_cache, scales)."""
+def make_layers(model, batch, seed=0, layout="nhd"):
+    """(ctx, order, block_tables, layers), each layer (q, k_cache, v_cache, scales). The
+    caches are [pages, BLOCK, kv heads, dim] views; with layout "hnd" their memory holds each
+    page kv head by kv head ([pages, kv heads, BLOCK, dim])."""
     h, hkv, d, dtype, num_layers = MODELS[model]
     g = torch.Generator().manual_seed(seed)
     ctx = torch.randint(100, 2049, (batch,), generator=g)
@@ -52,6 +54,8 @@ def make_layers(model, batch, seed=0):
                 s = 0.5 + torch.rand(hkv, device="cuda")
                 x = quantize(x.view(-1, hkv, d), s, dtype).view(x.shape)
                 scales[f"{name}_scale"] = s
+            if layout == "hnd":
+                x = x.transpose(1, 2).contiguous().transpose(1, 2)
             caches.append(x)
         layers.append((q, *caches, scales))
     ctx = ctx.int().cuda()
@@ -89,19 +93,25 @@ def main():
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     ap.add_argument("--batches", nargs="+", type=int, default=[64, 128, 256])
     ap.add_argument("--splits", nargs="+", type=int, default=[1, 2, 4, 8])
-    ap.add_argument("--fp8-config", nargs="*", default=[], metavar="KEY=INT",
-                    help="CONFIG_FP8 overrides (kernels/decode_config.py), e.g. V_WORDS=1")
+    ap.add_argument("--config", nargs="*", default=[], metavar="KEY=INT",
+                    help="decode kernel tunables (kernels/decode_config.py; set in each of "
+                         "CONFIG, CONFIG_FP8, CONFIG_INT8 that has the key), e.g. V_WORDS=1")
+    ap.add_argument("--layout", choices=["nhd", "hnd"], default="nhd",
+                    help="hnd: each page stored kv head by kv head (a head's keys side by "
+                         "side), seen through the kernel's strides as the engine's layout")
     args = ap.parse_args()
-    for item in args.fp8_config:
+    for item in args.config:
         key, _, value = item.partition("=")
-        triton_decode.CONFIG_FP8[key] = type(triton_decode.CONFIG_FP8[key])(int(value))
+        for table in (triton_decode.CONFIG, triton_decode.CONFIG_FP8, triton_decode.CONFIG_INT8):
+            if key in table:
+                table[key] = type(table[key])(int(value))
     if not torch.cuda.is_available():
         sys.exit("bench_splits.py needs a CUDA GPU")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     for model in args.models:
         _, hkv, d, _, _ = MODELS[model]
         for batch in args.batches:
-            ctx, order, tables, layers = make_layers(model, batch)
+            ctx, order, tables, layers = make_layers(model, batch, layout=args.layout)
             nbytes = int(ctx.sum()) * hkv * d * 2 * layers[0][1].element_size()
             default = triton_decode.choose_num_splits(batch, hkv, ctx.device)
             row = []

@@ -9,6 +9,6 @@ mkdir -p "$(dirname "$f")"
 for cfg in "BLOCK_N=64" "BLOCK_N=32 num_stages=8" "BLOCK_N=32 num_stages=10" \
     "BLOCK_N=32 num_stages=8 V_WORDS=1" "BLOCK_N=32 num_stages=6 V_WORDS=1" "BLOCK_N=64"; do
   echo "[$cfg]" | tee -a $f
-  timeout 60 python3 tools/bench_splits.py --models qwen3-fp8 --splits 1 --fp8-config $cfg \
+  timeout 60 python3 tools/bench_splits.py --models qwen3-fp8 --splits 1 --config $cfg \
     2>&1 | grep -E "b[0-9]|Error" | tee -a $f
 done

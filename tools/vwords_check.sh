@@ -12,7 +12,7 @@ timeout 150 python3 -m pytest -q -m gpu tests/models/test_layer_kernel.py -k "v_
   2>&1 | tail -3 | tee -a $f
 for vw in 0 1 0 1; do
   echo "[bench_splits V_WORDS=$vw]" | tee -a $f
-  timeout 60 python3 tools/bench_splits.py --models qwen3-fp8 --splits 1 2 --fp8-config \
+  timeout 60 python3 tools/bench_splits.py --models qwen3-fp8 --splits 1 2 --config \
     V_WORDS=$vw 2>&1 | grep -E "b[0-9]|Error" | tee -a $f
 done
 bench() {  # label, then bench_with.py's arguments

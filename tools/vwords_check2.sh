@@ -15,6 +15,6 @@ done
 for cfg in "V_WORDS=0" "V_WORDS=1 num_stages=3" "V_WORDS=1 num_stages=4" \
     "V_WORDS=1 num_warps=8" "V_WORDS=0 num_warps=8"; do
   echo "[bench_splits $cfg]" | tee -a $f
-  timeout 60 python3 tools/bench_splits.py --models qwen3-fp8 --splits 1 --fp8-config $cfg \
+  timeout 60 python3 tools/bench_splits.py --models qwen3-fp8 --splits 1 --config $cfg \
     2>&1 | grep -E "b[0-9]|Error" | tee -a $f
 done
