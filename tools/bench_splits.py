@@ -62,6 +62,16 @@ def make_layers(model, batch, seed=0, layout="nhd"):
     return ctx, torch.argsort(ctx, descending=True).int(), tables.cuda(), layers
 
 
+def apply_config(items):
+    """KEY=INT overrides of the decode kernel's tunables, set in each of CONFIG, CONFIG_FP8
+    and CONFIG_INT8 that has the key."""
+    for item in items:
+        key, _, value = item.partition("=")
+        for table in (triton_decode.CONFIG, triton_decode.CONFIG_FP8, triton_decode.CONFIG_INT8):
+            if key in table:
+                table[key] = type(table[key])(int(value))
+
+
 def us_per_layer(ctx, order, tables, layers, splits, replays=15):
     """Median us a layer of a graph replay of every layer's call at `splits` splits."""
     scale = layers[0][0].shape[-1] ** -0.5
@@ -100,11 +110,7 @@ def main():
                     help="hnd: each page stored kv head by kv head (a head's keys side by "
                          "side), seen through the kernel's strides as the engine's layout")
     args = ap.parse_args()
-    for item in args.config:
-        key, _, value = item.partition("=")
-        for table in (triton_decode.CONFIG, triton_decode.CONFIG_FP8, triton_decode.CONFIG_INT8):
-            if key in table:
-                table[key] = type(table[key])(int(value))
+    apply_config(args.config)
     if not torch.cuda.is_available():
         sys.exit("bench_splits.py needs a CUDA GPU")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)

@@ -25,11 +25,7 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--config", nargs="*", default=[], metavar="KEY=INT")
     args = ap.parse_args()
-    for item in args.config:
-        key, _, value = item.partition("=")
-        for table in (triton_decode.CONFIG, triton_decode.CONFIG_FP8, triton_decode.CONFIG_INT8):
-            if key in table:
-                table[key] = type(table[key])(int(value))
+    bench_splits.apply_config(args.config)
     h, hkv, d, dtype, _ = bench_splits.MODELS[args.model]
     bench_splits.MODELS[args.model] = (h, hkv, d, dtype, 2)
     ctx, order, tables, layers = bench_splits.make_layers(args.model, args.batch)
