@@ -25,6 +25,6 @@ for run in "qwen3-fp8 V_WORDS=0" "qwen3-fp8 V_WORDS=1" "qwen3 V_WORDS=0"; do
     | tr -s ' ' | head -3 | tr '\n' ';')"
 done
 timeout 120 $NCU --clock-control none -k regex:_norm_rope_store --launch-skip 20 \
-  --launch-count 1 $what python3 tools/bench_kv_feedback.py --variants engine --tokens 8 --warps 8 \
-  > "$d/store_fp8_8.txt" 2>&1
+  --launch-count 1 $what python3 tools/bench_kv_feedback.py --variants engine --tokens 8 \
+  --warps 8 > "$d/store_fp8_8.txt" 2>&1
 echo "store: rc $?"
