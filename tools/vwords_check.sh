@@ -8,8 +8,8 @@ f=${OUT:-/tmp/out}/vwords.txt
 source tools/lk_common.sh
 timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_fp8_kv.py -k "v_words or decode_fp8" \
   2>&1 | tail -3 | tee -a $f
-timeout 150 python3 -m pytest -q -m gpu tests/models/test_layer_kernel.py -k "v_tiles or one_launch" \
-  2>&1 | tail -3 | tee -a $f
+timeout 150 python3 -m pytest -q -m gpu tests/models/test_layer_kernel.py \
+  -k "v_tiles or one_launch" 2>&1 | tail -3 | tee -a $f
 for vw in 0 1 0 1; do
   echo "[bench_splits V_WORDS=$vw]" | tee -a $f
   timeout 60 python3 tools/bench_splits.py --models qwen3-fp8 --splits 1 2 --config \
