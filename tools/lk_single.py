@@ -2,28 +2,26 @@
 overridden first (kernels/layer_config.py), for the tools/lk_*_check.sh device calls.
 
     python tools/lk_single.py smollm2-135m [KEY=INT ...] [-- more bench.py options]
+
+Shorthand for tools/bench_with.py layer.KEY=INT ... -- --single --num-seqs 16 --model-shape.
 """
 import os
-import runpy
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from nanovllm.kernels.layer_config import CONFIG  # noqa: E402
+import bench_with  # noqa: E402
 
 
 def main():
-    """Apply the KEY=INT overrides, then run bench.py in this process."""
+    """Turn the arguments into bench_with.py's and run it."""
     args = sys.argv[1:]
     extra = args[args.index("--") + 1:] if "--" in args else []
     args = args[:args.index("--")] if "--" in args else args
     shape, overrides = args[0], args[1:]
-    for item in overrides:
-        key, _, value = item.partition("=")
-        CONFIG[key] = type(CONFIG[key])(int(value))
-    sys.argv = ["bench.py", "--single", "--num-seqs", "16", "--model-shape", shape, *extra]
-    runpy.run_path(os.path.join(ROOT, "bench.py"), run_name="__main__")
+    sys.argv = ["bench_with.py", *(f"layer.{item}" for item in overrides), "--", "--single",
+                "--num-seqs", "16", "--model-shape", shape, *extra]
+    bench_with.main()
 
 
 if __name__ == "__main__":
