@@ -19,9 +19,10 @@ what="--section SpeedOfLight --section Occupancy --section LaunchStats --section
   --metrics ${stalls#,}"
 for run in "qwen3-fp8 V_WORDS=0" "qwen3-fp8 V_WORDS=1" "qwen3 V_WORDS=0"; do
   set -- $run
+  out="$d/decode_$1_${2/=/_}.txt"  # (a name with '=' does not come back from the device)
   timeout 120 $NCU --clock-control none -k regex:_decode_partial --launch-skip 2 \
-    --launch-count 1 $what python3 tools/ncu_decode.py $1 --config $2 > "$d/decode_$1_$2.txt" 2>&1
-  echo "$run: rc $? $(grep -E 'DRAM Throughput|Issued Ipc|No Eligible' "$d/decode_$1_$2.txt" \
+    --launch-count 1 $what python3 tools/ncu_decode.py $1 --config $2 > "$out" 2>&1
+  echo "$run: rc $? $(grep -E 'DRAM Throughput|Issued Ipc|No Eligible' "$out" \
     | tr -s ' ' | head -3 | tr '\n' ';')"
 done
 timeout 120 $NCU --clock-control none -k regex:_norm_rope_store --launch-skip 20 \
