@@ -159,3 +159,13 @@ def quantize_fp8(x, scale, cache_ty: tl.constexpr, FMAX: tl.constexpr, MANT: tl.
     else:
         q = y.to(cache_ty)
     return q
+
+
+@triton.jit
+def v_tile_offsets(slot, kv_head_off, offs_d, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   V_TILE: tl.constexpr):
+    """Offset inside a page of V's element (slot in the page, kv head, dim) when the page holds
+    V as [kv head][V_TILE-key tile][dim][key] (triton_kv.v_tile_of); kv_head_off is the head's
+    offset in the usual [slot][kv head][dim] layout (head * HEAD_DIM)."""
+    return (kv_head_off * BLOCK_SIZE + (slot // V_TILE) * (HEAD_DIM * V_TILE) + offs_d * V_TILE
+            + slot % V_TILE)

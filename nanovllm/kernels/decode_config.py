@@ -52,8 +52,22 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
 # at 3 or 4 stages or 8 warps slower still; bench.py fp8 30,539 / 28,595 tok/s): this kernel
 # waits on latency, not issue slots, and the staging adds a barrier a tile. Off; the layer
 # kernel, one program a kv head split at batch 1, gains from it (kernels/layer_config.py).
+# V_TILE: when not 0, an fp8 cache on these kernels keeps each page's V as [kv head][V_TILE-key
+# tile][dim][key] (kv_cache.tile_v_pages, at block sizes it divides). The PV dot contracts
+# over the keys, so its V operand wants a dim's keys side by side: in the usual layout an
+# 8-bit tile reaches it a byte a load (64 LDS.U8 and ~70 moves a tile: there is no 8-bit
+# ldmatrix.trans); tiled it is a plain load (the tile loop's SASS 669 -> 465-484
+# instructions, sm_90). Pages stored [kv head][dim][slot] (thirty-second session) cut as many
+# instructions but ran 11% slower; a tile's V^T as one 8 KB run instead of 128 runs of 64
+# bytes runs faster. H200, tools/v_tile_check.py (bench_splits' Qwen3-0.6B fp8 cache, one
+# split, us a layer, usual / tiled, same output): a first form reading every tile whole
+# (NaN-unsafe) 63.65 / 50.64 at batch 64, 92.39 / 69.95 at 128, 169.21 / 137.84 at 256; with
+# the last tile's V read masked (byte loads) 62.94 / 52.17, 91.36 / 87.29, 169.73 / 166.10,
+# bench.py fp8 30,771 / 30,792 tok/s, batch 1 (--single --num-seqs 16) 944 / 908. Now the
+# last tile is read whole too and its keys past the end zeroed after the load: not yet timed
+# (tools/v_tile_check.sh), so off.
 CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5,
-                  V_WORDS=False)
+                  V_WORDS=False, V_TILE=0)
 # An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Without
 # FP16_DOT its dots run in q's dtype (bf16: int8 -> bf16 is an int-to-float conversion per
 # element; an fp16 q gets an fp32 (tf32) PV dot, since p times V's row scales could underflow

@@ -71,7 +71,7 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
                  KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr,
-                 V_WORDS: tl.constexpr):
+                 V_WORDS: tl.constexpr, V_TILE: tl.constexpr):
     """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l); an
     8-bit cache's tiles are widened to q's dtype for the QK dot, to PV_DTYPE for the PV dot.
 
@@ -80,58 +80,112 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
     value j's scales the probabilities of column j before the PV dot. INT8_F16 (q in fp16):
     both dots in fp16, the codes widened by int8_to_fp16, and V's scales taken relative to
     their running max c, so the fp16 probabilities p * s / c stay in [0, 1] (p * s alone
-    could underflow fp16); acc is kept in units of c, rescaled like the softmax's max."""
-    offs_d = tl.arange(0, HEAD_DIM)
+    could underflow fp16); acc is kept in units of c, rescaled like the softmax's max.
+
+    V_TILE (pages tiled, triton_kv.v_tile_of; PAGE_TILE, BLOCK_N dividing V_TILE): V's
+    tiles are read whole, unmasked (a mask along the keys, V^T's contiguous axis, splits
+    the loads into bytes: H200, the last tile so read cost the whole gain at 256 rows), and
+    the last partial tile, out of the loop, has its keys past end zeroed after the load."""
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
     c_i = tl.full([G_PAD], 1e-30, tl.float32)  # INT8_F16: running max of V's row scales
-    for n in range(start, end, BLOCK_N):
-        n_mask, tok_off, s_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot,
-                                              stride_sblk, stride_sslot, BLOCK_SIZE, BLOCK_N,
-                                              PAGE_TILE)
-        kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-        if KV_INT8 and INT8_F16:
-            k = int8_to_fp16(k)
-        elif KV_FP8 or KV_INT8:
-            k = k.to(q.dtype)  # int8 codes (|c| <= 127) are exact in bf16 and fp16
-        if USE_DOT:
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        else:
-            qk = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-        if KV_INT8:
-            qk = qk * tl.load(k_scale_ptr + s_off, mask=n_mask, other=0.0)[None, :]
-        # exp2 domain: qk_scale already includes log2(e).
-        qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
-        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-        if V_WORDS:  # e4m3 V as 32-bit words, widened to fp16 where loaded (e4m3_words_to_f16)
-            offs_w = tl.arange(0, HEAD_DIM // 4)
-            w_ptr = (v_cache_ptr + kv_head_off).to(tl.pointer_type(tl.int32), bitcast=True)
-            w_off = (tok_off >> 2)[:, None] + offs_w[None, :]
-            v = e4m3_words_to_f16(tl.load(w_ptr + w_off, mask=n_mask[:, None], other=0))
-        else:
-            v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-        if KV_INT8 and INT8_F16:
-            v = int8_to_fp16(v)
-        elif (KV_FP8 or KV_INT8) and not V_WORDS:
-            v = v.to(PV_DTYPE)
-        pw = p
-        if KV_INT8:
-            vs = tl.load(v_scale_ptr + s_off, mask=n_mask, other=0.0)
-            if INT8_F16:
-                c_new = tl.maximum(c_i, tl.max(vs, axis=0))
-                r = 1.0 / c_new
-                alpha = alpha * (c_i * r)
-                c_i = c_new
-                pw = p * vs[None, :] * r[:, None]
-            else:
-                pw = p * vs[None, :]
-        if USE_DOT:
-            pv = tl.dot(pw.to(v.dtype), v, input_precision=DOT_PREC)
-        else:
-            pv = tl.sum(pw[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        acc = acc * alpha[:, None] + pv
+    whole_end = end
+    if V_TILE:
+        whole_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for n in range(start, whole_end, BLOCK_N):
+        acc, m_i, l_i, c_i = _tile_step(
+            acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+            bt_row, kv_head_off, qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8, KV_INT8,
+            PV_DTYPE, INT8_F16, V_WORDS, V_TILE, False)
+    if V_TILE:
+        if whole_end < end:
+            acc, m_i, l_i, c_i = _tile_step(
+                acc, m_i, l_i, c_i, q, whole_end, end, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+                v_scale_ptr, bt_row, kv_head_off, qk_scale, stride_kblk, stride_kslot,
+                stride_sblk, stride_sslot, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT,
+                DOT_PREC, KV_FP8, KV_INT8, PV_DTYPE, INT8_F16, V_WORDS, V_TILE, True)
     if KV_INT8 and INT8_F16:
         acc = acc * c_i[:, None]
     return acc, m_i, l_i
+
+
+@triton.jit
+def v_tile_tile(v_cache_ptr, bt_row, kv_head_off, n, stride_kblk, HEAD_DIM: tl.constexpr,
+                BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, V_TILE: tl.constexpr):
+    """V [BLOCK_N, HEAD_DIM] of keys n .. n + BLOCK_N from tiled pages, whole (n a multiple
+    of BLOCK_N, which divides V_TILE and BLOCK_SIZE: the tile lies in one page, BLOCK_N
+    contiguous bytes a dim)."""
+    page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
+    slot0 = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N)
+    base = (page * stride_kblk + kv_head_off * BLOCK_SIZE + (slot0 // V_TILE) * (HEAD_DIM * V_TILE)
+            + slot0 % V_TILE)
+    # (Triton 3.6 loses the alignment through // and %: without the hint each byte is a load.)
+    base = tl.multiple_of(base, 16)
+    off = base + tl.arange(0, BLOCK_N)[:, None] + tl.arange(0, HEAD_DIM)[None, :] * V_TILE
+    return tl.load(v_cache_ptr + off)
+
+
+@triton.jit
+def _tile_step(acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+               v_scale_ptr, bt_row, kv_head_off, qk_scale, stride_kblk, stride_kslot,
+               stride_sblk, stride_sslot, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+               BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr, USE_DOT: tl.constexpr,
+               DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr, KV_INT8: tl.constexpr,
+               PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr, V_WORDS: tl.constexpr,
+               V_TILE: tl.constexpr, V_MASKED: tl.constexpr):
+    """attend_tiles' step over keys n .. n + BLOCK_N: the running (acc, m, l, c) after them
+    (V_MASKED: V's keys from end on zeroed)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    n_mask, tok_off, s_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot,
+                                          stride_sblk, stride_sslot, BLOCK_SIZE, BLOCK_N,
+                                          PAGE_TILE)
+    kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
+    k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+    if KV_INT8 and INT8_F16:
+        k = int8_to_fp16(k)
+    elif KV_FP8 or KV_INT8:
+        k = k.to(q.dtype)  # int8 codes (|c| <= 127) are exact in bf16 and fp16
+    if USE_DOT:
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    else:
+        qk = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+    if KV_INT8:
+        qk = qk * tl.load(k_scale_ptr + s_off, mask=n_mask, other=0.0)[None, :]
+    # exp2 domain: qk_scale already includes log2(e).
+    qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))
+    m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
+    if V_TILE:
+        v = v_tile_tile(v_cache_ptr, bt_row, kv_head_off, n, stride_kblk, HEAD_DIM,
+                        BLOCK_SIZE, BLOCK_N, V_TILE)
+    elif V_WORDS:  # e4m3 V as 32-bit words, widened to fp16 where loaded (e4m3_words_to_f16);
+        # never with V_TILE
+        offs_w = tl.arange(0, HEAD_DIM // 4)
+        w_ptr = (v_cache_ptr + kv_head_off).to(tl.pointer_type(tl.int32), bitcast=True)
+        w_off = (tok_off >> 2)[:, None] + offs_w[None, :]
+        v = e4m3_words_to_f16(tl.load(w_ptr + w_off, mask=n_mask[:, None], other=0))
+    else:
+        v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+    if KV_INT8 and INT8_F16:
+        v = int8_to_fp16(v)
+    elif (KV_FP8 or KV_INT8) and not V_WORDS:
+        v = v.to(PV_DTYPE)
+    if V_MASKED:  # the slots past end: anything (NaN too, and 0 * NaN reaches the sums)
+        v = tl.where(n_mask[:, None], v, 0.0)
+    pw = p
+    if KV_INT8:
+        vs = tl.load(v_scale_ptr + s_off, mask=n_mask, other=0.0)
+        if INT8_F16:
+            c_new = tl.maximum(c_i, tl.max(vs, axis=0))
+            r = 1.0 / c_new
+            alpha = alpha * (c_i * r)
+            c_i = c_new
+            pw = p * vs[None, :] * r[:, None]
+        else:
+            pw = p * vs[None, :]
+    if USE_DOT:
+        pv = tl.dot(pw.to(v.dtype), v, input_precision=DOT_PREC)
+    else:
+        pv = tl.sum(pw[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+    return acc * alpha[:, None] + pv, m_i, l_i, c_i

@@ -7,7 +7,7 @@ different summation order in the qkv rows tips. (layer_fp8.py before 2026-11-29.
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import quantize_fp8
+from nanovllm.kernels._common import quantize_fp8, v_tile_offsets
 from nanovllm.kernels.decode_tiles import prefetch_tile, tile_of
 from nanovllm.kernels.layer_parts import rope_rows
 from nanovllm.kernels.triton_feedback import feedback_round, top_rows
@@ -40,11 +40,12 @@ def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs
                  DTYPE: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
                  FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr, FB_G: tl.constexpr,
                  FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-                 SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
+                 SOFT: tl.constexpr, DOT_PREC: tl.constexpr, V_STEP: tl.constexpr):
     """kv head kvh's new K (normed, rotated, mixed) and V from the qkv row, as fp8 codes of
     k / ks (K's groups of FB_G channels rounded with error feedback through fb_ptr [Hkv, HD,
     FB_G] when FEEDBACK: by FB_ASM, triton_feedback.chain_asm's PTX, where it is set, else on
-    the register tile) and v / vs, stored at k_dst / v_dst (this slot and head's row)."""
+    the register tile) and v / vs, stored at k_dst / v_dst (this slot and head's row; V's
+    dims V_STEP elements apart)."""
     HALF: tl.constexpr = HD // 2
     R: tl.constexpr = 16 if MIX else 1  # the mixing's dots take 16 rows at least
     rows = tl.arange(0, R)
@@ -78,7 +79,7 @@ def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs
     if not (FEEDBACK and FB_ASM != ""):
         tl.store(k_dst + offs, c1)
         tl.store(k_dst + HALF + offs, c2)
-    tl.store(v_dst + tl.arange(0, HD), c3)
+    tl.store(v_dst + tl.arange(0, HD) * V_STEP, c3)
 
 
 @triton.jit
@@ -88,23 +89,30 @@ def store_new_kv(qkv_ptr, kvh, is_new, sync, slot_ptr, stride_kslot, pos, cos_si
                  DTYPE: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr,
                  LOG2_HALF: tl.constexpr, FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr,
                  FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
-                 BIAS: tl.constexpr, SOFT: tl.constexpr, DOT_PREC: tl.constexpr):
+                 BIAS: tl.constexpr, SOFT: tl.constexpr, DOT_PREC: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr):
     """Where is_new (the split that holds the new key): kv head kvh's new K (normed,
     rotated) and V from the qkv row, stored at this step's slot of the layer's caches, in
     the model dtype or with KV_FP8 as _store_fp8's codes (k_scale / v_scale: per-kv-head
     scales); then, with sync, a block barrier (the split reads the key back from the
     cache). Returns what was stored, as rows [1, HD] (zeros for an fp8 cache or elsewhere):
-    the attention may take the new key from them."""
+    the attention may take the new key from them. V_TILE: an fp8 cache's V pages tiled
+    (triton_kv.v_tile_of)."""
     k_row = tl.zeros([1, HD], DTYPE)
     v_row = tl.zeros([1, HD], DTYPE)
     if is_new:
-        dst = tl.load(slot_ptr).to(tl.int64) * stride_kslot + kvh * HD
+        slot = tl.load(slot_ptr).to(tl.int64)
+        dst = slot * stride_kslot + kvh * HD
         offs = tl.arange(0, HD)[None, :]
         if KV_FP8:
+            v_dst = dst
+            if V_TILE:
+                v_dst = (slot // BLOCK_SIZE) * (BLOCK_SIZE * stride_kslot) + v_tile_offsets(
+                    slot % BLOCK_SIZE, kvh * HD, 0, BLOCK_SIZE, HD, V_TILE)
             _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
-                       v_cache + dst, tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr,
+                       v_cache + v_dst, tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr,
                        HQ, HKV, HD, QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_ASM, FB_G,
-                       FMAX, MANT, BIAS, SOFT, DOT_PREC)
+                       FMAX, MANT, BIAS, SOFT, DOT_PREC, max(V_TILE, 1))
         else:
             kv_head = tl.full([1], 0, tl.int32) + kvh
             k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos, cos_sin_ptr, k_norm,

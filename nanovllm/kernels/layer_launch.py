@@ -10,6 +10,7 @@ from nanovllm.kernels.layer_config import CONFIG
 from nanovllm.kernels.layer_kernel import ALL_PHASES, BLOCK_N, NUM_PHASES, _layers_kernel
 from nanovllm.kernels.triton_decode import _num_sms, _split_counters
 from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
+from nanovllm.kernels.triton_kv import v_tile_of
 
 _BARRIERS: dict = {}
 
@@ -172,7 +173,9 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     d = x.shape[-1]
     inter = stack["w_down"].shape[1]
     hq, hkv, hd = num_heads, num_kv_heads, head_dim
-    assert hd & (hd - 1) == 0 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
+    assert hd & (hd - 1) == 0 and k_cache.stride(3) == 1
+    v_tile = v_tile_of(k_cache, v_cache)
+    assert not v_tile or (v_tile % BLOCK_N == 0 and k_cache.shape[1] % BLOCK_N == 0)
     assert k_cache.stride(2) == hd and k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
     if programs is None:
         programs = _programs(device)
@@ -237,7 +240,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         C_SPLITS=_c_splits(hq, hd, splits, bk["BK_Q"]),
         PRE_KV=_pre_kv(hd, kv["KV_FP8"], apart and splits > 1),
         V_WORDS=CONFIG["V_WORDS"] and not INTERPRET and k_cache.dtype == torch.float8_e4m3fn
-        and (dtype == torch.bfloat16 or dtype == torch.float16),
+        and (dtype == torch.bfloat16 or dtype == torch.float16) and not v_tile, V_TILE=v_tile,
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

@@ -14,7 +14,7 @@ from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_config import CONFIG, CONFIG_FP8, CONFIG_INT8, MAX_SPLITS
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_tiles import attend_tiles
-from nanovllm.kernels.triton_kv import check_row_scales
+from nanovllm.kernels.triton_kv import check_row_scales, v_tile_of
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def _decode_partial_kernel(
     USE_DOT: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
-    HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr,
+    HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
@@ -98,7 +98,8 @@ def _decode_partial_kernel(
                                  v_scale_ptr + kvh * stride_sh, bt_row, kv_head_off, start, end,
                                  qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
                                  G_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT,
-                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16, V_WORDS)
+                                 DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16, V_WORDS,
+                                 V_TILE)
 
     out = acc / l_i[:, None]
     if KV_FP8:
@@ -149,7 +150,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    assert k_cache.stride(3) == 1
+    v_tile = v_tile_of(k_cache, v_cache)
     group = num_heads // num_kv_heads
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
     kv_int8 = k_cache.dtype == torch.int8
@@ -191,8 +193,10 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     fp16_dot = cfg.get("FP16_DOT", False) and (
         q.dtype == torch.bfloat16 or (kv_int8 and q.dtype == torch.float16))
     # V_WORDS: an e4m3 V tile widened to fp16 as it is loaded (the PV dot in fp16 then).
-    v_words = (cfg.get("V_WORDS", False) and not INTERPRET
+    v_words = (cfg.get("V_WORDS", False) and not INTERPRET and not v_tile
                and k_cache.dtype == torch.float8_e4m3fn and (fp16_dot or q.dtype == torch.float16))
+    # Tiled V pages: a tile's keys lie in one V_TILE run of one page.
+    assert not v_tile or (v_tile % block_n == 0 and block_size % block_n == 0), (v_tile, block_n)
     red_gp, red_chunk = reduce_tile(group, head_dim)
     grid = (num_kv_heads, batch, num_splits) if head_fast else (batch, num_kv_heads, num_splits)
     _decode_partial_kernel[grid](
@@ -211,7 +215,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         USE_DOT=use_dot, DIRECT=direct, DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
-        HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words,
+        HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words, V_TILE=v_tile,
         num_warps=cfg["num_warps"], num_stages=stages,
     )
     return o

@@ -4,7 +4,13 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import fp8_meta, int8_codes, int8_row_scale, quantize_fp8
+from nanovllm.kernels._common import (
+    fp8_meta,
+    int8_codes,
+    int8_row_scale,
+    quantize_fp8,
+    v_tile_offsets,
+)
 
 
 @triton.jit
@@ -14,7 +20,7 @@ def _store_kvcache_kernel(
     stride_cslot, stride_ch, stride_sblk, stride_sslot, stride_sh, SCALE_BS,
     NUM_KV_HEADS: tl.constexpr, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-    SOFT: tl.constexpr, KV_INT8: tl.constexpr,
+    SOFT: tl.constexpr, KV_INT8: tl.constexpr, BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr,
 ):
     # One program per token: copies its [Hkv, D] K and V rows (a few KB) to the cache slot.
     t = tl.program_id(0)
@@ -50,17 +56,36 @@ def _store_kvcache_kernel(
         v = int8_codes(v, vs[:, None])
         tl.store(v_scale_ptr + s_off, vs, mask=hmask)
     tl.store(k_cache_ptr + dst, k.to(cache_ty), mask=mask)
+    if V_TILE:  # V's pages tiled (v_tile_of)
+        dst = (slot // BLOCK_SIZE) * (BLOCK_SIZE * stride_cslot) + v_tile_offsets(
+            slot % BLOCK_SIZE, offs_h[:, None] * stride_ch, offs_d[None, :], BLOCK_SIZE,
+            HEAD_DIM, V_TILE)
     tl.store(v_cache_ptr + dst, v.to(cache_ty), mask=mask)
+
+
+def v_tile_of(k_cache, v_cache) -> int:
+    """V_TILE of a cache pair as the kernels take it: 0 when v_cache has k_cache's shape and
+    strides ([blocks, block_size, Hkv, D]); T when v_cache is the same memory viewed as
+    [blocks, Hkv, block_size / T, D, T] (kv_cache.tile_v_pages: a page holds each kv head's
+    V in T-key tiles, each tile's V^T one contiguous run, so the decode reads it whole)."""
+    if v_cache.dim() == 4:
+        assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+        return 0
+    blocks, heads, tiles, dim, tile = v_cache.shape
+    assert k_cache.shape == (blocks, tiles * tile, heads, dim), (k_cache.shape, v_cache.shape)
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    return tile
 
 
 def store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
     """Write k/v [T, Hkv, D] into k_cache/v_cache [blocks, block_size, Hkv, D] at slot_mapping
     (-1 skipped). An fp8 cache stores k / k_scale[head] (v likewise), the scales fp32 [Hkv];
     an int8 cache stores each row's codes and writes its scale into k_scale / v_scale (fp32
-    [blocks, block_size, Hkv]) at the same slot (torch_ref.quantize_rows)."""
+    [blocks, block_size, Hkv]) at the same slot (torch_ref.quantize_rows). v_cache may be
+    tiled (v_tile_of)."""
     num_tokens, num_kv_heads, head_dim = k.shape
-    assert v.shape == k.shape and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
-    assert k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1
+    v_tile = v_tile_of(k_cache, v_cache)
+    assert v.shape == k.shape and k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1
     # Slots index the flattened (block, offset) dims, so those must be contiguous with each other.
     assert k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
     assert slot_mapping.numel() == num_tokens
@@ -73,7 +98,7 @@ def store_kvcache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=No
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(1), k_cache.stride(2), *row_scale_strides(k_cache, ks, vs),
         NUM_KV_HEADS=num_kv_heads, H_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
-        **meta, num_warps=4,
+        **meta, BLOCK_SIZE=k_cache.shape[1], V_TILE=v_tile, num_warps=4,
     )
 
 

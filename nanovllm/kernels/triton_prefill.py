@@ -9,8 +9,15 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta, online_softmax_step
-from nanovllm.kernels.triton_kv import check_row_scales
+from nanovllm.kernels._common import (
+    INTERPRET,
+    LOG2E,
+    dot_precision,
+    fp8_meta,
+    online_softmax_step,
+    v_tile_offsets,
+)
+from nanovllm.kernels.triton_kv import check_row_scales, v_tile_of
 
 # Tile configs (module level so tools/bench_kernels.py and tests can override them). Measured on
 # H100 (16/8/128 bf16): 128x128 tiles win on long prompts (4x2048: 305 TFLOP/s vs 276 for 128x64),
@@ -28,14 +35,23 @@ FP16_DOT = True
 
 @triton.jit
 def _load_kv_tile(cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                  BLOCK_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MASKED: tl.constexpr, n_mask):
+                  BLOCK_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MASKED: tl.constexpr, n_mask,
+                  HEAD_DIM: tl.constexpr = 0, V_TILE: tl.constexpr = 0):
+    """A cache's tile [BLOCK_N, D] of keys offs_n; V_TILE: from tiled V pages
+    (triton_kv.v_tile_of)."""
+    slot = offs_n % BLOCK_SIZE
     if PAGE_TILE:
         # n is a multiple of BLOCK_N which divides BLOCK_SIZE: one page for the whole tile.
-        page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
+        page_off = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64) * stride_kblk
     else:
         page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    ptrs = cache_ptr + (page * stride_kblk + (offs_n % BLOCK_SIZE) * stride_kslot)[:, None] \
-        + kv_head_off + offs_d[None, :]
+        page_off = (page * stride_kblk)[:, None]
+    if V_TILE:
+        in_page = v_tile_offsets(slot[:, None], kv_head_off, offs_d[None, :], BLOCK_SIZE,
+                                 HEAD_DIM, V_TILE)
+    else:
+        in_page = (slot * stride_kslot)[:, None] + kv_head_off + offs_d[None, :]
+    ptrs = cache_ptr + page_off + in_page
     if MASKED:
         return tl.load(ptrs, mask=n_mask[:, None], other=0.0)
     return tl.load(ptrs)
@@ -64,7 +80,7 @@ def _prefill_kernel(
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr, DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
-    PV_F32: tl.constexpr,
+    PV_F32: tl.constexpr, V_TILE: tl.constexpr,
 ):
     b = tl.program_id(0)
     # Reverse the q-tile order: the last tiles see the most keys, so start them first (less tail).
@@ -114,7 +130,8 @@ def _prefill_kernel(
                                        BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(pv_dtype)
+                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end, HEAD_DIM,
+                          V_TILE).to(pv_dtype)
         if KV_INT8:
             p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                      BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
@@ -135,7 +152,7 @@ def _prefill_kernel(
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(pv_dtype)
+                          BLOCK_SIZE, PAGE_TILE, True, n_mask, HEAD_DIM, V_TILE).to(pv_dtype)
         if KV_INT8:
             p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                      BLOCK_SIZE, PAGE_TILE, n_mask)[None, :]
@@ -152,8 +169,10 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tab
                       max_seqlen_q, k_scale=None, v_scale=None):
     """Causal varlen attention of q [T, H, D] over paged cached keys; returns [T, H, D] in q's dtype.
     An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]), an
-    int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides)."""
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides). v_cache
+    may be tiled (triton_kv.v_tile_of)."""
+    assert k_cache.stride(3) == 1
+    v_tile = v_tile_of(k_cache, v_cache)
     kv_fp8 = fp8_meta(k_cache.dtype)["KV_FP8"]
     if kv_fp8 and (k_scale is None or v_scale is None):
         raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
@@ -161,7 +180,7 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tab
         check_row_scales(k_cache, k_scale, v_scale)
     return _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
                    max_seqlen_q, k_scale, v_scale, k_cache.shape[1], k_cache.shape[2],
-                   k_cache.stride()[:3])
+                   k_cache.stride()[:3], v_tile)
 
 
 # A page no sequence outgrows: with it, a sequence's keys are one page starting at its row.
@@ -180,9 +199,9 @@ def prefill_attention_contiguous(q, k, v, cu_seqlens, scale, max_seqlen_q):
 
 
 def _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale, max_seqlen_q,
-            k_scale, v_scale, block_size, num_kv_heads, kv_strides):
+            k_scale, v_scale, block_size, num_kv_heads, kv_strides, v_tile=0):
     """The prefill kernel over keys addressed as page * kv_strides[0] + slot * kv_strides[1]
-    + head * kv_strides[2]."""
+    + head * kv_strides[2] (values alike, or in v_tile-key tiles: triton_kv.v_tile_of)."""
     num_tokens, num_heads, head_dim = q.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
     o = torch.empty_like(q)
@@ -204,7 +223,7 @@ def _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGE_TILE=block_size % cfg["BLOCK_N"] == 0,
         DOT_PREC=dot_precision(q.dtype),
         KV_FP8=kv_fp8, FP16_DOT=kv_fp8 and FP16_DOT and q.dtype == torch.bfloat16,
-        KV_INT8=kv_int8, PV_F32=kv_int8 and q.dtype == torch.float16,
+        KV_INT8=kv_int8, PV_F32=kv_int8 and q.dtype == torch.float16, V_TILE=v_tile,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return o

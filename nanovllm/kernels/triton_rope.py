@@ -21,9 +21,10 @@ from nanovllm.kernels._common import (
     int8_codes,
     int8_row_scale,
     quantize_fp8,
+    v_tile_offsets,
 )
 from nanovllm.kernels.triton_feedback import feedback_chains, prefetch_rows, store_tile
-from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides
+from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides, v_tile_of
 
 
 @triton.jit
@@ -72,6 +73,7 @@ def _norm_rope_store_kernel(
     FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
     SOFT: tl.constexpr, KV_INT8: tl.constexpr, FEEDBACK: tl.constexpr, GROUP: tl.constexpr,
     KV_ROWS: tl.constexpr, CHAINS: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr,
 ):
     # One program per token (two with SPLIT): all its heads at once (a few KB), so a decode
     # step is one wave.
@@ -157,8 +159,15 @@ def _norm_rope_store_kernel(
             if not FEEDBACK:  # (stored above)
                 tl.store(k_cache_ptr + c_off, c1, mask=mk)
                 tl.store(k_cache_ptr + c_off + HALF, c2, mask=mk)
-            tl.store(v_cache_ptr + c_off, c3, mask=mk)
-            tl.store(v_cache_ptr + c_off + HALF, c4, mask=mk)
+            v_off = c_off
+            v_half = HALF
+            if V_TILE:  # V's pages tiled (triton_kv.v_tile_of)
+                v_off = (slot // BLOCK_SIZE) * (BLOCK_SIZE * stride_cslot) + v_tile_offsets(
+                    slot % BLOCK_SIZE, hk * stride_ch, offs[None, :], BLOCK_SIZE, 2 * HALF,
+                    V_TILE)
+                v_half = HALF * V_TILE
+            tl.store(v_cache_ptr + v_off, c3, mask=mk)
+            tl.store(v_cache_ptr + v_off + v_half, c4, mask=mk)
 
 
 def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
@@ -172,13 +181,13 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     k_scale / v_scale (fp32 [blocks, block_size, Hkv]). mix: q and k times the Hadamard matrix
     after RoPE (attention_backend.hadamard_mix). k_feedback (fp32 [Hkv, D, G], an fp8 cache
     only, G a power of two dividing D / 2): K rounded with error feedback through it
-    (kernels/kv_feedback.py)."""
+    (kernels/kv_feedback.py). v_cache may be tiled (triton_kv.v_tile_of)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim % 2 or head_dim & (head_dim - 1):
         raise ValueError(f"the fused RoPE kernel needs a power-of-two head_dim, got {head_dim}")
     assert q.stride(2) == k.stride(2) == v.stride(2) == 1 and k_cache.stride(3) == 1
-    assert k_cache.stride() == v_cache.stride()
+    v_tile = v_tile_of(k_cache, v_cache)
     assert k_feedback is None or (head_dim // 2) % k_feedback.shape[-1] == 0, k_feedback.shape
     assert k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
     has_norm = q_norm_weight is not None
@@ -207,7 +216,7 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         DOT_PREC=dot_precision(q.dtype), **meta, FEEDBACK=k_feedback is not None,
         GROUP=k_feedback.shape[-1] if k_feedback is not None else 1,
         KV_ROWS=triton.next_power_of_2(num_kv_heads), CHAINS=chains, SPLIT=split,
-        PREFETCH=FEEDBACK_PREFETCH and not INTERPRET,
+        PREFETCH=FEEDBACK_PREFETCH and not INTERPRET, BLOCK_SIZE=k_cache.shape[1], V_TILE=v_tile,
         # The feedback loop's tile is small: more warps would each repeat its chain.
         num_warps=4 if k_feedback is None else FEEDBACK_WARPS,
     )

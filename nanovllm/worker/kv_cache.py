@@ -6,6 +6,7 @@ import logging
 import torch
 
 from nanovllm.config import Config
+from nanovllm.kernels.decode_config import CONFIG_FP8
 from nanovllm.kernels.kv_feedback import feedback_wanted, identity_feedback
 from nanovllm.layers.attention_backend import mix_kv_wanted
 from nanovllm.models.safetensors_io import read_kv_scales
@@ -162,6 +163,14 @@ def set_up_8bit_cache(config: Config, rank: int, attn_layers: list, kv_cache: to
         # makes a rotated row near-Gaussian, so its max is a few sigma, not an outlier's.
         backend.mix_kv = mix_kv_wanted(head_dim)
         return allocate_row_scales(attn_layers, kv_cache), False
+    tile = CONFIG_FP8["V_TILE"]
+    if backend.name == "triton" and tile:
+        if config.kvcache_block_size % tile == 0:
+            tile_v_pages(attn_layers, tile)
+        elif rank == 0:  # a decode tile's keys must lie in one page
+            logger.info("fp8 KV cache: kvcache_block_size=%d is not a multiple of %d; V's "
+                        "pages keep the usual layout (a slower decode)",
+                        config.kvcache_block_size, tile)
     loaded = checkpoint_kv_scales(config, rank, attn_layers[0].num_kv_heads)
     scales = allocate_kv_scales(attn_layers, kv_cache.device, loaded)
     # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated on
@@ -174,6 +183,16 @@ def set_up_8bit_cache(config: Config, rank: int, attn_layers: list, kv_cache: to
             layer.feedback_moments = torch.zeros(layer.num_kv_heads, head_dim, head_dim,
                                                  device=kv_cache.device)
     return scales, loaded is None
+
+
+def tile_v_pages(attn_layers: list, tile: int) -> None:
+    """View each layer's V cache [blocks, block_size, Hkv, D] as [blocks, Hkv, block_size /
+    tile, D, tile]: the same memory, its pages holding each kv head's V in tile-key tiles,
+    a tile's V^T one contiguous run (triton_kv.v_tile_of). The fp8 decode then reads V
+    whole and hands the PV dot keys side by side, instead of a byte at a time."""
+    for layer in attn_layers:
+        blocks, block_size, heads, dim = layer.v_cache.shape
+        layer.v_cache = layer.v_cache.view(blocks, heads, block_size // tile, dim, tile)
 
 
 def allocate_kv(config: Config, rank: int, attn_layers: list, dtype: torch.dtype,

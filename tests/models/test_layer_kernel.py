@@ -329,14 +329,18 @@ def test_start_up_compiles_the_kernel_once(toy_models, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_fp8_v_tiles_widened_as_loaded(toy_models, monkeypatch, counted):
-    """V_WORDS in the layer kernel and the decode kernel (an e4m3 cache's V tiles read as
-    words and widened where loaded), five splits: the logits as the launch-per-op path's."""
+@pytest.mark.parametrize("v_tile", [0, 64])
+def test_gpu_fp8_v_tiles_widened_as_loaded(toy_models, monkeypatch, counted, v_tile):
+    """An e4m3 cache's V in the layer kernel and the decode kernel, five splits: the logits
+    as the launch-per-op path's. V_TILE 0: V_WORDS (the usual pages' V tiles read as words,
+    widened where loaded); 64: V's pages tiled (kv_cache.tile_v_pages), blocks of 64."""
     from nanovllm.kernels import decode_config
 
     monkeypatch.setitem(layer_launch.CONFIG, "V_WORDS", True)
     monkeypatch.setitem(decode_config.CONFIG_FP8, "V_WORDS", True)
-    engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80, kv_cache_dtype="fp8_e4m3")
+    monkeypatch.setitem(decode_config.CONFIG_FP8, "V_TILE", v_tile)
+    engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80, kv_cache_dtype="fp8_e4m3",
+                  kvcache_block_size=64 if v_tile else 16)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
                         tokens=(300, 288), **engine)
             for on in (False, True)}

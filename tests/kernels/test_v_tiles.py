@@ -1,0 +1,152 @@
+"""An fp8 cache's V pages tiled ([kv head][tile][dim][key], kv_cache.tile_v_pages): the store
+kernels write the usual layout's bytes at the tiled places, and decode and prefill read them
+to the usual layout's outputs (TRITON_INTERPRET=1 on CPU, tiny fp32 shapes; the GPU at the
+engine's tiles, and an engine's greedy tokens with and without the tiles)."""
+import pytest
+import torch
+
+from nanovllm.kernels import decode_config
+from nanovllm.kernels.torch_ref import store_kvcache_torch
+from nanovllm.kernels.triton_decode import decode_attention
+from nanovllm.kernels.triton_kv import store_kvcache, v_tile_of
+from nanovllm.kernels.triton_prefill import prefill_attention
+from nanovllm.kernels.triton_rope import norm_rope_store
+from tests.kernels.test_fp8_kv import FP8, fp8_case, quantized_case, same_bytes
+from tests.support.markers import needs_interpreter, on_gpu
+from tests.support.paged import make_paged_case
+
+
+def tiled(v: torch.Tensor, tile: int) -> torch.Tensor:
+    """A [blocks, block_size, Hkv, D] cache's values rewritten in tiled pages (a new tensor:
+    [blocks, Hkv, block_size / tile, D, tile])."""
+    p, b, h, d = v.shape
+    return v.view(p, b // tile, tile, h, d).permute(0, 3, 1, 4, 2).contiguous()
+
+
+def untiled(vt: torch.Tensor) -> torch.Tensor:
+    """tiled's inverse."""
+    p, h, t, d, tile = vt.shape
+    return vt.permute(0, 2, 4, 1, 3).reshape(p, t * tile, h, d)
+
+
+def test_v_tile_of_reads_the_view():
+    k = torch.zeros(3, 16, 2, 8)
+    assert v_tile_of(k, torch.zeros_like(k)) == 0
+    assert v_tile_of(k, torch.zeros_like(k).view(3, 2, 4, 8, 4)) == 4
+    with pytest.raises(AssertionError):
+        v_tile_of(k, torch.zeros(3, 2, 4, 8, 2))  # tiles covering half a page
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", FP8)
+def test_stores_write_tiled_places(dtype):
+    g = torch.Generator().manual_seed(2)
+    t, hq, hkv, d = 7, 4, 2, 16
+    q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
+    slots = torch.tensor([3, 9, -1, 17, 30, 0, 63], dtype=torch.int32)
+    ks, vs = torch.tensor([0.01, 0.02]), torch.tensor([0.004, 0.05])
+    kc, vc, rk, rv = (torch.zeros(2, 32, hkv, d, dtype=dtype) for _ in range(4))
+    store_kvcache_torch(k, v, rk, rv, slots, ks, vs)
+    vt = tiled(vc, 8)
+    store_kvcache(k, v, kc, vt, slots, ks, vs)
+    assert same_bytes(kc, rk) and same_bytes(untiled(vt), rv)
+    # The fused RoPE store: its rotated k through the plain store gives the reference.
+    cos_sin = torch.randn(16, 1, d, generator=g)
+    kc.zero_()
+    vt.zero_()
+    _, k_rot = norm_rope_store(q, k, v, torch.arange(t), cos_sin, None, None, 0.0, kc, vt,
+                               slots, return_k=True, k_scale=ks, v_scale=vs)
+    store_kvcache_torch(k_rot, v, rk, rv, slots, ks, vs)
+    assert same_bytes(kc, rk) and same_bytes(untiled(vt), rv)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.usefixtures("poisoned_empty")
+def test_decode_reads_tiled_pages(num_splits):
+    # Contexts ending inside a tile, on its edge and after one key; slots past a context
+    # hold NaN (make_paged_case), so a partial tile read whole would show.
+    c = quantized_case(make_paged_case([(1, 70), (1, 32), (1, 1), (1, 47)], 32, 4, 2, 16,
+                                       seed=6), torch.float8_e4m3fn)
+    args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
+    kw = dict(num_splits=num_splits, k_scale=c.k_scale, v_scale=c.v_scale)
+    ref = decode_attention(*args, **kw)
+    o = decode_attention(*args[:2], tiled(c.v_cache, 16), *args[3:], **kw)
+    assert not o.isnan().any() and torch.equal(o, ref)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block_size,tile", [(32, 16), (8, 8)])
+@pytest.mark.usefixtures("poisoned_empty")
+def test_prefill_reads_tiled_pages(block_size, tile):
+    # Plain prefill, a prefix hit and a chunk; 8-slot pages put a 16-key tile on two pages.
+    c = quantized_case(make_paged_case([(20, 20), (5, 37), (7, 39)], block_size, 4, 2, 16,
+                                       seed=3), torch.float8_e4m3fn)
+    args = (c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale,
+            c.max_seqlen_q)
+    kw = dict(k_scale=c.k_scale, v_scale=c.v_scale)
+    ref = prefill_attention(*args, **kw)
+    o = prefill_attention(*args[:2], tiled(c.v_cache, tile), *args[3:], **kw)
+    assert not o.isnan().any() and torch.equal(o, ref)
+
+
+@on_gpu
+@pytest.mark.parametrize("batch,ctx,splits", [(1, 3000, None), (64, 301, None), (64, 301, 3),
+                                              (256, 700, None)])
+def test_decode_gpu_reads_tiled_pages(batch, ctx, splits):
+    c = fp8_case([(1, ctx - i % 5) for i in range(batch)], 256, torch.float8_e4m3fn, seed=batch)
+    args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
+    kw = dict(num_splits=splits, k_scale=c.k_scale, v_scale=c.v_scale)
+    ref = decode_attention(*args, **kw)
+    o = decode_attention(*args[:2], tiled(c.v_cache, 64), *args[3:], **kw)
+    assert not o.isnan().any()
+    torch.testing.assert_close(o, ref, rtol=1e-2, atol=1e-3)
+
+
+@on_gpu
+def test_prefill_gpu_reads_tiled_pages():
+    c = fp8_case([(300, 1500), (257, 257), (1, 700)], 256, torch.float8_e4m3fn, seed=1)
+    args = (c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale,
+            c.max_seqlen_q)
+    kw = dict(k_scale=c.k_scale, v_scale=c.v_scale)
+    ref = prefill_attention(*args, **kw)
+    o = prefill_attention(*args[:2], tiled(c.v_cache, 64), *args[3:], **kw)
+    torch.testing.assert_close(o, ref, rtol=1e-2, atol=1e-3)
+
+
+@on_gpu
+def test_engine_greedy_with_and_without_tiles(toy_models, monkeypatch):
+    """The engine's fp8 cache, tiled (CONFIG_FP8["V_TILE"] 64, blocks of 256) or not: the
+    same greedy tokens, batch 1 (the layer kernel) and batched, over prompts spanning pages
+    (a fixed block count: the first engine's memory is still held when the second starts)."""
+    from nanovllm import LLM, SamplingParams
+
+    prompts = [[(7 * i + j) % 300 + 10 for j in range(n)] for i, n in enumerate((5, 300, 700))]
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = {}
+    for tile in (0, 64):
+        monkeypatch.setitem(decode_config.CONFIG_FP8, "V_TILE", tile)
+        llm = LLM(toy_models["untied_gqa4_d64"], device="cuda", kv_cache_dtype="fp8_e4m3",
+                  kvcache_block_size=256, num_kvcache_blocks=16, max_model_len=1024)
+        try:
+            layer = llm.clients[0].core.executor.runner.model.model.layers[0]
+            assert layer.self_attn.attn.v_cache.dim() == (5 if tile else 4)
+            outs[tile] = ([o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False)],
+                          llm.generate([prompts[1]], sp, use_tqdm=False)[0]["token_ids"])
+        finally:
+            llm.shutdown()
+    assert outs[0] == outs[64]
+
+
+def test_tile_v_pages_views_the_same_memory():
+    from types import SimpleNamespace
+
+    from nanovllm.worker.kv_cache import tile_v_pages
+
+    cache = torch.zeros(2, 3, 8, 64, 2, 16, dtype=torch.float8_e4m3fn)
+    layers = [SimpleNamespace(k_cache=cache[0, i], v_cache=cache[1, i]) for i in range(3)]
+    tile_v_pages(layers, 16)
+    for i, layer in enumerate(layers):
+        assert layer.v_cache.shape == (8, 2, 4, 16, 16)
+        assert layer.v_cache.data_ptr() == cache[1, i].data_ptr()
+        assert v_tile_of(layer.k_cache, layer.v_cache) == 16
