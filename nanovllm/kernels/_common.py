@@ -169,3 +169,20 @@ def v_tile_offsets(slot, kv_head_off, offs_d, BLOCK_SIZE: tl.constexpr, HEAD_DIM
     offset in the usual [slot][kv head][dim] layout (head * HEAD_DIM)."""
     return (kv_head_off * BLOCK_SIZE + (slot // V_TILE) * (HEAD_DIM * V_TILE) + offs_d * V_TILE
             + slot % V_TILE)
+
+
+@triton.jit
+def v_tile_tile(v_cache_ptr, bt_row, kv_head_off, n, stride_kblk, HEAD_DIM: tl.constexpr,
+                BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, V_TILE: tl.constexpr):
+    """V [BLOCK_N, HEAD_DIM] of keys n .. n + BLOCK_N from tiled pages, whole, unmasked (n a
+    multiple of BLOCK_N, which divides BLOCK_SIZE, and BLOCK_N and V_TILE one a multiple of
+    the other: the tile lies in one page, in runs of min(BLOCK_N, V_TILE) keys a dim)."""
+    page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
+    slot0 = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N)
+    base = (page * stride_kblk + kv_head_off * BLOCK_SIZE + (slot0 // V_TILE) * (HEAD_DIM * V_TILE)
+            + slot0 % V_TILE)
+    # (Triton 3.6 loses the alignment through // and %: without the hint each byte is a load.)
+    base = tl.multiple_of(base, 16)
+    j = tl.arange(0, BLOCK_N)
+    keys = (j // V_TILE) * (HEAD_DIM * V_TILE) + j % V_TILE
+    return tl.load(v_cache_ptr + base + keys[:, None] + tl.arange(0, HEAD_DIM)[None, :] * V_TILE)

@@ -3,7 +3,12 @@ paged address of a tile (and of its int8 row scales)."""
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import e4m3_words_to_f16, int8_to_fp16, online_softmax_step
+from nanovllm.kernels._common import (
+    e4m3_words_to_f16,
+    int8_to_fp16,
+    online_softmax_step,
+    v_tile_tile,
+)
 
 
 @triton.jit
@@ -109,22 +114,6 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
     if KV_INT8 and INT8_F16:
         acc = acc * c_i[:, None]
     return acc, m_i, l_i
-
-
-@triton.jit
-def v_tile_tile(v_cache_ptr, bt_row, kv_head_off, n, stride_kblk, HEAD_DIM: tl.constexpr,
-                BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, V_TILE: tl.constexpr):
-    """V [BLOCK_N, HEAD_DIM] of keys n .. n + BLOCK_N from tiled pages, whole (n a multiple
-    of BLOCK_N, which divides V_TILE and BLOCK_SIZE: the tile lies in one page, BLOCK_N
-    contiguous bytes a dim)."""
-    page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
-    slot0 = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N)
-    base = (page * stride_kblk + kv_head_off * BLOCK_SIZE + (slot0 // V_TILE) * (HEAD_DIM * V_TILE)
-            + slot0 % V_TILE)
-    # (Triton 3.6 loses the alignment through // and %: without the hint each byte is a load.)
-    base = tl.multiple_of(base, 16)
-    off = base + tl.arange(0, BLOCK_N)[:, None] + tl.arange(0, HEAD_DIM)[None, :] * V_TILE
-    return tl.load(v_cache_ptr + off)
 
 
 @triton.jit

@@ -16,6 +16,7 @@ from nanovllm.kernels._common import (
     fp8_meta,
     online_softmax_step,
     v_tile_offsets,
+    v_tile_tile,
 )
 from nanovllm.kernels.triton_kv import check_row_scales, v_tile_of
 
@@ -38,7 +39,13 @@ def _load_kv_tile(cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk
                   BLOCK_SIZE: tl.constexpr, PAGE_TILE: tl.constexpr, MASKED: tl.constexpr, n_mask,
                   HEAD_DIM: tl.constexpr = 0, V_TILE: tl.constexpr = 0):
     """A cache's tile [BLOCK_N, D] of keys offs_n; V_TILE: from tiled V pages
-    (triton_kv.v_tile_of)."""
+    (triton_kv.v_tile_of), where the tile lies in one page read whole even when MASKED (the
+    caller zeroes its keys past the end: a mask along V^T's contiguous axis splits the loads
+    into bytes)."""
+    BLOCK_N: tl.constexpr = offs_n.shape[0]
+    if V_TILE and PAGE_TILE and (BLOCK_N % V_TILE == 0 or V_TILE % BLOCK_N == 0):
+        return v_tile_tile(cache_ptr, bt_row, kv_head_off, n, stride_kblk, HEAD_DIM,
+                           BLOCK_SIZE, BLOCK_N, V_TILE)
     slot = offs_n % BLOCK_SIZE
     if PAGE_TILE:
         # n is a multiple of BLOCK_N which divides BLOCK_SIZE: one page for the whole tile.
@@ -153,6 +160,8 @@ def _prefill_kernel(
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
         v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
                           BLOCK_SIZE, PAGE_TILE, True, n_mask, HEAD_DIM, V_TILE).to(pv_dtype)
+        if V_TILE:  # (read whole: its slots past the end may hold anything, NaN too)
+            v = tl.where(n_mask[:, None], v, 0.0)
         if KV_INT8:
             p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                      BLOCK_SIZE, PAGE_TILE, n_mask)[None, :]

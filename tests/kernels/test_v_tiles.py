@@ -76,10 +76,11 @@ def test_decode_reads_tiled_pages(num_splits):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("block_size,tile", [(32, 16), (8, 8)])
+@pytest.mark.parametrize("block_size,tile", [(32, 16), (32, 8), (8, 8)])
 @pytest.mark.usefixtures("poisoned_empty")
 def test_prefill_reads_tiled_pages(block_size, tile):
-    # Plain prefill, a prefix hit and a chunk; 8-slot pages put a 16-key tile on two pages.
+    # Plain prefill, a prefix hit and a chunk (16-key tiles): a tile a V tile, a tile of two
+    # V tiles, and 8-slot pages, which put a tile on two pages (read key by key, masked).
     c = quantized_case(make_paged_case([(20, 20), (5, 37), (7, 39)], block_size, 4, 2, 16,
                                        seed=3), torch.float8_e4m3fn)
     args = (c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale,
@@ -104,8 +105,10 @@ def test_decode_gpu_reads_tiled_pages(batch, ctx, splits):
 
 
 @on_gpu
-def test_prefill_gpu_reads_tiled_pages():
-    c = fp8_case([(300, 1500), (257, 257), (1, 700)], 256, torch.float8_e4m3fn, seed=1)
+@pytest.mark.parametrize("seqs", [[(300, 1500), (257, 257), (1, 700)],  # 64-key tiles
+                                  [(600, 1300), (700, 700)]])  # 128-key tiles (long prompts)
+def test_prefill_gpu_reads_tiled_pages(seqs):
+    c = fp8_case(seqs, 256, torch.float8_e4m3fn, seed=1)
     args = (c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale,
             c.max_seqlen_q)
     kw = dict(k_scale=c.k_scale, v_scale=c.v_scale)
