@@ -148,8 +148,7 @@ def _tile_step(acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_
     if V_TILE:
         v = v_tile_tile(v_cache_ptr, bt_row, kv_head_off, n, stride_kblk, HEAD_DIM,
                         BLOCK_SIZE, BLOCK_N, V_TILE)
-    elif V_WORDS:  # e4m3 V as 32-bit words, widened to fp16 where loaded (e4m3_words_to_f16);
-        # never with V_TILE
+    elif V_WORDS:  # e4m3 V as 32-bit words, widened to fp16 where loaded (e4m3_words_to_f16)
         offs_w = tl.arange(0, HEAD_DIM // 4)
         w_ptr = (v_cache_ptr + kv_head_off).to(tl.pointer_type(tl.int32), bitcast=True)
         w_off = (tok_off >> 2)[:, None] + offs_w[None, :]
