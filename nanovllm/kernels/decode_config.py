@@ -65,7 +65,7 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
 # the last tile's V read masked (byte loads) 62.94 / 52.17, 91.36 / 87.29, 169.73 / 166.10,
 # bench.py fp8 30,771 / 30,792 tok/s, batch 1 (--single --num-seqs 16) 944 / 908. Now the
 # last tile is read whole too and its keys past the end zeroed after the load: not yet timed
-# (tools/v_tile_check.sh), so off.
+# (tools/v_tile_check.sh tests, then bench), so off.
 CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5,
                   V_WORDS=False, V_TILE=0)
 # An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Without
