@@ -162,13 +162,15 @@ def quantize_fp8(x, scale, cache_ty: tl.constexpr, FMAX: tl.constexpr, MANT: tl.
 
 
 @triton.jit
-def v_tile_offsets(slot, kv_head_off, offs_d, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   V_TILE: tl.constexpr):
-    """Offset inside a page of V's element (slot in the page, kv head, dim) when the page holds
-    V as [kv head][V_TILE-key tile][dim][key] (triton_kv.v_tile_of); kv_head_off is the head's
-    offset in the usual [slot][kv head][dim] layout (head * HEAD_DIM)."""
-    return (kv_head_off * BLOCK_SIZE + (slot // V_TILE) * (HEAD_DIM * V_TILE) + offs_d * V_TILE
-            + slot % V_TILE)
+def v_tile_offsets(slot, stride_slot, kv_head_off, offs_d, BLOCK_SIZE: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, V_TILE: tl.constexpr):
+    """Offset of V's element (slot, kv head, dim) when each page holds V as [kv head][V_TILE-key
+    tile][dim][key] (triton_kv.v_tile_of): slot counts from the cache's first page, whose
+    slots are stride_slot elements apart in the usual [slot][kv head][dim] layout, and
+    kv_head_off is the head's offset there (head * HEAD_DIM)."""
+    in_page = slot % BLOCK_SIZE
+    return ((slot // BLOCK_SIZE) * (BLOCK_SIZE * stride_slot) + kv_head_off * BLOCK_SIZE
+            + (in_page // V_TILE) * (HEAD_DIM * V_TILE) + offs_d * V_TILE + in_page % V_TILE)
 
 
 @triton.jit

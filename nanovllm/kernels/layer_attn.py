@@ -107,8 +107,7 @@ def store_new_kv(qkv_ptr, kvh, is_new, sync, slot_ptr, stride_kslot, pos, cos_si
         if KV_FP8:
             v_dst = dst
             if V_TILE:
-                v_dst = (slot // BLOCK_SIZE) * (BLOCK_SIZE * stride_kslot) + v_tile_offsets(
-                    slot % BLOCK_SIZE, kvh * HD, 0, BLOCK_SIZE, HD, V_TILE)
+                v_dst = v_tile_offsets(slot, stride_kslot, kvh * HD, 0, BLOCK_SIZE, HD, V_TILE)
             _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
                        v_cache + v_dst, tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr,
                        HQ, HKV, HD, QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_ASM, FB_G,

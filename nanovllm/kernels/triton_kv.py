@@ -57,9 +57,8 @@ def _store_kvcache_kernel(
         tl.store(v_scale_ptr + s_off, vs, mask=hmask)
     tl.store(k_cache_ptr + dst, k.to(cache_ty), mask=mask)
     if V_TILE:  # V's pages tiled (v_tile_of)
-        dst = (slot // BLOCK_SIZE) * (BLOCK_SIZE * stride_cslot) + v_tile_offsets(
-            slot % BLOCK_SIZE, offs_h[:, None] * stride_ch, offs_d[None, :], BLOCK_SIZE,
-            HEAD_DIM, V_TILE)
+        dst = v_tile_offsets(slot, stride_cslot, offs_h[:, None] * stride_ch, offs_d[None, :],
+                             BLOCK_SIZE, HEAD_DIM, V_TILE)
     tl.store(v_cache_ptr + dst, v.to(cache_ty), mask=mask)
 
 

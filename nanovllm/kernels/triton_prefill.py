@@ -54,8 +54,8 @@ def _load_kv_tile(cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk
         page = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         page_off = (page * stride_kblk)[:, None]
     if V_TILE:
-        in_page = v_tile_offsets(slot[:, None], kv_head_off, offs_d[None, :], BLOCK_SIZE,
-                                 HEAD_DIM, V_TILE)
+        in_page = v_tile_offsets(slot[:, None], stride_kslot, kv_head_off, offs_d[None, :],
+                                 BLOCK_SIZE, HEAD_DIM, V_TILE)
     else:
         in_page = (slot * stride_kslot)[:, None] + kv_head_off + offs_d[None, :]
     ptrs = cache_ptr + page_off + in_page

@@ -162,9 +162,8 @@ def _norm_rope_store_kernel(
             v_off = c_off
             v_half = HALF
             if V_TILE:  # V's pages tiled (triton_kv.v_tile_of)
-                v_off = (slot // BLOCK_SIZE) * (BLOCK_SIZE * stride_cslot) + v_tile_offsets(
-                    slot % BLOCK_SIZE, hk * stride_ch, offs[None, :], BLOCK_SIZE, 2 * HALF,
-                    V_TILE)
+                v_off = v_tile_offsets(slot, stride_cslot, hk * stride_ch, offs[None, :],
+                                       BLOCK_SIZE, 2 * HALF, V_TILE)
                 v_half = HALF * V_TILE
             tl.store(v_cache_ptr + v_off, c3, mask=mk)
             tl.store(v_cache_ptr + v_off + v_half, c4, mask=mk)
