@@ -125,11 +125,16 @@ def _tile_step(acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_
                PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr, V_WORDS: tl.constexpr,
                V_TILE: tl.constexpr, V_MASKED: tl.constexpr):
     """attend_tiles' step over keys n .. n + BLOCK_N: the running (acc, m, l, c) after them
-    (V_MASKED: V's keys from end on zeroed)."""
+    (V_MASKED: keys n .. end of the aligned tile holding n, V's others zeroed)."""
     offs_d = tl.arange(0, HEAD_DIM)
+    lo = n
+    if V_MASKED:  # a tiled V is read whole from an aligned tile (the layer kernel's new key
+        n = n // BLOCK_N * BLOCK_N  # apart, NEW_APART, starts anywhere)
     n_mask, tok_off, s_off = _tile_tokens(bt_row, n, end, stride_kblk, stride_kslot,
                                           stride_sblk, stride_sslot, BLOCK_SIZE, BLOCK_N,
                                           PAGE_TILE)
+    if V_MASKED:
+        n_mask = n_mask & (n + tl.arange(0, BLOCK_N) >= lo)
     kv_off = tok_off[:, None] + kv_head_off + offs_d[None, :]
     k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
     if KV_INT8 and INT8_F16:

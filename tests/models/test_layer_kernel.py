@@ -218,14 +218,19 @@ def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
-def test_gpu_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv):
+@pytest.mark.parametrize("kv,v_tile", [("auto", 0), ("fp8_e4m3", 0), ("fp8_e4m3", 64)])
+def test_gpu_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv, v_tile):
     """CONFIG["NEW_APART"] forced on (by default only where K's feedback runs on the register
     tile, head sizes past 64): the warm-up's launch over stand-ins (context 0) and the
-    logits as the launch-per-op path's."""
+    logits as the launch-per-op path's. v_tile 64: V's pages tiled, whose whole-tile reads
+    must stay aligned though the new key's split starts anywhere (it once faulted)."""
+    from nanovllm.kernels import decode_config
+
     monkeypatch.setitem(layer_launch.CONFIG, "NEW_APART", 1)
+    monkeypatch.setitem(decode_config.CONFIG_FP8, "V_TILE", v_tile)
+    block = dict(kvcache_block_size=64) if v_tile else {}
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
-                        kv_cache_dtype=kv, **dict(GPU, enforce_eager=False))
+                        kv_cache_dtype=kv, **dict(GPU, enforce_eager=False, **block))
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
 
