@@ -9,9 +9,9 @@ import triton.language as tl
 
 from nanovllm.kernels._common import quantize_fp8, v_tile_offsets
 from nanovllm.kernels.decode_tiles import prefetch_tile, tile_of
+from nanovllm.kernels.hadamard import FWHT, mix_halves
 from nanovllm.kernels.layer_parts import rope_rows
 from nanovllm.kernels.triton_feedback import feedback_round, top_rows
-from nanovllm.kernels.triton_rope import mix_halves
 
 
 @triton.jit
@@ -24,8 +24,9 @@ def split_halves(x):
 
 @triton.jit
 def mix_rows(x, DTYPE: tl.constexpr, LOG2_HALF: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Rows x [R >= 16, HD] (fp32) times the orthonormal Hadamard matrix, rounded to DTYPE
-    first as the torch path does (triton_rope.mix_halves); fp32 out. HD = 2 ** (LOG2_HALF + 1)."""
+    """Rows x [R, HD] (fp32; R >= 16 without FWHT) times the orthonormal Hadamard matrix,
+    rounded to DTYPE first as the torch path does (hadamard.mix_halves); fp32 out.
+    HD = 2 ** (LOG2_HALF + 1)."""
     R: tl.constexpr = x.shape[0]
     HD: tl.constexpr = x.shape[1]
     HALF: tl.constexpr = HD // 2
@@ -47,7 +48,7 @@ def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs
     the register tile) and v / vs, stored at k_dst / v_dst (this slot and head's row; V's
     dims V_STEP elements apart)."""
     HALF: tl.constexpr = HD // 2
-    R: tl.constexpr = 16 if MIX else 1  # the mixing's dots take 16 rows at least
+    R: tl.constexpr = 16 if MIX and not FWHT else 1  # the mixing's dots take 16 rows
     rows = tl.arange(0, R)
     k = rope_rows(qkv_ptr + HQ * HD, rows * 0 + kvh, rows < 1, pos, cos_sin_ptr, k_norm, eps,
                   HD, QK_NORM, DTYPE)

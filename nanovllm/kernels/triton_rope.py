@@ -23,6 +23,7 @@ from nanovllm.kernels._common import (
     quantize_fp8,
     v_tile_offsets,
 )
+from nanovllm.kernels.hadamard import FWHT, mix_halves
 from nanovllm.kernels.triton_feedback import feedback_chains, prefetch_rows, store_tile
 from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides, v_tile_of
 
@@ -40,25 +41,6 @@ def _norm_rotate(x1, x2, w_ptr, cos, sin, offs, eps,
         x1 = ((x1 * r).to(OUT_DTYPE).to(tl.float32) * w1).to(OUT_DTYPE).to(tl.float32)
         x2 = ((x2 * r).to(OUT_DTYPE).to(tl.float32) * w2).to(OUT_DTYPE).to(tl.float32)
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin
-
-
-@triton.jit
-def mix_halves(x1, x2, OUT_DTYPE: tl.constexpr, HALF: tl.constexpr, LOG2_HALF: tl.constexpr,
-         DOT_PREC: tl.constexpr):
-    """[x1 x2] (fp32 halves, rows padded to >= 16 for the dots) times the orthonormal
-    Hadamard matrix of size 2 * HALF, after rounding to OUT_DTYPE as the torch path does.
-    Sylvester's H = [[A, A], [A, -A]] gives [(x1 + x2) A, (x1 - x2) A]; A's entries
-    (-1)^popcount(i & j) are built here, not loaded."""
-    x1 = x1.to(OUT_DTYPE).to(tl.float32)
-    x2 = x2.to(OUT_DTYPE).to(tl.float32)
-    both = tl.arange(0, HALF)[:, None] & tl.arange(0, HALF)[None, :]
-    parity = tl.zeros([HALF, HALF], tl.int32)
-    for b in tl.static_range(LOG2_HALF):
-        parity ^= (both >> b) & 1
-    a = (1 - 2 * parity).to(tl.float32)
-    norm = 1.0 / tl.sqrt(2.0 * HALF)
-    return (tl.dot(x1 + x2, a, input_precision=DOT_PREC) * norm,
-            tl.dot(x1 - x2, a, input_precision=DOT_PREC) * norm)
 
 
 @triton.jit
@@ -251,5 +233,6 @@ FEEDBACK_WARPS = 8
 
 
 def _pad(heads: int, mix: bool) -> int:
-    """Rows of a head tile: a power of two, and at least 16 where the mixing's dots need it."""
-    return max(triton.next_power_of_2(heads), 16 if mix else 1)
+    """Rows of a head tile: a power of two, and at least 16 where the mixing's dots need it
+    (mix without FWHT)."""
+    return max(triton.next_power_of_2(heads), 16 if mix and not FWHT else 1)
