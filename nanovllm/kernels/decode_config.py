@@ -67,7 +67,7 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
 # last tile is read whole too (from its aligned start) and its keys outside the range zeroed
 # after the load: 63.29 / 49.18, 91.91 / 82.62, 170.95 / 156.73; bench.py fp8 30,864 and
 # 30,878 / 31,632 and 31,693; --shared-prefix 20,283 / 22,569; batch 1 948 / 899 (the layer
-# kernel's V stores land a byte every 64). On.
+# kernel without V_WORDS, which the tiles replace; not profiled). On.
 CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5,
                   V_WORDS=False, V_TILE=64)
 # An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Without
