@@ -44,7 +44,7 @@ def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs
                  SOFT: tl.constexpr, DOT_PREC: tl.constexpr, V_STEP: tl.constexpr):
     """kv head kvh's new K (normed, rotated, mixed) and V from the qkv row, as fp8 codes of
     k / ks (K's groups of FB_G channels rounded with error feedback through fb_ptr [Hkv, HD,
-    FB_G] when FEEDBACK: by FB_ASM, triton_feedback.chain_asm's PTX, where it is set, else on
+    FB_G] when FEEDBACK: by FB_ASM, feedback_chains.chain_asm's PTX, where it is set, else on
     the register tile) and v / vs, stored at k_dst / v_dst (this slot and head's row; V's
     dims V_STEP elements apart)."""
     HALF: tl.constexpr = HD // 2
@@ -201,7 +201,7 @@ def queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps, qk_scale, k_s
 @triton.jit
 def _chains(k1, k2, row_ptr, fb_ptr, ks, k_dst, FB_ASM: tl.constexpr, FB_G: tl.constexpr):
     """K's halves [1, HD / 2] (fp32, model-dtype values) rounded with error feedback by a
-    thread per group of FB_G channels (FB_ASM: triton_feedback.chain_asm, which reads its keys
+    thread per group of FB_G channels (FB_ASM: feedback_chains.chain_asm, which reads its keys
     from memory) and stored as codes at k_dst. The keys go through row_ptr, this kv head's K
     in the qkv row: only this program reads it, and it has read it already. On the register
     tile every step of the 32-step chain waits on a cross-lane sum; a thread's own chain

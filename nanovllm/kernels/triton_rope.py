@@ -23,8 +23,9 @@ from nanovllm.kernels._common import (
     quantize_fp8,
     v_tile_offsets,
 )
+from nanovllm.kernels.feedback_chains import feedback_chains
 from nanovllm.kernels.hadamard import FWHT, mix_halves
-from nanovllm.kernels.triton_feedback import feedback_chains, prefetch_rows, store_tile
+from nanovllm.kernels.triton_feedback import prefetch_rows, store_tile
 from nanovllm.kernels.triton_kv import fp8_args, row_scale_strides, v_tile_of
 
 
@@ -55,7 +56,7 @@ def _norm_rope_store_kernel(
     FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
     SOFT: tl.constexpr, KV_INT8: tl.constexpr, FEEDBACK: tl.constexpr, GROUP: tl.constexpr,
     KV_ROWS: tl.constexpr, CHAINS: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr, ROWS_AHEAD: tl.constexpr,
 ):
     # One program per token (two with SPLIT): all its heads at once (a few KB), so a decode
     # step is one wave.
@@ -115,7 +116,8 @@ def _norm_rope_store_kernel(
                     c1, c2 = None, None
                 elif FEEDBACK:  # K rounded with error feedback, in units of its scale
                     store_tile(k1, k2, ks, fb_ptr, k_cache_ptr + slot * stride_cslot,
-                               stride_ch, HKV, KV_ROWS, GROUP, FMAX, MANT, BIAS, SOFT)
+                               stride_ch, HKV, KV_ROWS, GROUP, FMAX, MANT, BIAS, SOFT,
+                               ROWS_AHEAD)
                     c1, c2 = None, None
                 else:
                     c1 = quantize_fp8(k1.to(tl.float32), ks, cache_ty, FMAX, MANT, BIAS, SOFT)
@@ -198,6 +200,7 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         GROUP=k_feedback.shape[-1] if k_feedback is not None else 1,
         KV_ROWS=triton.next_power_of_2(num_kv_heads), CHAINS=chains, SPLIT=split,
         PREFETCH=FEEDBACK_PREFETCH and not INTERPRET, BLOCK_SIZE=k_cache.shape[1], V_TILE=v_tile,
+        ROWS_AHEAD=FEEDBACK_ROWS_AHEAD if FEEDBACK_ROWS_AHEAD != 2 or not INTERPRET else 0,
         # The feedback loop's tile is small: more warps would each repeat its chain.
         num_warps=4 if k_feedback is None else FEEDBACK_WARPS,
     )
@@ -208,7 +211,7 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
 
 # K's error feedback on a GPU: up to this many tokens (decode steps) the fused kernel rounds
 # on its register tile (the interpreter's path at any size); past it (prefill),
-# triton_feedback.feedback_chains runs a thread per chain after it. FEEDBACK_CHAINS False:
+# feedback_chains.feedback_chains runs a thread per chain after it. FEEDBACK_CHAINS False:
 # the tile at every size (tools/bench_kv_feedback.py compares them).
 FUSED_FEEDBACK_MAX_TOKENS = 512
 FEEDBACK_CHAINS = True
@@ -226,6 +229,13 @@ SPLIT_QK_MAX_TOKENS = 64
 # 15.2 -> 11.3; batch 8 9.1 -> 8.8). The kernel alone, its rows hot
 # (tools/bench_kv_feedback.py): 7.4 -> 7.6 at batch 1.
 FEEDBACK_PREFETCH = True
+# How the decode store's feedback loop asks for the next 4 steps' matrix rows while the
+# current 4 run (triton_feedback.feedback_round): 0 not (each block of 4 steps waits a round
+# trip to L2: 8 a 32-step group), 1 loaded into registers (147 instead of 48 a thread at
+# Qwen3-0.6B's shape, sm_90: one program an SM), 2 asked into L1 (GPU only). Built to cut the
+# tile's ~6 us at one token (H200, tools/bench_kv_feedback.py: 9.9 with the feedback, 3.7
+# without); not yet timed, so 0.
+FEEDBACK_ROWS_AHEAD = 0
 # Warps of a program whose store rounds K with feedback. H100, tools/bench_kv_feedback.py,
 # us per call at 1 / 64 / 256 tokens: 4 warps 9.4 / 9.7 / 12.3, 8 warps 7.6 / 7.7 / 11.1,
 # 16 warps 7.9 / 8.0 / 14.4 (plain rounding 7.4 / 7.5 / 9.4).

@@ -79,10 +79,15 @@ def rope_case(mix: bool, device="cpu", dtype=torch.float32, hkv=2, d=32):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter (CPU)")
 @pytest.mark.parametrize("mix", [False, True])
-def test_fused_store_rounds_as_the_reference(mix):
+@pytest.mark.parametrize("ahead", [False, True])
+def test_fused_store_rounds_as_the_reference(mix, ahead, monkeypatch):
     """The fused RoPE-store kernel's K codes with feedback equal quantize_feedback's of its
-    rotated K, bit for bit (the interpreter rounds as torch does); V stays plain."""
+    rotated K, bit for bit (the interpreter rounds as torch does); V stays plain. ahead: the
+    loop's matrix rows asked for a block of steps early (FEEDBACK_ROWS_AHEAD)."""
+    from nanovllm.kernels import triton_rope
     from nanovllm.kernels.triton_rope import norm_rope_store
+
+    monkeypatch.setattr(triton_rope, "FEEDBACK_ROWS_AHEAD", int(ahead))
 
     q, k, v, pos, rope, slots, factor, ks, vs, kc, vc = rope_case(mix)
     _, k_rot = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, None, None, 0.0, kc, vc,
@@ -101,16 +106,19 @@ def test_fused_store_rounds_as_the_reference(mix):
 @pytest.mark.parametrize("mix", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hkv,d", [(2, 32), (3, 64), (8, 128)])
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", [True, False, "ahead", "ahead_l1"])
 def test_gpu_fused_store_rounds_as_the_reference(mix, dtype, hkv, d, fused, monkeypatch):
-    """On a GPU a prefill's chains run one per thread (triton_feedback.chain_asm) with the
+    """On a GPU a prefill's chains run one per thread (feedback_chains.chain_asm) with the
     reference's roundings: the codes are the torch path's, bit for bit, for groups of 16 and
     32, padded kv heads and every activation dtype. A decode step's (fused: the register
-    tile) contracts multiply-adds, so a rare code may differ by one step."""
+    tile; "ahead" / "ahead_l1": its rows loaded / asked into L1 early) contracts
+    multiply-adds, so a rare code may differ by one step."""
     from nanovllm.kernels import triton_rope
     from nanovllm.kernels.triton_rope import norm_rope_store
 
     monkeypatch.setattr(triton_rope, "FUSED_FEEDBACK_MAX_TOKENS", 1 << 20 if fused else 0)
+    monkeypatch.setattr(triton_rope, "FEEDBACK_ROWS_AHEAD",
+                        {"ahead": 1, "ahead_l1": 2}.get(fused, 0))
     q, k, v, pos, rope, slots, factor, ks, vs, kc, vc = rope_case(mix, "cuda", dtype, hkv, d)
     _, k_rot = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, None, None, 0.0, kc, vc,
                                slots, return_k=True, k_scale=ks, v_scale=vs, mix=mix,
@@ -138,9 +146,9 @@ def test_gpu_layer_kernel_chains_round_as_the_reference(dtype, hkv, d):
     import triton
     import triton.language as tl
 
+    from nanovllm.kernels.feedback_chains import SOURCE_DTYPES, chain_asm
     from nanovllm.kernels.kv_feedback import group_size
     from nanovllm.kernels.layer_attn import _chains
-    from nanovllm.kernels.triton_feedback import SOURCE_DTYPES, chain_asm
 
     @triton.jit
     def probe(k_ptr, row_ptr, fb_ptr, ks_ptr, out_ptr, HD: tl.constexpr, FB_G: tl.constexpr,
