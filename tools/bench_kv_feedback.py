@@ -6,8 +6,9 @@ Hadamard mix), as a decode step (graph-replayed) and a prefill chunk would run i
 
 Variants: bf16 (a bf16 cache: no scales, mixing or rounding), nomix (plain without the
 Hadamard mix), plain (no feedback), tile (the fused kernel's register tile at every size), chains
-(a thread per chain at every size, triton_feedback.feedback_chains), engine (as the engine
-runs: the tile up to FUSED_FEEDBACK_MAX_TOKENS, then chains); each with q and k/v in one
+(a thread per chain at every size, feedback_chains.feedback_chains), engine (as the engine
+runs: the tile up to FUSED_FEEDBACK_MAX_TOKENS, then chains), ahead1 / ahead2 (engine with
+triton_rope.FEEDBACK_ROWS_AHEAD 1 / 2); each with q and k/v in one
 program per token ("-one"), in two ("-two") or as the engine picks (no suffix,
 triton_rope.SPLIT_QK_MAX_TOKENS).
 """
@@ -26,7 +27,8 @@ H, HKV, D, BS = 16, 8, 128, 256
 ENGINE_MAX = triton_rope.FUSED_FEEDBACK_MAX_TOKENS
 # variant -> (feedback on, FEEDBACK_CHAINS, FUSED_FEEDBACK_MAX_TOKENS)
 KINDS = {"bf16": (False, True, ENGINE_MAX), "nomix": (False, True, ENGINE_MAX),
-         "plain": (False, True, ENGINE_MAX), "tile": (True, False, ENGINE_MAX),
+         "plain": (False, True, ENGINE_MAX), "ahead1": (True, True, ENGINE_MAX),
+         "ahead2": (True, True, ENGINE_MAX), "tile": (True, False, ENGINE_MAX),
          "chains": (True, True, 0), "engine": (True, True, ENGINE_MAX)}
 
 
@@ -73,6 +75,7 @@ def main() -> None:
                 ks = vs = None
             on, triton_rope.FEEDBACK_CHAINS, triton_rope.FUSED_FEEDBACK_MAX_TOKENS = KINDS[kind]
             triton_rope.SPLIT_QK_MAX_TOKENS = {"one": 0, "two": 1 << 30}.get(one, split_max)
+            triton_rope.FEEDBACK_ROWS_AHEAD = int(kind[-1]) if kind.startswith("ahead") else 0
             fb = factor if on else None
 
             def step():

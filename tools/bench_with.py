@@ -3,8 +3,9 @@
     python tools/bench_with.py fp8.V_WORDS=1 layer.V_WORDS=1 -- --kv-cache-dtype fp8_e4m3
 
 Each override is TABLE.KEY=INT: `decode`, `fp8` or `int8` (kernels/decode_config.py's CONFIG,
-CONFIG_FP8, CONFIG_INT8) or `layer` (kernels/layer_config.py); the value takes the type of
-the one it replaces. What follows `--` goes to bench.py as is.
+CONFIG_FP8, CONFIG_INT8), `layer` (kernels/layer_config.py) or `rope` (kernels/triton_rope.py's
+module-level knobs, e.g. rope.FEEDBACK_ROWS_AHEAD=2); the value takes the type of the one it
+replaces. What follows `--` goes to bench.py as is.
 """
 import os
 import runpy
@@ -13,10 +14,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanovllm.kernels import decode_config, layer_config  # noqa: E402
+from nanovllm.kernels import decode_config, layer_config, triton_rope  # noqa: E402
 
 TABLES = {"decode": decode_config.CONFIG, "fp8": decode_config.CONFIG_FP8,
-          "int8": decode_config.CONFIG_INT8, "layer": layer_config.CONFIG}
+          "int8": decode_config.CONFIG_INT8, "layer": layer_config.CONFIG,
+          "rope": vars(triton_rope)}
 
 
 def main():
@@ -26,7 +28,7 @@ def main():
     for item in args[:cut]:
         name, _, value = item.partition("=")
         table, _, key = name.partition(".")
-        if table not in TABLES or key not in TABLES[table]:
+        if table not in TABLES or key not in TABLES[table] or key.startswith("_"):
             sys.exit(f"bench_with.py: unknown tunable {name!r} (TABLE.KEY, TABLE one of "
                      f"{', '.join(TABLES)})")
         TABLES[table][key] = type(TABLES[table][key])(int(value))
