@@ -15,6 +15,27 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
 
 
+def _check_multiple(x, n: int) -> None:
+    """The interpreter's check of an alignment promise (aligned)."""
+    n = getattr(n, "value", n)
+    values = x.handle.data if hasattr(x, "handle") else getattr(x, "value", x)  # (or an int)
+    assert bool((values % n == 0).all() if hasattr(values, "all") else values % n == 0), (
+        f"promised a multiple of {n}: {values}")
+
+
+if INTERPRET:
+    @triton.jit
+    def aligned(x, N: tl.constexpr):
+        """x, promised a multiple of N (tl.multiple_of); the interpreter, which ignores the
+        hint, checks it: a false one makes a GPU's vector loads fault (misaligned address)."""
+        _check_multiple(x, N)
+        return x
+else:
+    # tl.multiple_of itself: the promise is an attribute on the value's defining op, which
+    # a jit function's argument does not carry back to its caller (the loads became bytes).
+    aligned = tl.multiple_of
+
+
 @functools.lru_cache(maxsize=None)
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot input_precision for q's dtype: fp32 inputs get exact (ieee) dots so fp32 runs match
@@ -180,11 +201,11 @@ def v_tile_tile(v_cache_ptr, bt_row, kv_head_off, n, stride_kblk, HEAD_DIM: tl.c
     multiple of BLOCK_N, which divides BLOCK_SIZE, and BLOCK_N and V_TILE one a multiple of
     the other: the tile lies in one page, in runs of min(BLOCK_N, V_TILE) keys a dim)."""
     page = tl.load(bt_row + n // BLOCK_SIZE).to(tl.int64)
-    slot0 = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N)
+    slot0 = aligned(n % BLOCK_SIZE, BLOCK_N)
     base = (page * stride_kblk + kv_head_off * BLOCK_SIZE + (slot0 // V_TILE) * (HEAD_DIM * V_TILE)
             + slot0 % V_TILE)
     # (Triton 3.6 loses the alignment through // and %: without the hint each byte is a load.)
-    base = tl.multiple_of(base, 16)
+    base = aligned(base, 16)
     j = tl.arange(0, BLOCK_N)
     keys = (j // V_TILE) * (HEAD_DIM * V_TILE) + j % V_TILE
     return tl.load(v_cache_ptr + base + keys[:, None] + tl.arange(0, HEAD_DIM)[None, :] * V_TILE)

@@ -6,7 +6,7 @@ rounds."""
 import triton
 import triton.language as tl
 
-from nanovllm.kernels._common import e4m3_to_bf16
+from nanovllm.kernels._common import aligned, e4m3_to_bf16
 
 
 @triton.jit
@@ -247,5 +247,5 @@ def layer_at(base, off_ptr, layer, COL: tl.constexpr, NOFF: tl.constexpr,
     EB: tl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
     off = tl.load(off_ptr + layer * NOFF + COL)
     if ALIGNED:
-        off = tl.multiple_of(off, 16 // EB)
+        off = aligned(off, 16 // EB)
     return base + off
