@@ -41,12 +41,14 @@ def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs
                  DTYPE: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
                  FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr, FB_G: tl.constexpr,
                  FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-                 SOFT: tl.constexpr, DOT_PREC: tl.constexpr, V_STEP: tl.constexpr):
+                 SOFT: tl.constexpr, DOT_PREC: tl.constexpr, V_STEP: tl.constexpr,
+                 FB_AHEAD: tl.constexpr = 0):
     """kv head kvh's new K (normed, rotated, mixed) and V from the qkv row, as fp8 codes of
     k / ks (K's groups of FB_G channels rounded with error feedback through fb_ptr [Hkv, HD,
     FB_G] when FEEDBACK: by FB_ASM, feedback_chains.chain_asm's PTX, where it is set, else on
-    the register tile) and v / vs, stored at k_dst / v_dst (this slot and head's row; V's
-    dims V_STEP elements apart)."""
+    the register tile, its rows asked for a block early by FB_AHEAD as feedback_round says)
+    and v / vs, stored at k_dst / v_dst (this slot and head's row; V's dims V_STEP elements
+    apart)."""
     HALF: tl.constexpr = HD // 2
     R: tl.constexpr = 16 if MIX and not FWHT else 1  # the mixing's dots take 16 rows
     rows = tl.arange(0, R)
@@ -64,7 +66,8 @@ def _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_dst, v_dst, ks, vs
     elif FEEDBACK:
         hk = tl.full([1, 1], 0, tl.int32) + kvh
         y1, y2 = feedback_round(tl.div_rn(k1, ks), tl.div_rn(k2, ks), fb_ptr, hk, hk < HKV,
-                                FB_G, min(FB_G, 4), FMAX, MANT, BIAS)
+                                FB_G, min(FB_G, 4), FMAX, MANT, BIAS,
+                                FB_AHEAD if FB_G % 4 == 0 else 0)
         c1 = quantize_fp8(y1, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT)
         c2 = quantize_fp8(y2, 1.0, cache_ty, FMAX, MANT, BIAS, SOFT)
     else:
@@ -91,7 +94,7 @@ def store_new_kv(qkv_ptr, kvh, is_new, sync, slot_ptr, stride_kslot, pos, cos_si
                  LOG2_HALF: tl.constexpr, FEEDBACK: tl.constexpr, FB_ASM: tl.constexpr,
                  FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
                  BIAS: tl.constexpr, SOFT: tl.constexpr, DOT_PREC: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr):
+                 BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr, FB_AHEAD: tl.constexpr = 0):
     """Where is_new (the split that holds the new key): kv head kvh's new K (normed,
     rotated) and V from the qkv row, stored at this step's slot of the layer's caches, in
     the model dtype or with KV_FP8 as _store_fp8's codes (k_scale / v_scale: per-kv-head
@@ -112,7 +115,7 @@ def store_new_kv(qkv_ptr, kvh, is_new, sync, slot_ptr, stride_kslot, pos, cos_si
             _store_fp8(qkv_ptr, kvh, pos, cos_sin_ptr, k_norm, eps, k_cache + dst,
                        v_cache + v_dst, tl.load(k_scale + kvh), tl.load(v_scale + kvh), fb_ptr,
                        HQ, HKV, HD, QK_NORM, DTYPE, MIX, LOG2_HALF, FEEDBACK, FB_ASM, FB_G,
-                       FMAX, MANT, BIAS, SOFT, DOT_PREC, max(V_TILE, 1))
+                       FMAX, MANT, BIAS, SOFT, DOT_PREC, max(V_TILE, 1), FB_AHEAD)
         else:
             kv_head = tl.full([1], 0, tl.int32) + kvh
             k = rope_rows(qkv_ptr + HQ * HD, kv_head, kv_head < HKV, pos, cos_sin_ptr, k_norm,

@@ -68,7 +68,7 @@ def _layers_kernel(
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
-    FB_ASM: tl.constexpr, NEW_APART: tl.constexpr, TRACE: tl.constexpr,
+    FB_ASM: tl.constexpr, FB_AHEAD: tl.constexpr, NEW_APART: tl.constexpr, TRACE: tl.constexpr,
     C_SPLITS: tl.constexpr, PRE_KV: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -153,7 +153,8 @@ def _layers_kernel(
                         qkv_ptr, kvh, s == n_valid - 1, pre_tile == 0, slot_ptr, stride_kslot,
                         pos, cos_sin_ptr, k_norm, eps, k_cache, v_cache, k_scale, v_scale,
                         k_fb, HQ, HKV, HD, QK_NORM, DTYPE, KV_FP8, MIX, LOG2_HALF, FEEDBACK,
-                        FB_ASM, FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC, BLOCK_SIZE, V_TILE)
+                        FB_ASM, FB_G, FMAX, MANT, BIAS, SOFT, DOT_PREC, BLOCK_SIZE, V_TILE,
+                        FB_AHEAD)
                     q, scale = queries(qkv_ptr, heads, g_mask, pos, cos_sin_ptr, q_norm, eps,
                                        qk_scale, k_scale, kvh, HD, QK_NORM, DTYPE, KV_FP8, MIX,
                                        LOG2_HALF, FP16_QK, DOT_PREC)

@@ -237,6 +237,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         FP16_QK=kv["KV_FP8"] and dtype == torch.bfloat16,
         FB_PREFETCH=present["k_fb"] and CONFIG["FB_PREFETCH"] and not INTERPRET,
         FB_ASM=fb_asm, NEW_APART=apart and splits > 1, TRACE=bool(CONFIG["TRACE"]),
+        FB_AHEAD=CONFIG["FB_AHEAD"] if CONFIG["FB_AHEAD"] != 2 or not INTERPRET else 0,
         C_SPLITS=_c_splits(hq, hd, splits, bk["BK_Q"]),
         PRE_KV=_pre_kv(hd, kv["KV_FP8"], apart and splits > 1),
         V_WORDS=CONFIG["V_WORDS"] and not INTERPRET and k_cache.dtype == torch.float8_e4m3fn

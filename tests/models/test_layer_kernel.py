@@ -350,3 +350,17 @@ def test_gpu_fp8_v_tiles_widened_as_loaded(toy_models, monkeypatch, counted, v_t
                         tokens=(300, 288), **engine)
             for on in (False, True)}
     torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_gpu_feedback_tile_rows_asked_early(toy_models, monkeypatch, counted, ahead):
+    """K's feedback on the register tile (forced at head 64, where chains run by default)
+    with its rows asked for a block early (CONFIG["FB_AHEAD"]: into registers, into L1):
+    the logits as the launch-per-op path's."""
+    monkeypatch.setitem(layer_launch.CONFIG, "FB_CHAINS_MAX_HD", 0)
+    monkeypatch.setitem(layer_launch.CONFIG, "FB_AHEAD", ahead)
+    runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
+                        kv_cache_dtype="fp8_e4m3", **GPU)
+            for on in (False, True)}
+    torch.testing.assert_close(runs[True], runs[False], rtol=0.05, atol=0.05)
