@@ -39,7 +39,7 @@ CACHE_PTR = {"bf16": "*bf16", "fp8": "*fp8e4nv", "int8": "*i8"}
 
 
 def compile_decode(cache: str, stages: int, warps: int = 4, v_words: bool = False,
-                   v_tile: int = 0):
+                   v_tile: int = 0, v_last: int = 0):
     """The compiled kernel at bench.py's shapes (16 / 8 heads of 128, block 256, 64-key
     tiles, one split, the engine's launch order)."""
     fn = triton_decode._decode_partial_kernel
@@ -47,7 +47,8 @@ def compile_decode(cache: str, stages: int, warps: int = 4, v_words: bool = Fals
                  BLOCK_SIZE=256, BLOCK_N=64, PAGE_TILE=True, USE_DOT=True, DIRECT=True,
                  DOT_PREC="tf32", KV_FP8=cache == "fp8", FP16_DOT=cache == "fp8",
                  KV_INT8=cache == "int8", INT8_F16=False, PV_F32=False, HEAD_FAST=True,
-                 ORDERED=True, V_WORDS=v_words and cache == "fp8", V_TILE=v_tile)
+                 ORDERED=True, V_WORDS=v_words and cache == "fp8", V_TILE=v_tile,
+                 V_LAST=v_last)
     ptrs = dict(q_ptr="*bf16", k_cache_ptr=CACHE_PTR[cache], v_cache_ptr=CACHE_PTR[cache],
                 ctx_ptr="*i32", bt_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32",
                 out_ptr="*bf16", cnt_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
@@ -109,10 +110,12 @@ def main():
     ap.add_argument("--dump", help="write each variant's TTGIR and PTX here")
     ap.add_argument("--v-words", action="store_true", help="fp8: V read as words (V_WORDS)")
     ap.add_argument("--v-tile", type=int, default=0, help="V pages tiled (V_TILE), e.g. 64")
+    ap.add_argument("--v-last", type=int, default=0, help="V_TILE's last tile: decode_tiles")
     args = ap.parse_args()
     print("triton", triton.__version__)
     for stages in args.stages:
-        k = compile_decode(args.cache, stages, v_words=args.v_words, v_tile=args.v_tile)
+        k = compile_decode(args.cache, stages, v_words=args.v_words, v_tile=args.v_tile,
+                           v_last=args.v_last)
         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
         print(f"{args.cache} num_stages={stages}: async copies "
               f"{ttgir.count('async_copy_global_to_local')}, cp.async {ptx.count('cp.async')}, "

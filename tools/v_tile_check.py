@@ -2,7 +2,10 @@
 the usual layout: the same output, then us a layer for each, alternating, as
 tools/bench_splits.py times them (Qwen3-0.6B's fp8 cache, bench-like contexts, one split).
 
-    python tools/v_tile_check.py [--batches 64 128 256] [--rounds 2]
+    python tools/v_tile_check.py [--batches 64 128 256] [--rounds 2] [--v-last 0 1 2]
+
+--v-last times the tiled form once for each way of zeroing the last tile's keys past a
+context (CONFIG_FP8["V_LAST"], decode_tiles.attend_tiles).
 """
 import argparse
 import os
@@ -12,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from nanovllm.kernels import triton_decode  # noqa: E402
+from nanovllm.kernels import decode_config, triton_decode  # noqa: E402
 from tools.bench_splits import make_layers, us_per_layer  # noqa: E402
 
 
@@ -28,6 +31,7 @@ def main():
     ap.add_argument("--batches", nargs="+", type=int, default=[64, 128, 256])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tile", type=int, default=64, help="keys a V tile (V_TILE)")
+    ap.add_argument("--v-last", type=int, nargs="+", default=[None], help="V_LAST values")
     args = ap.parse_args()
     tile = args.tile
     for batch in args.batches:
@@ -40,9 +44,19 @@ def main():
                     for vc in (v, moved[0][2]))
         err = (out.float() - ref.float()).abs().max().item()
         row = []
+        cfg = decode_config.CONFIG_FP8
+        keep = cfg["V_LAST"]
+        runs = [("usual", layers, keep)] + [(f"tiled{'' if vl is None else vl}", moved,
+                                             keep if vl is None else vl) for vl in args.v_last]
         for _ in range(args.rounds):
-            for name, ls in (("usual", layers), ("tiled", moved)):
+            for name, ls, vl in runs:
+                cfg["V_LAST"] = vl
+                if vl != keep:  # each form's output checked too
+                    o = triton_decode.decode_attention(q, k, moved[0][2], ctx, tables, scale,
+                                                       num_splits=1, order=order, **sc)
+                    err = max(err, (o.float() - ref.float()).abs().max().item())
                 row.append(f"{name} {us_per_layer(ctx, order, tables, ls, 1):7.2f}")
+        cfg["V_LAST"] = keep
         print(f"b{batch} max|diff| {err:.3g}: " + ", ".join(row), flush=True)
         del layers, moved
         torch.cuda.empty_cache()

@@ -157,12 +157,15 @@ def int8_codes(x, scale):
 def quantize_fp8(x, scale, cache_ty: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
                  BIAS: tl.constexpr, SOFT: tl.constexpr):
     """x (fp32) / scale, clamped to +-FMAX, in the cache's fp8 type; torch rounds the same way
-    (exact division, round to nearest even), so both paths store the same bytes.
+    (exact division, round to nearest even), so both paths store the same bytes. NaN is
+    stored as 0: the decode reads a tiled V's last tile whole (decode_tiles, V_LAST 2), and
+    its p of 0 must meet finite codes there.
 
     SOFT (the interpreter only) returns the fp8 bit pattern as uint8, built with integer ops:
     the interpreter's fp32 -> fp8 cast drops the carry of a round-up into the exponent.
     """
-    y = tl.clamp(tl.div_rn(x, scale), -FMAX, FMAX)
+    y = tl.div_rn(x, scale)
+    y = tl.clamp(tl.where(y == y, y, 0.0), -FMAX, FMAX)  # (clamp turns NaN into -FMAX)
     if SOFT:
         a = tl.abs(y)
         bits = a.to(tl.int32, bitcast=True)

@@ -68,8 +68,15 @@ CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTE
 # after the load: 63.29 / 49.18, 91.91 / 82.62, 170.95 / 156.73; bench.py fp8 30,864 and
 # 30,878 / 31,632 and 31,693; --shared-prefix 20,283 / 22,569; batch 1 948 / 899 (the layer
 # kernel without V_WORDS, which the tiles replace; not profiled). On.
+# V_LAST (decode_tiles.attend_tiles): how the last partial tile's V, read whole, meets the
+# slots past a context. H200, tools/v_tile_check.py, us a layer at batch 64 / 128 / 256:
+# 0, zeroed in a step after the loop, 49.3 / 82.6 / 158.0; 1, zeroed in the loop under a
+# run-time test, 61.6 / 84.1 / 165.2; zeroed in the loop always 74.7 / 116.0 / 203.5 (the
+# select moves V off its shared-memory path to the dot; dropped); 2, read as is, the cache
+# holding no NaN codes there (V zeroed when tiled, NaN stored as 0), 50.8 / 70.7 / 140.2.
+# bench.py fp8, alternating: 0 32,436, 32,239; 2 34,009, 34,016 tok/s.
 CONFIG_FP8 = dict(CONFIG, FP16_DOT=True, num_stages=CONFIG["num_stages"] if INTERPRET else 5,
-                  V_WORDS=False, V_TILE=64)
+                  V_WORDS=False, V_TILE=64, V_LAST=2)
 # An int8 cache reads fp8's bytes per tile (plus a 4-byte scale per row): fp8's stages. Without
 # FP16_DOT its dots run in q's dtype (bf16: int8 -> bf16 is an int-to-float conversion per
 # element; an fp16 q gets an fp32 (tf32) PV dot, since p times V's row scales could underflow

@@ -76,7 +76,7 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
                  KV_INT8: tl.constexpr, PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr,
-                 V_WORDS: tl.constexpr, V_TILE: tl.constexpr):
+                 V_WORDS: tl.constexpr, V_TILE: tl.constexpr, V_LAST: tl.constexpr = 0):
     """Online softmax over keys start..end as S = Q K^T, O = P V: (acc [G_PAD, D], m, l); an
     8-bit cache's tiles are widened to q's dtype for the QK dot, to PV_DTYPE for the PV dot.
 
@@ -90,27 +90,33 @@ def attend_tiles(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt_row, 
     V_TILE (pages tiled, triton_kv.v_tile_of; PAGE_TILE, BLOCK_N dividing V_TILE): V's
     tiles are read whole, unmasked (a mask along the keys, V^T's contiguous axis, splits
     the loads into bytes: H200, the last tile so read cost the whole gain at 256 rows), and
-    the last partial tile, out of the loop, has its keys past end zeroed after the load."""
+    the last partial tile's V (its slots past end hold anything, and 0 * NaN reaches the
+    sums): V_LAST 0 zeroed after the load in a step after the loop; 1 the same inside the
+    loop under a run-time test; 2 read as is, trusting the cache to hold no NaN codes
+    (kv_cache.tile_v_pages zeroes V, quantize_fp8 stores NaN as 0), its p 0 already. start
+    is a multiple of BLOCK_N, or (V_LAST 0, 1) end - start <= BLOCK_N: the layer kernel's
+    new key apart, its split starting anywhere."""
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
     c_i = tl.full([G_PAD], 1e-30, tl.float32)  # INT8_F16: running max of V's row scales
     whole_end = end
-    if V_TILE:
+    if V_TILE and V_LAST == 0:
         whole_end = start + (end - start) // BLOCK_N * BLOCK_N
+    in_loop: tl.constexpr = 2 if V_TILE and V_LAST == 1 else 0  # _tile_step's V_MASKED
     for n in range(start, whole_end, BLOCK_N):
         acc, m_i, l_i, c_i = _tile_step(
             acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
             bt_row, kv_head_off, qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
             HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT, DOT_PREC, KV_FP8, KV_INT8,
-            PV_DTYPE, INT8_F16, V_WORDS, V_TILE, False)
-    if V_TILE:
+            PV_DTYPE, INT8_F16, V_WORDS, V_TILE, in_loop)
+    if V_TILE and V_LAST == 0:
         if whole_end < end:
             acc, m_i, l_i, c_i = _tile_step(
                 acc, m_i, l_i, c_i, q, whole_end, end, k_cache_ptr, v_cache_ptr, k_scale_ptr,
                 v_scale_ptr, bt_row, kv_head_off, qk_scale, stride_kblk, stride_kslot,
                 stride_sblk, stride_sslot, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT,
-                DOT_PREC, KV_FP8, KV_INT8, PV_DTYPE, INT8_F16, V_WORDS, V_TILE, True)
+                DOT_PREC, KV_FP8, KV_INT8, PV_DTYPE, INT8_F16, V_WORDS, V_TILE, 1)
     if KV_INT8 and INT8_F16:
         acc = acc * c_i[:, None]
     return acc, m_i, l_i
@@ -125,7 +131,8 @@ def _tile_step(acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_
                PV_DTYPE: tl.constexpr, INT8_F16: tl.constexpr, V_WORDS: tl.constexpr,
                V_TILE: tl.constexpr, V_MASKED: tl.constexpr):
     """attend_tiles' step over keys n .. n + BLOCK_N: the running (acc, m, l, c) after them
-    (V_MASKED: keys n .. end of the aligned tile holding n, V's others zeroed)."""
+    (V_MASKED: keys n .. end of the aligned tile holding n, V's others zeroed: 1 always, 2
+    only where the tile is partial, tested at run time)."""
     offs_d = tl.arange(0, HEAD_DIM)
     lo = n
     if V_MASKED:  # a tiled V is read whole from an aligned tile (the layer kernel's new key
@@ -164,8 +171,11 @@ def _tile_step(acc, m_i, l_i, c_i, q, n, end, k_cache_ptr, v_cache_ptr, k_scale_
         v = int8_to_fp16(v)
     elif (KV_FP8 or KV_INT8) and not V_WORDS:
         v = v.to(PV_DTYPE)
-    if V_MASKED:  # the slots past end: anything (NaN too, and 0 * NaN reaches the sums)
+    if V_MASKED == 1:  # the slots past end: anything (NaN too, and 0 * NaN reaches the sums)
         v = tl.where(n_mask[:, None], v, 0.0)
+    elif V_MASKED == 2:
+        if (n != lo) | (n + BLOCK_N > end):
+            v = tl.where(n_mask[:, None], v, 0.0)
     pw = p
     if KV_INT8:
         vs = tl.load(v_scale_ptr + s_off, mask=n_mask, other=0.0)

@@ -93,12 +93,17 @@ uses this very object)."""
 # fp8 cache, the new key's codes read back into the tile (SmolLM2 shape 26.9 vs 19.9 us a
 # layer); phase B's queries before the new key's store (13.38-13.83 vs 13.22-13.59).
 # FB_AHEAD: the register tile's feedback rows asked for a block of steps early, as the fused
-# store's triton_rope.FEEDBACK_ROWS_AHEAD (0 no, 1 into registers, 2 into L1); not timed.
+# store's triton_rope.FEEDBACK_ROWS_AHEAD (0 no, 1 into registers, 2 into L1). H200, one
+# call, bench.py --single --num-seqs 16 --kv-cache-dtype fp8_e4m3: 991 / 966 / 1,035 tok/s.
 # V_WORDS: an e4m3 cache's V tiles read as 32-bit words and widened to fp16 where loaded
 # (kernels/decode_config.py says why). H200, 2026-11-29, off / on, alternating
 # (tools/vwords_check2.sh): Qwen3-0.6B shape, context 300, 34.67, 34.67 / 31.26, 31.34 us a
 # layer; bench.py --single --num-seqs 16 --kv-cache-dtype fp8_e4m3 874, 868 / 951, 947 tok/s;
 # SmolLM2 shape 19.77 / 19.69 us.
+# V_LAST: a tiled V's last tile (decode_tiles.attend_tiles; 2 cannot serve the new key's split,
+# which starts anywhere). H200, bench.py --single --num-seqs 16 --kv-cache-dtype fp8_e4m3,
+# alternating: 0 1,041, 1,036; 1 1,073, 1,073 tok/s (8,832 vs 9,280 instructions, sm_90).
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
-              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False, FB_AHEAD=0,
-              C_SPLITS=8, TAIL=64, A_CHUNK=True, PRE_KV=1, V_WORDS=True)
+              FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False, FB_AHEAD=1,
+              C_SPLITS=8, TAIL=64, A_CHUNK=True, PRE_KV=1, V_WORDS=True,
+              V_LAST=1)

@@ -70,6 +70,7 @@ def _layers_kernel(
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
     FB_ASM: tl.constexpr, FB_AHEAD: tl.constexpr, NEW_APART: tl.constexpr, TRACE: tl.constexpr,
     C_SPLITS: tl.constexpr, PRE_KV: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
+    V_LAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -169,7 +170,7 @@ def _layers_kernel(
                             q, k_cache, v_cache, k_cache, k_cache, bt_ptr, kvh * HD, start,
                             end, scale, stride_kblk, stride_kslot, 0, 0, G_PAD, HD,
                             BLOCK_SIZE, BLOCK_N, BLOCK_SIZE % BLOCK_N == 0, True, DOT_PREC,
-                            KV_FP8, False, q.dtype, False, V_WORDS, V_TILE)
+                            KV_FP8, False, q.dtype, False, V_WORDS, V_TILE, V_LAST)
                     part = acc / l_i[:, None]
                     if KV_FP8:  # V's scale, once on the output
                         part = part * tl.load(v_scale + kvh)

@@ -35,12 +35,14 @@ def quantize_rows(x):
 
 
 def quantize(x, scale, dtype):
-    """x [..., Hkv, D] as `dtype`: divided by scale [Hkv] and clamped to its range when fp8."""
+    """x [..., Hkv, D] as `dtype`: divided by scale [Hkv] and clamped to its range when fp8
+    (NaN as 0, as the kernels' quantize_fp8 stores it)."""
     if dtype not in FP8_DTYPES:
         return x.to(dtype)
     fmax = torch.finfo(dtype).max
     # Clamp first: torch's cast does not saturate every out-of-range value the same way.
-    return (x.float() / scale.float()[:, None]).clamp(-fmax, fmax).to(dtype)
+    y = (x.float() / scale.float()[:, None]).nan_to_num(nan=0.0)
+    return y.clamp(-fmax, fmax).to(dtype)
 
 
 def dequantize(x, scale):

@@ -36,6 +36,7 @@ def _decode_partial_kernel(
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
+    V_LAST: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
@@ -99,7 +100,7 @@ def _decode_partial_kernel(
                                  qk_scale, stride_kblk, stride_kslot, stride_sblk, stride_sslot,
                                  G_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PAGE_TILE, USE_DOT,
                                  DOT_PREC, KV_FP8, KV_INT8, pv_dtype, INT8_F16, V_WORDS,
-                                 V_TILE)
+                                 V_TILE, V_LAST)
 
     out = acc / l_i[:, None]
     if KV_FP8:
@@ -216,7 +217,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
         HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words, V_TILE=v_tile,
-        num_warps=cfg["num_warps"], num_stages=stages,
+        V_LAST=cfg.get("V_LAST", 0), num_warps=cfg["num_warps"], num_stages=stages,
     )
     return o
 

@@ -232,10 +232,11 @@ FEEDBACK_PREFETCH = True
 # How the decode store's feedback loop asks for the next 4 steps' matrix rows while the
 # current 4 run (triton_feedback.feedback_round): 0 not (each block of 4 steps waits a round
 # trip to L2: 8 a 32-step group), 1 loaded into registers (147 instead of 48 a thread at
-# Qwen3-0.6B's shape, sm_90: one program an SM), 2 asked into L1 (GPU only). Built to cut the
-# tile's ~6 us at one token (H200, tools/bench_kv_feedback.py: 9.9 with the feedback, 3.7
-# without); not yet timed, so 0.
-FEEDBACK_ROWS_AHEAD = 0
+# Qwen3-0.6B's shape, sm_90: one program an SM), 2 asked into L1 (GPU only). H200, one call
+# (tools/fb_ahead_check.sh): us at 1 / 64 / 256 tokens 0: 10.9 / 11.2 / 12.1, 1: 7.5 / 8.1 /
+# 12.2, 2: 10.7 / 11.2 / 15.0 (no feedback 3.6 / 4.3 / 7.5); bench.py fp8, alternating,
+# 0: 30,296, 31,753; 2: 31,364, 31,426; 1: 32,376, 32,067 tok/s.
+FEEDBACK_ROWS_AHEAD = 1
 # Warps of a program whose store rounds K with feedback. H100, tools/bench_kv_feedback.py,
 # us per call at 1 / 64 / 256 tokens: 4 warps 9.4 / 9.7 / 12.3, 8 warps 7.6 / 7.7 / 11.1,
 # 16 warps 7.9 / 8.0 / 14.4 (plain rounding 7.4 / 7.5 / 9.4).

@@ -189,10 +189,13 @@ def tile_v_pages(attn_layers: list, tile: int) -> None:
     """View each layer's V cache [blocks, block_size, Hkv, D] as [blocks, Hkv, block_size /
     tile, D, tile]: the same memory, its pages holding each kv head's V in tile-key tiles,
     a tile's V^T one contiguous run (triton_kv.v_tile_of). The fp8 decode then reads V
-    whole and hands the PV dot keys side by side, instead of a byte at a time."""
+    whole and hands the PV dot keys side by side, instead of a byte at a time. Zeroed: the
+    decode reads a partial last tile whole too (decode_tiles' V_LAST 2), so the slots past
+    a context must hold no NaN codes (the stores never write one)."""
     for layer in attn_layers:
         blocks, block_size, heads, dim = layer.v_cache.shape
         layer.v_cache = layer.v_cache.view(blocks, heads, block_size // tile, dim, tile)
+        layer.v_cache.zero_()
 
 
 def allocate_kv(config: Config, rank: int, attn_layers: list, dtype: torch.dtype,

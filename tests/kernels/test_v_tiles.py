@@ -14,7 +14,8 @@ from nanovllm.kernels.triton_decode import decode_attention
 from nanovllm.kernels.triton_kv import store_kvcache, v_tile_of
 from nanovllm.kernels.triton_prefill import prefill_attention
 from nanovllm.kernels.triton_rope import norm_rope_store
-from tests.kernels.test_fp8_kv import FP8, fp8_case, quantized_case, same_bytes
+from tests.kernels.test_fp8_kv import (FP8, fp8_case, nan_codes_finite, quantized_case,
+                                       same_bytes)
 from tests.support.markers import needs_interpreter, on_gpu
 from tests.support.paged import make_paged_case
 
@@ -46,6 +47,7 @@ def test_stores_write_tiled_places(dtype):
     g = torch.Generator().manual_seed(2)
     t, hq, hkv, d = 7, 4, 2, 16
     q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
+    v[1, 0, 3] = v[4, 1, :5] = float("nan")  # stored as 0: a tiled V's slots hold no NaN
     slots = torch.tensor([3, 9, -1, 17, 30, 0, 63], dtype=torch.int32)
     ks, vs = torch.tensor([0.01, 0.02]), torch.tensor([0.004, 0.05])
     kc, vc, rk, rv = (torch.zeros(2, 32, hkv, d, dtype=dtype) for _ in range(4))
@@ -53,6 +55,7 @@ def test_stores_write_tiled_places(dtype):
     vt = tiled(vc, 8)
     store_kvcache(k, v, kc, vt, slots, ks, vs)
     assert same_bytes(kc, rk) and same_bytes(untiled(vt), rv)
+    assert rv[0, 9, 0, 3].float() == 0 and not rv.float().isnan().any()
     # The fused RoPE store: its rotated k through the plain store gives the reference.
     cos_sin = torch.randn(16, 1, d, generator=g)
     kc.zero_()
@@ -65,35 +68,40 @@ def test_stores_write_tiled_places(dtype):
 
 @needs_interpreter
 @pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("v_last", [0, 1, 2])
 @pytest.mark.usefixtures("poisoned_empty")
-def test_decode_reads_tiled_pages(num_splits):
+def test_decode_reads_tiled_pages(num_splits, v_last, monkeypatch):
     # Contexts ending inside a tile, on its edge and after one key; slots past a context
-    # hold NaN (make_paged_case), so a partial tile read whole would show.
+    # hold NaN (make_paged_case), so a partial tile read whole would show, but for V_LAST 2,
+    # which reads it whole on purpose: its V slots hold finite codes (the engine's do).
     c = quantized_case(make_paged_case([(1, 70), (1, 32), (1, 1), (1, 47)], 32, 4, 2, 16,
                                        seed=6), torch.float8_e4m3fn)
     args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     kw = dict(num_splits=num_splits, k_scale=c.k_scale, v_scale=c.v_scale)
     ref = decode_attention(*args, **kw)
-    o = decode_attention(*args[:2], tiled(c.v_cache, 16), *args[3:], **kw)
+    monkeypatch.setitem(decode_config.CONFIG_FP8, "V_LAST", v_last)
+    v = nan_codes_finite(c.v_cache) if v_last == 2 else c.v_cache
+    o = decode_attention(*args[:2], tiled(v, 16), *args[3:], **kw)
     assert not o.isnan().any() and torch.equal(o, ref)
 
 
 @triton.jit
 def _attend_range(q_ptr, k_cache, v_cache, bt_ptr, start, end, out_ptr, stride_kblk,
                   stride_kslot, G: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                  BLOCK_N: tl.constexpr, V_TILE: tl.constexpr):
+                  BLOCK_N: tl.constexpr, V_TILE: tl.constexpr, V_LAST: tl.constexpr):
     rows = tl.arange(0, G)[:, None] * D + tl.arange(0, D)[None, :]
     q = tl.load(q_ptr + rows)
     acc, m_i, l_i = attend_tiles(q, k_cache, v_cache, k_cache, k_cache, bt_ptr, 0, start, end,
                                  1.0, stride_kblk, stride_kslot, 0, 0, G, D, BLOCK_SIZE,
                                  BLOCK_N, True, True, "ieee", True, False, q.dtype, False,
-                                 False, V_TILE)
+                                 False, V_TILE, V_LAST)
     tl.store(out_ptr + rows, acc / l_i[:, None])
 
 
 @needs_interpreter
 @pytest.mark.parametrize("start,end", [(39, 40), (16, 17), (4, 5), (0, 40), (16, 39)])
-def test_key_ranges_starting_anywhere(start, end):
+@pytest.mark.parametrize("v_last", [0, 1])
+def test_key_ranges_starting_anywhere(start, end, v_last):
     """attend_tiles over keys start..end, as the layer kernel's splits hand it: the new key
     alone in a split of its own (NEW_APART) starts anywhere in a tile, and a tiled V's
     whole-tile read must start where the tile does (a GPU faulted: misaligned address;
@@ -110,7 +118,7 @@ def test_key_ranges_starting_anywhere(start, end):
     for v_cache, tile in ((vc, 0), (tiled(vc, 16), 16)):
         out = torch.empty(16, d)
         _attend_range[(1,)](q, kc, v_cache, bt, start, end, out, kc.stride(0), kc.stride(1),
-                            G=16, D=d, BLOCK_SIZE=bs, BLOCK_N=16, V_TILE=tile)
+                            G=16, D=d, BLOCK_SIZE=bs, BLOCK_N=16, V_TILE=tile, V_LAST=v_last)
         outs.append(out)
     assert not outs[0].isnan().any() and torch.equal(outs[1], outs[0])
 
@@ -134,12 +142,15 @@ def test_prefill_reads_tiled_pages(block_size, tile):
 @on_gpu
 @pytest.mark.parametrize("batch,ctx,splits", [(1, 3000, None), (64, 301, None), (64, 301, 3),
                                               (256, 700, None)])
-def test_decode_gpu_reads_tiled_pages(batch, ctx, splits):
+@pytest.mark.parametrize("v_last", [0, 1, 2])
+def test_decode_gpu_reads_tiled_pages(batch, ctx, splits, v_last, monkeypatch):
     c = fp8_case([(1, ctx - i % 5) for i in range(batch)], 256, torch.float8_e4m3fn, seed=batch)
     args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     kw = dict(num_splits=splits, k_scale=c.k_scale, v_scale=c.v_scale)
     ref = decode_attention(*args, **kw)
-    o = decode_attention(*args[:2], tiled(c.v_cache, 64), *args[3:], **kw)
+    monkeypatch.setitem(decode_config.CONFIG_FP8, "V_LAST", v_last)
+    v = nan_codes_finite(c.v_cache) if v_last == 2 else c.v_cache
+    o = decode_attention(*args[:2], tiled(v, 64), *args[3:], **kw)
     assert not o.isnan().any()
     torch.testing.assert_close(o, ref, rtol=1e-2, atol=1e-3)
 
@@ -186,9 +197,11 @@ def test_tile_v_pages_views_the_same_memory():
 
     from nanovllm.worker.kv_cache import tile_v_pages
 
-    cache = torch.zeros(2, 3, 8, 64, 2, 16, dtype=torch.float8_e4m3fn)
+    cache = torch.full((2, 3, 8, 64, 2, 16), 0xFF, dtype=torch.uint8).view(torch.float8_e4m3fn)
     layers = [SimpleNamespace(k_cache=cache[0, i], v_cache=cache[1, i]) for i in range(3)]
     tile_v_pages(layers, 16)
+    # V zeroed (the decode reads slots past a context: no NaN codes), K left as it was.
+    assert (cache[1].view(torch.uint8) == 0).all() and (cache[0].view(torch.uint8) == 0xFF).all()
     for i, layer in enumerate(layers):
         assert layer.v_cache.shape == (8, 2, 4, 16, 16)
         assert layer.v_cache.data_ptr() == cache[1, i].data_ptr()

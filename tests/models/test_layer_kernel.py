@@ -218,16 +218,21 @@ def test_gpu_one_launch_matches_op_by_op(toy_models, monkeypatch, counted, name,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv,v_tile", [("auto", 0), ("fp8_e4m3", 0), ("fp8_e4m3", 64)])
-def test_gpu_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv, v_tile):
+@pytest.mark.parametrize("kv,v_tile,v_last", [("auto", 0, 0), ("fp8_e4m3", 0, 0),
+                                              ("fp8_e4m3", 64, 0), ("fp8_e4m3", 64, 1)])
+def test_gpu_new_key_in_a_split_of_its_own(toy_models, monkeypatch, counted, kv, v_tile,
+                                           v_last):
     """CONFIG["NEW_APART"] forced on (by default only where K's feedback runs on the register
     tile, head sizes past 64): the warm-up's launch over stand-ins (context 0) and the
     logits as the launch-per-op path's. v_tile 64: V's pages tiled, whose whole-tile reads
-    must stay aligned though the new key's split starts anywhere (it once faulted)."""
+    must stay aligned though the new key's split starts anywhere (it once faulted); v_last:
+    their last tiles' zeroing (decode_tiles.attend_tiles' V_LAST)."""
     from nanovllm.kernels import decode_config
 
     monkeypatch.setitem(layer_launch.CONFIG, "NEW_APART", 1)
     monkeypatch.setitem(decode_config.CONFIG_FP8, "V_TILE", v_tile)
+    monkeypatch.setitem(decode_config.CONFIG_FP8, "V_LAST", v_last)
+    monkeypatch.setitem(layer_launch.CONFIG, "V_LAST", v_last)
     block = dict(kvcache_block_size=64) if v_tile else {}
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
                         kv_cache_dtype=kv, **dict(GPU, enforce_eager=False, **block))
@@ -334,8 +339,8 @@ def test_start_up_compiles_the_kernel_once(toy_models, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("v_tile", [0, 64])
-def test_gpu_fp8_v_tiles_widened_as_loaded(toy_models, monkeypatch, counted, v_tile):
+@pytest.mark.parametrize("v_tile,v_last", [(0, 0), (64, 0), (64, 1)])
+def test_gpu_fp8_v_tiles_widened_as_loaded(toy_models, monkeypatch, counted, v_tile, v_last):
     """An e4m3 cache's V in the layer kernel and the decode kernel, five splits: the logits
     as the launch-per-op path's. V_TILE 0: V_WORDS (the usual pages' V tiles read as words,
     widened where loaded); 64: V's pages tiled (kv_cache.tile_v_pages), blocks of 64."""
@@ -344,6 +349,8 @@ def test_gpu_fp8_v_tiles_widened_as_loaded(toy_models, monkeypatch, counted, v_t
     monkeypatch.setitem(layer_launch.CONFIG, "V_WORDS", True)
     monkeypatch.setitem(decode_config.CONFIG_FP8, "V_WORDS", True)
     monkeypatch.setitem(decode_config.CONFIG_FP8, "V_TILE", v_tile)
+    monkeypatch.setitem(decode_config.CONFIG_FP8, "V_LAST", v_last)
+    monkeypatch.setitem(layer_launch.CONFIG, "V_LAST", v_last)
     engine = dict(GPU, max_model_len=1024, num_kvcache_blocks=80, kv_cache_dtype="fp8_e4m3",
                   kvcache_block_size=64 if v_tile else 16)
     runs = {on: _logits(toy_models["untied_gqa4_d64"], on, monkeypatch, counted,
