@@ -242,7 +242,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         PRE_KV=_pre_kv(hd, kv["KV_FP8"], apart and splits > 1),
         V_WORDS=CONFIG["V_WORDS"] and not INTERPRET and k_cache.dtype == torch.float8_e4m3fn
         and (dtype == torch.bfloat16 or dtype == torch.float16) and not v_tile, V_TILE=v_tile,
-        V_LAST=CONFIG["V_LAST"],
+        V_LAST=min(CONFIG["V_LAST"], 1) if apart and splits > 1 else CONFIG["V_LAST"],
         num_warps=CONFIG["num_warps"] if not INTERPRET else 1)
     grid = (programs,)
     if not phased:

@@ -339,7 +339,7 @@ def test_start_up_compiles_the_kernel_once(toy_models, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("v_tile,v_last", [(0, 0), (64, 0), (64, 1)])
+@pytest.mark.parametrize("v_tile,v_last", [(0, 0), (64, 0), (64, 1), (64, 2)])
 def test_gpu_fp8_v_tiles_widened_as_loaded(toy_models, monkeypatch, counted, v_tile, v_last):
     """An e4m3 cache's V in the layer kernel and the decode kernel, five splits: the logits
     as the launch-per-op path's. V_TILE 0: V_WORDS (the usual pages' V tiles read as words,
