@@ -76,13 +76,19 @@ def test_decode_reads_tiled_pages(num_splits, v_last, monkeypatch):
     # which reads it whole on purpose: its V slots hold finite codes (the engine's do).
     c = quantized_case(make_paged_case([(1, 70), (1, 32), (1, 1), (1, 47)], 32, 4, 2, 16,
                                        seed=6), torch.float8_e4m3fn)
+    ref, o = _usual_and_tiled(c, num_splits, 16, v_last, monkeypatch)
+    assert not o.isnan().any() and torch.equal(o, ref)
+
+
+def _usual_and_tiled(c, num_splits, tile, v_last, monkeypatch):
+    """The decode of case c over its usual V pages, then over them tiled (V_LAST v_last;
+    for 2, V's NaN codes made finite first, as the engine's tiled caches hold them)."""
     args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     kw = dict(num_splits=num_splits, k_scale=c.k_scale, v_scale=c.v_scale)
     ref = decode_attention(*args, **kw)
     monkeypatch.setitem(decode_config.CONFIG_FP8, "V_LAST", v_last)
     v = nan_codes_finite(c.v_cache) if v_last == 2 else c.v_cache
-    o = decode_attention(*args[:2], tiled(v, 16), *args[3:], **kw)
-    assert not o.isnan().any() and torch.equal(o, ref)
+    return ref, decode_attention(*args[:2], tiled(v, tile), *args[3:], **kw)
 
 
 @triton.jit
@@ -145,12 +151,7 @@ def test_prefill_reads_tiled_pages(block_size, tile):
 @pytest.mark.parametrize("v_last", [0, 1, 2])
 def test_decode_gpu_reads_tiled_pages(batch, ctx, splits, v_last, monkeypatch):
     c = fp8_case([(1, ctx - i % 5) for i in range(batch)], 256, torch.float8_e4m3fn, seed=batch)
-    args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
-    kw = dict(num_splits=splits, k_scale=c.k_scale, v_scale=c.v_scale)
-    ref = decode_attention(*args, **kw)
-    monkeypatch.setitem(decode_config.CONFIG_FP8, "V_LAST", v_last)
-    v = nan_codes_finite(c.v_cache) if v_last == 2 else c.v_cache
-    o = decode_attention(*args[:2], tiled(v, 64), *args[3:], **kw)
+    ref, o = _usual_and_tiled(c, splits, 64, v_last, monkeypatch)
     assert not o.isnan().any()
     torch.testing.assert_close(o, ref, rtol=1e-2, atol=1e-3)
 
