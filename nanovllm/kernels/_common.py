@@ -165,7 +165,8 @@ def quantize_fp8(x, scale, cache_ty: tl.constexpr, FMAX: tl.constexpr, MANT: tl.
     the interpreter's fp32 -> fp8 cast drops the carry of a round-up into the exponent.
     """
     y = tl.div_rn(x, scale)
-    y = tl.clamp(tl.where(y == y, y, 0.0), -FMAX, FMAX)  # (clamp turns NaN into -FMAX)
+    # (NaN first: the interpreter's clamp made it -FMAX, torch's keeps it NaN)
+    y = tl.clamp(tl.where(y == y, y, 0.0), -FMAX, FMAX)
     if SOFT:
         a = tl.abs(y)
         bits = a.to(tl.int32, bitcast=True)
