@@ -103,8 +103,10 @@ uses this very object)."""
 # V_LAST: a tiled V's last tile (decode_tiles.attend_tiles; 2 cannot serve the new key's split,
 # which starts anywhere). H200, bench.py --single --num-seqs 16 --kv-cache-dtype fp8_e4m3,
 # alternating: 0 1,041, 1,036; 1 1,073, 1,073 tok/s (8,832 vs 9,280 instructions, sm_90).
-# 2 is taken only where the new key is not apart (layer_launch); not timed (tools/v_last_lk.sh).
+# 2 (read as is) where the new key is not apart (layer_launch lowers it to 1 elsewhere):
+# tools/v_last_lk.sh, SmolLM2 shape (64-dim heads, one split from key 0) over an fp8 cache,
+# alternating 1 / 2: 1,455.7, 1,452.7 / 1,495.8, 1,496.8 tok/s.
 CONFIG = dict(num_warps=4, CHUNK=16384, SPLITS=64, PER_SM=1, GROUP=16, WORK=True,
               FB_PREFETCH=True, FB_CHAINS_MAX_HD=64, NEW_APART=2, TRACE=False, FB_AHEAD=1,
               C_SPLITS=8, TAIL=64, A_CHUNK=True, PRE_KV=1, V_WORDS=True,
-              V_LAST=1)
+              V_LAST=2)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# `PART=1 OUT=$OUT bash tools/gpu_suite.sh` then PART=2: the whole `-m gpu` suite in two device
+# calls (~10 min on one H200). Part 1 the kernels, engine, layers and models; part 2 the rest.
+# The device has no fastapi: tests/server and tests/structured/test_generate.py do not collect.
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+o=${OUT:-/tmp/out}; mkdir -p "$o"
+if [ "${PART:-1}" = 1 ]; then
+  set -- tests/kernels tests/engine tests/layers tests/models
+else
+  set -- tests/test_*.py tests/utils tests/worker tests/structured
+fi
+timeout ${LIMIT:-540} python3 -m pytest -q -rfE -m gpu -p no:cacheprovider --durations=12 \
+  --continue-on-collection-errors "$@" > "$o/gpu_suite_$PART.txt" 2>&1
+echo "rc $?" >> "$o/gpu_suite_$PART.txt"
+grep -E "^(FAILED|ERROR)" "$o/gpu_suite_$PART.txt" | head -30
+tail -n 20 "$o/gpu_suite_$PART.txt"
