@@ -6,6 +6,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 o=${OUT:-/tmp/out}; mkdir -p "$o"
 if [ "${PART:-1}" = 1 ]; then
   set -- tests/kernels tests/engine tests/layers tests/models
+elif [ "$PART" = 1b ]; then  # part 1 past the kernels a 550-s call reached (H200)
+  set -- tests/models tests/kernels/test_v_tiles.py tests/engine tests/layers \
+    tests/kernels/test_triton_rope.py tests/kernels/test_triton_sample.py
 else
   set -- tests/test_*.py tests/utils tests/worker tests/structured
 fi
