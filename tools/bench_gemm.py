@@ -69,6 +69,18 @@ def time_graph(fn, calls: int, replays: int = 5, inner: int = 5) -> float:
     return statistics.median(times)
 
 
+def layer_sweep_args(doc: str, model: str, m: str):
+    """(args, the M values, {layer: (N, K)} but the LM head) of a per-layer sweep script's
+    command line: --model, --m (comma-separated) and --json."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default=model)
+    ap.add_argument("--m", default=m)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    layers = {name: nk for name, nk in linear_shapes(args.model).items() if name != "lm_head"}
+    return args, [int(v) for v in args.m.split(",")], layers
+
+
 def make_weights(n: int, k: int, kind: str):
     """Enough (weight, scale, block) copies to pass 256 MB."""
     wbytes = n * k * (2 if kind == "bf16" else 1)

@@ -7,7 +7,6 @@ and bf16 cuBLAS, on one model's layers; then the per-M config with the least tot
 The json maps each M to its best config and the three paths' totals (us over the layers),
 for fp8_gemm.TALL_CONFIGS / DEQUANT_FROM_M.
 """
-import argparse
 import json
 import os
 import sys
@@ -18,8 +17,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nanovllm.kernels import fp8_gemm, skinny_gemm  # noqa: E402
-from nanovllm.utils.model_shapes import linear_shapes  # noqa: E402
-from tools.bench_gemm import make_weights, time_cublas, time_graph  # noqa: E402
+from tools.bench_gemm import (layer_sweep_args, make_weights, time_cublas,  # noqa: E402
+                              time_graph)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); SPLIT_K chosen by the kernel (None).
 CANDIDATES = [(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (32, 64, 256, 4, 3),
@@ -29,14 +28,7 @@ CANDIDATES = [(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (32, 64, 256, 4, 3),
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", default="qwen3-0.6b")
-    ap.add_argument("--m", default="32,64,128,256")
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
-    ms = [int(v) for v in args.m.split(",")]
-    layers = {name: nk for name, nk in linear_shapes(args.model).items() if name != "lm_head"}
+    args, ms, layers = layer_sweep_args(__doc__, "qwen3-0.6b", "32,64,128,256")
     totals = {m: {"dequant": 0.0, "bf16": 0.0, "tall": {}} for m in ms}
     for name, (n, k) in layers.items():
         weights = make_weights(n, k, "fp8_row")

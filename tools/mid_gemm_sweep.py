@@ -8,7 +8,6 @@ Every call reads another copy of the weight (from HBM, as a forward does). Per l
 it prints cuBLAS alone, the op kernel + cuBLAS, and the three best tall configs without and
 with the prologue (us a call); then per M the totals over the layers.
 """
-import argparse
 import json
 import os
 import sys
@@ -20,8 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nanovllm.kernels import skinny_gemm  # noqa: E402
 from nanovllm.kernels.triton_norm import rms_norm, silu_and_mul  # noqa: E402
-from nanovllm.utils.model_shapes import linear_shapes  # noqa: E402
-from tools.bench_gemm import make_weights, time_graph  # noqa: E402
+from tools.bench_gemm import layer_sweep_args, make_weights, time_graph  # noqa: E402
 
 PROLOGUES = {"qkv": "norm", "gate_up": "norm", "down": "silu_mul"}
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K); None: the kernel's rule.
@@ -71,14 +69,7 @@ def best_tall(x, weights, fused=None):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", default="qwen2.5-0.5b")
-    ap.add_argument("--m", default="64,128,256")
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
-    ms = [int(v) for v in args.m.split(",")]
-    layers = {name: nk for name, nk in linear_shapes(args.model).items() if name != "lm_head"}
+    args, ms, layers = layer_sweep_args(__doc__, "qwen2.5-0.5b", "64,128,256")
     out = {}
     for name, (n, k) in layers.items():
         weights = make_weights(n, k, "bf16")
