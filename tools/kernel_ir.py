@@ -39,22 +39,27 @@ CACHE_PTR = {"bf16": "*bf16", "fp8": "*fp8e4nv", "int8": "*i8"}
 
 
 def compile_decode(cache: str, stages: int, warps: int = 4, v_words: bool = False,
-                   v_tile: int = 0, v_last: int = 0):
+                   v_tile: int = 0, v_last: int = 0, fuse: bool = False):
     """The compiled kernel at bench.py's shapes (16 / 8 heads of 128, block 256, 64-key
-    tiles, one split, the engine's launch order)."""
+    tiles, one split, the engine's launch order); fuse: with decode_rope's prologue (Qwen3's
+    q/k norms)."""
     fn = triton_decode._decode_partial_kernel
     const = dict(NUM_SPLITS=1, NUM_KV_HEADS=8, G=2, G_PAD=16, RED_GP=2, RED_CHUNK=16, HEAD_DIM=128,
                  BLOCK_SIZE=256, BLOCK_N=64, PAGE_TILE=True, USE_DOT=True, DIRECT=True,
                  DOT_PREC="tf32", KV_FP8=cache == "fp8", FP16_DOT=cache == "fp8",
                  KV_INT8=cache == "int8", INT8_F16=False, PV_F32=False, HEAD_FAST=True,
                  ORDERED=True, V_WORDS=v_words and cache == "fp8", V_TILE=v_tile,
-                 V_LAST=v_last)
+                 V_LAST=v_last, FUSE=fuse, QK_NORM=fuse)
+    if not fuse:  # (the unfused launch passes None there)
+        const.update(qw_ptr=None, kw_ptr=None)
     ptrs = dict(q_ptr="*bf16", k_cache_ptr=CACHE_PTR[cache], v_cache_ptr=CACHE_PTR[cache],
                 ctx_ptr="*i32", bt_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32",
                 out_ptr="*bf16", cnt_ptr="*i32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
-                order_ptr="*i32")
+                order_ptr="*i32", qkv_ptr="*bf16", pos_ptr="*i64", slot_ptr="*i32",
+                cos_sin_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16")
     names = fn.arg_names
-    sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32")
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n in ("qk_scale", "eps")
+                                                      else "i32")
            for n in names}
     # What a launch specializes on: pointers and integers divisible by 16 are marked so
     # (without it no load vectorizes, and the loop looks unpipelinable), integers equal to 1
@@ -62,10 +67,10 @@ def compile_decode(cache: str, stages: int, warps: int = 4, v_words: bool = Fals
     ints = dict(stride_qb=2048, stride_qh=128, stride_kblk=256 * 8 * 128, stride_kslot=8 * 128,
                 stride_kh=128, stride_sblk=8 * 256, stride_sslot=1, stride_sh=256,
                 stride_btb=16, stride_ob=2048, stride_oh=128, stride_os=0, stride_lb=0,
-                stride_lh=0, stride_outb=2048, stride_outh=128)
+                stride_lh=0, stride_outb=2048, stride_outh=128, stride_qkv=4096)
     attrs, consts = {}, dict(const)
     for n in names:
-        if n in ptrs or (n in ints and ints[n] % 16 == 0 and ints[n]):
+        if (n in ptrs and n not in const) or (n in ints and ints[n] % 16 == 0 and ints[n]):
             attrs[(names.index(n),)] = [["tt.divisibility", 16]]
         if ints.get(n) == 1:
             sig[n], consts[n] = "constexpr", 1
@@ -111,11 +116,12 @@ def main():
     ap.add_argument("--v-words", action="store_true", help="fp8: V read as words (V_WORDS)")
     ap.add_argument("--v-tile", type=int, default=0, help="V pages tiled (V_TILE), e.g. 64")
     ap.add_argument("--v-last", type=int, default=0, help="V_TILE's last tile: decode_tiles")
+    ap.add_argument("--fuse", action="store_true", help="decode_rope's prologue (FUSE_ROPE)")
     args = ap.parse_args()
     print("triton", triton.__version__)
     for stages in args.stages:
         k = compile_decode(args.cache, stages, v_words=args.v_words, v_tile=args.v_tile,
-                           v_last=args.v_last)
+                           v_last=args.v_last, fuse=args.fuse)
         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
         print(f"{args.cache} num_stages={stages}: async copies "
               f"{ttgir.count('async_copy_global_to_local')}, cp.async {ptx.count('cp.async')}, "

@@ -13,6 +13,7 @@ import triton.language as tl
 from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_config import CONFIG, CONFIG_FP8, CONFIG_INT8, MAX_SPLITS
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
+from nanovllm.kernels.decode_rope import NewToken, kernel_args, new_token
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.triton_kv import check_row_scales, v_tile_of
 
@@ -28,6 +29,7 @@ def _decode_partial_kernel(
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
     stride_outb, stride_outh,
+    qkv_ptr, stride_qkv, pos_ptr, slot_ptr, cos_sin_ptr, qw_ptr, kw_ptr, eps,
     NUM_SPLITS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
     G: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr, RED_CHUNK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -36,7 +38,7 @@ def _decode_partial_kernel(
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
-    V_LAST: tl.constexpr,
+    V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
@@ -80,8 +82,14 @@ def _decode_partial_kernel(
         # splits), so the many empty programs of a short context leave at once.
         return
 
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None], other=0.0)
+    if FUSE:  # q/k norms, RoPE and this token's K/V store from the qkv row (decode_rope)
+        q = new_token(qkv_ptr + b.to(tl.int64) * stride_qkv, pos_ptr + b, slot_ptr + b, kvh,
+                      heads, g_mask, s == n_valid - 1, cos_sin_ptr, qw_ptr, kw_ptr, eps,
+                      k_cache_ptr, v_cache_ptr, stride_kslot, NUM_KV_HEADS * G, NUM_KV_HEADS,
+                      HEAD_DIM, QK_NORM, DOT_PREC, BLOCK_SIZE)
+    else:
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_mask[:, None], other=0.0)
     if KV_FP8:
         # Dequantizing costs nothing per key: K's scale joins the softmax scale, V's scales
         # the output once; the fp8 tiles are only widened to q's dtype for the dots.
@@ -141,13 +149,16 @@ def alloc_decode_workspace(batch, num_heads, head_dim, num_splits, device):
 
 
 def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num_splits=None,
-                     workspace=None, k_scale=None, v_scale=None, order=None):
+                     workspace=None, k_scale=None, v_scale=None, order=None,
+                     new: NewToken | None = None):
     """Paged decode attention: q [B, H, D] over the first context_lens[b] cached tokens -> [B, H, D].
     An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]), an
     int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides).
     order (int32 [B], a permutation of the rows, optional): the order in which rows' programs
     start. Longest context first keeps a long row from starting last and running alone
-    while the rest of the GPU idles (the tail of a batch of mixed lengths)."""
+    while the rest of the GPU idles (the tail of a batch of mixed lengths).
+    new (a 16-bit cache only): q is the raw query of new.qkv's rows; the kernel norms and
+    rotates it and stores this step's K/V first (decode_rope)."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
@@ -171,7 +182,10 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     short_rows = cfg is CONFIG and head_dim * k_cache.element_size() <= 128
     stages = cfg["SHORT_ROW_STAGES"] if short_rows else cfg["num_stages"]
     g_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
-    o = torch.empty_like(q)
+    if new is not None:
+        assert not (kv_fp8 or kv_int8) and k_cache.stride(2) == head_dim, k_cache.dtype
+        assert k_cache.stride(0) == block_size * k_cache.stride(1), k_cache.stride()
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch == 0:
         return o
     direct = num_splits == 1
@@ -217,7 +231,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
         HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words, V_TILE=v_tile,
-        V_LAST=cfg.get("V_LAST", 0), num_warps=cfg["num_warps"], num_stages=stages,
+        V_LAST=cfg.get("V_LAST", 0), **kernel_args(new, q), num_warps=cfg["num_warps"],
+        num_stages=stages,
     )
     return o
 

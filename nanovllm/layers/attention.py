@@ -74,6 +74,12 @@ class Attention(nn.Module):
                 q_rot = norm_and_rotate(q[:n], k[:n], positions[:n], rope, q_norm, k_norm,
                                         self.backend.mix_kv)[0]
             self.fit_feedback(q_rot)
+        if (self.backend.decode_new is not None and self.k_scale is None
+                and not ctx.is_prefill and not ctx.num_decode_rows):
+            out = self.backend.decode_new(q, k, v, positions, rope, q_norm, k_norm,
+                                          self.k_cache, self.v_cache, ctx, self.scale)
+            if out is not None:
+                return out
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         q, k = self.backend.rope_and_store(q, k, v, positions, rope, q_norm, k_norm,
                                            self.k_cache, self.v_cache, ctx, **scales,

@@ -26,6 +26,7 @@ class TorchBackend:
     # Whether q and k are multiplied by a Hadamard matrix after RoPE (see hadamard_mix);
     # ModelRunner turns it on for an fp8 cache with calibrated scales and for an int8 cache.
     mix_kv = False
+    decode_new = None  # or a method: a pure decode step in one call (TritonBackend's)
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
                        ctx: Context, k_scale=None, v_scale=None, k_feedback=None):
@@ -66,13 +67,16 @@ class TritonBackend:
     exact_prefill = True
 
     def __init__(self):
-        from nanovllm.kernels import triton_decode, triton_kv, triton_prefill, triton_rope
+        from nanovllm.kernels import (decode_config, decode_rope, triton_decode, triton_kv,
+                                      triton_prefill, triton_rope)
 
         self._rope_store = triton_rope.norm_rope_store
         self._store = triton_kv.store_kvcache
         self._prefill = triton_prefill.prefill_attention
         self._prefill_own = triton_prefill.prefill_attention_contiguous
         self._decode = triton_decode.decode_attention
+        self._fuse_rope = decode_config.CONFIG
+        self._new_token = decode_rope.new_token_of
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
                        ctx: Context, k_scale=None, v_scale=None, k_feedback=None):
@@ -106,11 +110,25 @@ class TritonBackend:
         return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale,
                             k_scale=k_scale, v_scale=v_scale, order=ctx.decode_order)
 
+    def decode_new(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
+                   ctx: Context, scale: float) -> torch.Tensor | None:
+        """rope_and_store then decode as one kernel (16-bit caches, decode_config's FUSE_ROPE,
+        q/k/v the parts of one qkv row), or None where that does not apply."""
+        if not self._fuse_rope["FUSE_ROPE"]:
+            return None
+        new = self._new_token(q, k, v, positions, rope.cos_sin_cache, q_norm, k_norm,
+                              ctx.slot_mapping)
+        if new is None:
+            return None
+        return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale,
+                            order=ctx.decode_order, new=new)
+
 
 class FlashBackend(TritonBackend):
     """flash-attn's varlen and kv-cache kernels, called exactly as nano-vLLM calls them."""
 
     name = "flash"
+    decode_new = None  # flash-attn's decode reads q rotated (rope_and_store first)
     needs_new_k = True  # varlen prefill without cached context attends to the new k/v
 
     def __init__(self, flash_attn=None):
