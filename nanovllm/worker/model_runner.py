@@ -58,6 +58,10 @@ class ModelRunner:
         self.kv_dtype = kv_cache_dtype(config, self.dtype, self.device)
         backend = choose_backend(config.attention_backend, self.device, self.block_size,
                                  self.kv_dtype.itemsize == 1)
+        if draft or config.speculative_config is not None:
+            # A verify step's rows of one sequence read each other's new keys: they must all
+            # be stored before any row attends (decode_rope's prologue stores its own only).
+            backend.decode_new = None
         for layer in self.attn_layers:
             layer.backend = backend
         self.backend_name = backend.name

@@ -133,3 +133,28 @@ def test_attention_layer_takes_the_fused_step_for_pure_decode(monkeypatch):
             reset_context()
     for a, b in zip(got[False], got[True]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@on_gpu
+@pytest.mark.gpu
+def test_gpu_speculation_keeps_the_unfused_store(toy_models, monkeypatch):
+    """Verify steps (a sequence's rows read each other's new keys) never take the prologue,
+    which stores a row's own key only: with FUSE_ROPE on, ngram and self-draft speculation
+    still give plain greedy decoding's tokens."""
+    from nanovllm import LLM
+    from tests.test_speculative import GREEDY, NGRAM, draft_config, ids, repeating_prompts
+
+    monkeypatch.setitem(decode_config.CONFIG, "FUSE_ROPE", True)
+    path = toy_models["untied_gqa4_d64"]
+    kw = dict(device="cuda", dtype="float32", kvcache_block_size=16, max_model_len=256,
+              max_num_seqs=16)
+    outs = {}
+    for name, spec in (("plain", None), ("ngram", NGRAM), ("self", draft_config(path, k=4))):
+        llm = LLM(path, speculative_config=spec, **kw)
+        try:
+            runner = llm.clients[0].core.executor.runner
+            assert (runner.attn_layers[0].backend.decode_new is None) == (spec is not None)
+            outs[name] = ids(llm.generate(repeating_prompts(6, 12), GREEDY, use_tqdm=False))
+        finally:
+            llm.shutdown()
+    assert outs["ngram"] == outs["plain"] and outs["self"] == outs["plain"]
