@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `OUT=$OUT bash tools/fuse_rope_check.sh` (~8 min): decode_config's FUSE_ROPE (the decode
-# kernel norms, rotates and stores the new token itself; kernels/decode_rope.py). The kernels
-# timed alone (tools/fuse_rope_time.py), its GPU tests and the attention tests it touches, then bench.py off / on alternating: Qwen2.5-0.5B
-# shape and Qwen3-0.6B (bf16 caches; an fp8 cache keeps triton_rope either way).
+# kernel norms, rotates and stores the new token itself; kernels/decode_rope.py): the kernels
+# timed alone (tools/fuse_rope_time.py), its GPU tests and the attention tests it touches,
+# then bench.py off / on alternating, Qwen2.5-0.5B shape and Qwen3-0.6B (bf16 caches; an fp8
+# cache keeps triton_rope either way).
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 o=${OUT:-/tmp/out}; mkdir -p "$o"; f=$o/fuse_rope.txt
 timeout 150 python3 tools/fuse_rope_time.py 2>&1 | tail -n 6 | tee -a "$f"
