@@ -10,7 +10,6 @@ same caches and outputs. Needs a CUDA GPU.
 """
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,6 +21,7 @@ from nanovllm.kernels.decode_rope import new_token_of  # noqa: E402
 from nanovllm.kernels.triton_rope import norm_rope_store  # noqa: E402
 from nanovllm.layers.layernorm import RMSNorm  # noqa: E402
 from nanovllm.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
+from tools.bench_gemm import time_graph  # noqa: E402
 from tools.bench_splits import BLOCK, MODELS, make_layers  # noqa: E402
 
 QK_NORM = {"qwen3": True}
@@ -81,29 +81,13 @@ def main():
             times = {0: [], 1: []}
             for _ in range(2):
                 for key, fn in ((0, unfused), (1, fused)):
-                    times[key].append(graph_us(fn, len(rows)))
+                    times[key].append(time_graph(fn, len(rows), replays=15, inner=1) * 1e3)
             print(f"{model} batch {batch}: rope store + decode "
                   f"{', '.join(f'{t:.2f}' for t in times[0])} us a layer; fused "
                   f"{', '.join(f'{t:.2f}' for t in times[1])}; max |diff| {diff:.2e}",
                   flush=True)
             del layers, rows
             torch.cuda.empty_cache()
-
-
-def graph_us(fn, calls, replays=15):
-    """Median us a call of a graph replay of fn (which makes `calls` layer calls)."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 if __name__ == "__main__":
