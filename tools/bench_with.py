@@ -3,9 +3,9 @@
     python tools/bench_with.py fp8.V_WORDS=1 layer.V_WORDS=1 -- --kv-cache-dtype fp8_e4m3
 
 Each override is TABLE.KEY=INT: `decode`, `fp8` or `int8` (kernels/decode_config.py's CONFIG,
-CONFIG_FP8, CONFIG_INT8), `layer` (kernels/layer_config.py) or `rope` (kernels/triton_rope.py's
-module-level knobs, e.g. rope.FEEDBACK_ROWS_AHEAD=2); the value takes the type of the one it
-replaces. What follows `--` goes to bench.py as is.
+CONFIG_FP8, CONFIG_INT8), `layer` (kernels/layer_config.py), `rope` (kernels/triton_rope.py's
+module-level knobs, e.g. rope.FEEDBACK_ROWS_AHEAD=2) or `sample` (kernels/triton_sample.py's,
+e.g. sample.TWO_LEVEL=1); the value takes the type of the one it replaces. What follows `--` goes to bench.py as is.
 """
 import os
 import runpy
@@ -14,11 +14,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanovllm.kernels import decode_config, layer_config, triton_rope  # noqa: E402
+from nanovllm.kernels import (decode_config, layer_config, triton_rope,  # noqa: E402
+                              triton_sample)
 
 TABLES = {"decode": decode_config.CONFIG, "fp8": decode_config.CONFIG_FP8,
           "int8": decode_config.CONFIG_INT8, "layer": layer_config.CONFIG,
-          "rope": vars(triton_rope)}
+          "rope": vars(triton_rope), "sample": vars(triton_sample)}
 
 
 def main():

@@ -110,6 +110,8 @@ def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor,
     batch, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
+    if TWO_LEVEL:
+        return sample_two_level(logits, temperatures, seed, out)
     # Four quarters of 1024 lanes per iteration: as wide as one 1024-lane pass per uniform,
     # with a quarter of the Philox work. At small batch, narrower blocks and more chunks
     # fill the GPU (H100, batch 1, Qwen3's 151,936 logits: 16 chunks of 4096-wide blocks
@@ -131,4 +133,110 @@ def sample_temperature(logits: torch.Tensor, temperatures: torch.Tensor,
     _pick_kernel[(batch,)](part_max, part_idx, out, seed if bump else part_idx,
                            NUM_CHUNKS=num_chunks, NC_POW2=triton.next_power_of_2(num_chunks),
                            BUMP=bump, num_warps=1)
+    return out
+
+
+# Sample in two levels (sample_two_level) instead of one Gumbel-max pass over every logit.
+# Built 2026-11-29 (forty-second session), not yet timed on a GPU: off.
+TWO_LEVEL = False
+# Logits a first-level program reads (one tile in registers: its max, then its exp sum).
+SLICE = 4096
+
+
+@triton.jit
+def _slice_stats_kernel(logits_ptr, temp_ptr, lse_ptr, idx_ptr, seed_ptr, seed_copy_ptr,
+                        vocab, stride_b, NUM_SLICES: tl.constexpr, SLICE: tl.constexpr,
+                        SEED_PTR: tl.constexpr):
+    # Program = (row, slice): the slice's log2-sum-exp2 of logits * log2(e) / T (a greedy
+    # row: its max logit) and its argmax. No random numbers: this pass is loads and one exp2
+    # a logit.
+    row = tl.program_id(0)
+    sl = tl.program_id(1)
+    if SEED_PTR and row == 0 and sl == 0:  # the second level's seed; the next step's bumped
+        s = tl.load(seed_ptr)
+        tl.store(seed_copy_ptr, s)
+        tl.store(seed_ptr, s + 1)
+    temp = tl.load(temp_ptr + row)
+    greedy = temp == 0
+    scale = 1.4426950408889634 / tl.where(greedy, 1.0, temp)
+    cols = sl * SLICE + tl.arange(0, SLICE)
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_b + cols, mask=cols < vocab,
+                other=float("-inf")).to(tl.float32)
+    score = tl.where(greedy, x, x * scale)
+    m = tl.max(score, 0)
+    i = tl.min(tl.where(score == m, cols, 2147483647), 0)  # the first of equal maxima
+    lse = m + tl.log2(tl.sum(tl.exp2(score - m), 0))
+    # A slice masked whole (-inf, e.g. by a grammar): -inf, never drawn (not NaN).
+    tl.store(lse_ptr + row * NUM_SLICES + sl, tl.where(greedy | (m == float("-inf")), m, lse))
+    tl.store(idx_ptr + row * NUM_SLICES + sl, i)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _slice_pick_kernel(logits_ptr, temp_ptr, lse_ptr, idx_ptr, out_ptr, seed, seed_ptr, vocab,
+                       stride_b, NUM_SLICES: tl.constexpr, NS_POW2: tl.constexpr,
+                       SLICE: tl.constexpr, SEED_PTR: tl.constexpr, HW: tl.constexpr):
+    # Program = row: a slice drawn by the Gumbel-max trick over the slices' log-sum-exps
+    # (P(slice) = its share of the softmax mass), then a token within it by the Gumbel-max
+    # trick over its logits (P(token | slice) = its share of the slice's): together exactly
+    # softmax(logits / T). A greedy row takes the slice with the largest max (the first of
+    # equals), whose argmax is the row's first.
+    if SEED_PTR:
+        seed = tl.load(seed_ptr)
+    row = tl.program_id(0)
+    temp = tl.load(temp_ptr + row)
+    greedy = temp == 0
+    c = tl.arange(0, NS_POW2)
+    lse = tl.load(lse_ptr + row * NUM_SLICES + c, mask=c < NUM_SLICES, other=float("-inf"))
+    # The slices' uniforms: another Philox key than the tokens', so the two draws are
+    # independent (a row's token offsets are row * vocab + k, as in the one-level kernel).
+    u = tl.rand(seed ^ 0x5BD1E995, row.to(tl.int64) * NS_POW2 + c)
+    score = tl.where(greedy, lse, lse - _log2(_neg_log2(u, HW), HW))
+    best = tl.max(score, 0)
+    sl = tl.min(tl.where(score == best, c, NS_POW2), 0)
+    if greedy:
+        token = tl.load(idx_ptr + row * NUM_SLICES + sl)
+    else:
+        scale = 1.4426950408889634 / temp
+        Q: tl.constexpr = SLICE // 4
+        j = tl.arange(0, Q)
+        lo = sl * SLICE
+        u0, u1, u2, u3 = tl.rand4x(seed, row.to(tl.int64) * vocab + lo // 4 + j)
+        top = tl.full([Q], float("-inf"), tl.float32)
+        top_idx = tl.zeros([Q], tl.int32)
+        top, top_idx = _fold(top, top_idx, logits_ptr, row, lo + j, vocab, stride_b, scale,
+                             False, u0, HW)
+        top, top_idx = _fold(top, top_idx, logits_ptr, row, lo + Q + j, vocab, stride_b, scale,
+                             False, u1, HW)
+        top, top_idx = _fold(top, top_idx, logits_ptr, row, lo + 2 * Q + j, vocab, stride_b,
+                             scale, False, u2, HW)
+        top, top_idx = _fold(top, top_idx, logits_ptr, row, lo + 3 * Q + j, vocab, stride_b,
+                             scale, False, u3, HW)
+        m = tl.max(top, 0)
+        token = tl.min(tl.where(top == m, top_idx, 2147483647), 0)
+    tl.store(out_ptr + row, token.to(out_ptr.dtype.element_ty))
+
+
+def sample_two_level(logits: torch.Tensor, temperatures: torch.Tensor,
+                     seed: int | torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """sample_temperature's draw in two levels: the vocabulary in SLICE-wide slices, their
+    log-sum-exps in one pass (an exp2 a logit, no random numbers), then per row a slice and a
+    token within it by the Gumbel-max trick (random numbers for one slice a row, not the
+    whole vocabulary). The same distribution as the one-level kernel, other draws."""
+    batch, vocab = logits.shape
+    slices = triton.cdiv(vocab, SLICE)
+    lse = torch.empty(batch, slices, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(batch, slices, dtype=torch.int32, device=logits.device)
+    by_ptr = isinstance(seed, torch.Tensor)
+    copy = torch.empty(1, dtype=torch.int32, device=logits.device) if by_ptr else idx
+    if out is None:
+        out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    if batch == 0:
+        return out
+    _slice_stats_kernel[(batch, slices)](
+        logits, temperatures, lse, idx, seed if by_ptr else idx, copy, vocab,
+        logits.stride(0), NUM_SLICES=slices, SLICE=SLICE, SEED_PTR=by_ptr, num_warps=8)
+    _slice_pick_kernel[(batch,)](
+        logits, temperatures, lse, idx, out, 0 if by_ptr else seed, copy, vocab,
+        logits.stride(0), NUM_SLICES=slices, NS_POW2=triton.next_power_of_2(slices),
+        SLICE=SLICE, SEED_PTR=by_ptr, HW=not INTERPRET, num_warps=4)
     return out

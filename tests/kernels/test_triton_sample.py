@@ -5,12 +5,20 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels import triton_sample
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.triton_sample import _neg_log2, sample_temperature
 
 # sample_temperature takes its per-chunk maxima from torch.empty: every chunk must be written.
-pytestmark = pytest.mark.usefixtures("poisoned_empty")
+pytestmark = pytest.mark.usefixtures("poisoned_empty", "levels")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(params=[False, True], ids=["one_level", "two_level"])
+def levels(request, monkeypatch):
+    """Every test with the one-level Gumbel pass and with the two-level draw (TWO_LEVEL)."""
+    monkeypatch.setattr(triton_sample, "TWO_LEVEL", request.param)
+    return request.param
 
 
 def test_greedy_rows_are_argmax():
@@ -78,3 +86,28 @@ def test_a_seed_in_device_memory_draws_as_the_same_int():
     assert seed.item() == 78  # bumped for the next replay
     assert torch.equal(sample_temperature(logits, t, seed), sample_temperature(logits, t, 78))
     assert seed.item() == 79
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # -inf - -inf
+def test_two_level_draws_across_slices(monkeypatch, levels):
+    """The two-level draw over a vocabulary of several slices: softmax frequencies, greedy rows'
+    first argmax across slices, a slice masked whole never drawn."""
+    if not levels:
+        pytest.skip("two-level only")
+    monkeypatch.setattr(triton_sample, "SLICE", 16)
+    n = 400 if DEVICE == "cpu" else 20000
+    base = torch.full((40,), -2.0)
+    base[3], base[20], base[37] = 2.0, 1.5, 1.0
+    base[16:32][base[16:32] < 0] = float("-inf")  # slice 1: token 20 alone
+    out = sample_temperature(base.repeat(n, 1).to(DEVICE), torch.ones(n, device=DEVICE), 9)
+    freq = torch.bincount(out.cpu(), minlength=40).float() / n
+    expect = torch.softmax(base, -1)
+    assert (freq - expect).abs().max() < (0.07 if DEVICE == "cpu" else 0.015)
+    masked = base.clone()
+    masked[16:32] = float("-inf")
+    out = sample_temperature(masked.repeat(64, 1).to(DEVICE), torch.ones(64, device=DEVICE), 5)
+    assert not ((out >= 16) & (out < 32)).any()
+    ties = torch.zeros(2, 40, device=DEVICE)
+    ties[0, 35] = ties[0, 21] = 1.0  # the first maximum is in the second slice
+    ties[1, 39] = 2.0
+    assert sample_temperature(ties, torch.zeros(2, device=DEVICE), 1).tolist() == [21, 39]
