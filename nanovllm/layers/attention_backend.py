@@ -7,6 +7,7 @@ model's dtype), an int8 cache with a scale per row (fp32, indexed [num_blocks, b
 num_kv_heads]); torch and triton take them and flash refuses both (see choose_backend). A prefill
 without cached context attends to its own K/V unquantized (see exact_chunk), as vLLM does.
 """
+import functools
 import importlib.util
 import logging
 import os
@@ -75,8 +76,9 @@ class TritonBackend:
         self._prefill = triton_prefill.prefill_attention
         self._prefill_own = triton_prefill.prefill_attention_contiguous
         self._decode = triton_decode.decode_attention
-        self._fuse_rope = decode_config.CONFIG
         self._new_token = decode_rope.new_token_of
+        if not decode_config.CONFIG["FUSE_ROPE"]:  # (read once: the graphs keep either path)
+            self.decode_new = None
 
     def rope_and_store(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
                        ctx: Context, k_scale=None, v_scale=None, k_feedback=None):
@@ -112,16 +114,12 @@ class TritonBackend:
 
     def decode_new(self, q, k, v, positions, rope, q_norm, k_norm, k_cache, v_cache,
                    ctx: Context, scale: float) -> torch.Tensor | None:
-        """rope_and_store then decode as one kernel (16-bit caches, decode_config's FUSE_ROPE,
-        q/k/v the parts of one qkv row), or None where that does not apply."""
-        if not self._fuse_rope["FUSE_ROPE"]:
-            return None
+        """rope_and_store then decode in one kernel (decode_rope), or None where it cannot."""
         new = self._new_token(q, k, v, positions, rope.cos_sin_cache, q_norm, k_norm,
                               ctx.slot_mapping)
-        if new is None:
-            return None
-        return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale,
-                            order=ctx.decode_order, new=new)
+        return None if new is None else self._decode(
+            q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale,
+            order=ctx.decode_order, new=new)
 
 
 class FlashBackend(TritonBackend):
@@ -186,18 +184,13 @@ def mix_kv_wanted(head_dim: int) -> bool:
             and os.environ.get("NANOVLLM_KV_MIX", "1") != "0")
 
 
-_HADAMARD: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _hadamard(d: int, device: torch.device) -> torch.Tensor:
-    key = (d, str(device))
-    if key not in _HADAMARD:
-        assert d & (d - 1) == 0, f"Hadamard mixing needs a power-of-two head_dim, got {d}"
-        h = torch.ones(1, 1)
-        while h.shape[0] < d:  # Sylvester: [[H, H], [H, -H]]
-            h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-        _HADAMARD[key] = (h / d ** 0.5).to(device)
-    return _HADAMARD[key]
+    assert d & (d - 1) == 0, f"Hadamard mixing needs a power-of-two head_dim, got {d}"
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:  # Sylvester: [[H, H], [H, -H]]
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return (h / d ** 0.5).to(device)
 
 
 def exact_chunk(ctx: Context, k_scale) -> bool:
