@@ -1,5 +1,5 @@
 """Time the fused temperature sampler at decode batch sizes (bf16 logits, Qwen3's and
-SmolLM2's vocabularies), one-level against two-level (triton_sample.TWO_LEVEL).
+SmolLM2's vocabularies), one-level against two-level (triton_sample.TWO_LEVEL_FROM).
 
     python tools/bench_sampler.py [module.py]   # default: nanovllm/kernels/triton_sample.py
 
@@ -27,7 +27,7 @@ def load(path):
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "nanovllm/kernels/triton_sample.py"
     mod = load(path)
-    levels = (False, True) if hasattr(mod, "TWO_LEVEL") else (None,)
+    levels = (False, True) if hasattr(mod, "TWO_LEVEL_FROM") else (None,)
     for vocab in (151936, 49152):
         for batch in (1, 8, 64, 256):
             logits = torch.randn(batch, vocab, device="cuda", dtype=torch.bfloat16)
@@ -35,7 +35,7 @@ def main():
             row = []
             for two in levels:
                 if two is not None:
-                    mod.TWO_LEVEL = two
+                    mod.TWO_LEVEL_FROM = 0 if two else 1 << 62
                 us = time_graph(lambda: mod.sample_temperature(logits, temps, 1), calls=1,
                                 replays=7, inner=20) * 1e3
                 row.append(f"{'two-level' if two else 'one-level'} {us:.1f}")

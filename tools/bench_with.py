@@ -5,7 +5,8 @@
 Each override is TABLE.KEY=INT: `decode`, `fp8` or `int8` (kernels/decode_config.py's CONFIG,
 CONFIG_FP8, CONFIG_INT8), `layer` (kernels/layer_config.py), `rope` (kernels/triton_rope.py's
 module-level knobs, e.g. rope.FEEDBACK_ROWS_AHEAD=2) or `sample` (kernels/triton_sample.py's,
-e.g. sample.TWO_LEVEL=1); the value takes the type of the one it replaces. What follows `--` goes to bench.py as is.
+e.g. sample.TWO_LEVEL_FROM=0); the value takes the type of the one it replaces. What follows
+`--` goes to bench.py as is.
 """
 import os
 import runpy

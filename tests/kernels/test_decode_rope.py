@@ -152,8 +152,10 @@ def test_gpu_speculation_keeps_the_unfused_store(toy_models, monkeypatch):
     for name, spec in (("plain", None), ("ngram", NGRAM), ("self", draft_config(path, k=4))):
         llm = LLM(path, speculative_config=spec, **kw)
         try:
-            runner = llm.clients[0].core.executor.runner
-            assert (runner.attn_layers[0].backend.decode_new is None) == (spec is not None)
+            # (not kept in a local: a runner outliving its LLM keeps its cache on the GPU)
+            backend = llm.clients[0].core.executor.runner.attn_layers[0].backend
+            assert (backend.decode_new is None) == (spec is not None)
+            del backend
             outs[name] = ids(llm.generate(repeating_prompts(6, 12), GREEDY, use_tqdm=False))
         finally:
             llm.shutdown()

@@ -16,8 +16,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(params=[False, True], ids=["one_level", "two_level"])
 def levels(request, monkeypatch):
-    """Every test with the one-level Gumbel pass and with the two-level draw (TWO_LEVEL)."""
-    monkeypatch.setattr(triton_sample, "TWO_LEVEL", request.param)
+    """Every test with the one-level Gumbel pass and with the two-level draw, whatever the
+    batch (TWO_LEVEL_FROM 0: always; a huge value: never)."""
+    monkeypatch.setattr(triton_sample, "TWO_LEVEL_FROM", 0 if request.param else 1 << 62)
     return request.param
 
 
