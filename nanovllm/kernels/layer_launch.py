@@ -6,10 +6,11 @@ import triton
 
 from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precision, fp8_meta
 from nanovllm.kernels.decode_reduce import reduce_tile
+from nanovllm.kernels.decode_splits import _num_sms
 from nanovllm.kernels.feedback_chains import SOURCE_DTYPES, chain_asm
 from nanovllm.kernels.layer_config import CONFIG
 from nanovllm.kernels.layer_kernel import ALL_PHASES, BLOCK_N, NUM_PHASES, _layers_kernel
-from nanovllm.kernels.triton_decode import _num_sms, _split_counters
+from nanovllm.kernels.triton_decode import _split_counters
 from nanovllm.kernels.triton_kv import v_tile_of
 
 _BARRIERS: dict = {}

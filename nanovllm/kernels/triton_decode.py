@@ -14,6 +14,7 @@ from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_config import CONFIG, CONFIG_FP8, CONFIG_INT8, MAX_SPLITS
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_rope import NewToken, kernel_args, new_token
+from nanovllm.kernels.decode_splits import choose_num_splits, min_split_keys
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.triton_kv import check_row_scales, v_tile_of
 
@@ -21,7 +22,7 @@ from nanovllm.kernels.triton_kv import check_row_scales, v_tile_of
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, ctx_ptr, bt_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr,
-    k_scale_ptr, v_scale_ptr, order_ptr, qk_scale,
+    k_scale_ptr, v_scale_ptr, order_ptr, qk_scale, min_split,
     stride_qb, stride_qh,
     stride_kblk, stride_kslot, stride_kh,
     stride_sblk, stride_sslot, stride_sh,
@@ -56,7 +57,8 @@ def _decode_partial_kernel(
         b = r
     ctx = tl.load(ctx_ptr + b)
     # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see PAGE_TILE).
-    split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    # min_split (whole tiles; 0 when off): a short row takes fewer splits (decode_splits).
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N, min_split)
     start = s * split_len
     end = tl.minimum(start + split_len, ctx)
 
@@ -115,31 +117,15 @@ def _decode_partial_kernel(
         out = out * tl.load(v_scale_ptr + kvh)
     if DIRECT:
         tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
+    elif n_valid == 1:  # the row's keys all here: its output, with no partials to combine
+        tl.store(out_ptr + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
         tl.store(o_ptr + o_off, out, mask=g_mask[:, None])
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, m_i + tl.log2(l_i), mask=g_mask)
         split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, n_valid, n_count, stride_ob,
                    stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
                    NUM_KV_HEADS, G, RED_GP, RED_CHUNK, HEAD_DIM)
-
-
-def _num_sms(device):
-    if INTERPRET or device.type != "cuda":
-        return 132  # H100 SXM; only used to pick a split count
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def choose_num_splits(batch, num_kv_heads, device=torch.device("cuda")):
-    """Shape-only split count: ~2 programs per SM below the SM count, 2 splits below
-    TWO_SPLITS_BELOW programs per SM, none past that."""
-    # Measured on H100 (16/8/128, bf16, block 256): small batches need splits (b=1 ctx 4096:
-    # 177 -> 1339 GB/s), and many splits cost bandwidth (b=32 ctx 1024: 1 split 2774 GB/s vs
-    # 8 splits 2485). Two splits still pay up to ~4 programs per SM: see decode_config.
-    num_sms = _num_sms(torch.device(device))
-    programs = max(batch * num_kv_heads, 1)
-    if programs >= num_sms:
-        return 2 if programs < CONFIG["TWO_SPLITS_BELOW"] * num_sms else 1
-    return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(CONFIG["WAVES"] * num_sms, programs)))
 
 
 def alloc_decode_workspace(batch, num_heads, head_dim, num_splits, device):
@@ -171,10 +157,12 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
     if kv_int8:
         check_row_scales(k_cache, k_scale, v_scale)
-    if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, q.device)
-    num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
     cfg = CONFIG_FP8 if kv_fp8 else CONFIG_INT8 if kv_int8 else CONFIG
+    keyed = cfg is CONFIG and CONFIG["SPLIT_KEYS"] > 0
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, num_kv_heads, q.device, keyed)
+    num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
+    min_split = min_split_keys(batch, num_kv_heads, q.device, cfg["BLOCK_N"]) if keyed else 0
     if not cfg["LPT"]:
         order = None
     block_n = cfg["BLOCK_N"]
@@ -217,7 +205,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     _decode_partial_kernel[grid](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
         k_scale if kv_fp8 or kv_int8 else q, v_scale if kv_fp8 or kv_int8 else q,
-        order if order is not None else context_lens, scale * LOG2E,
+        order if order is not None else context_lens, scale * LOG2E, min_split,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         *(k_scale.stride() if kv_int8 else (0, 0, 0)),
