@@ -39,7 +39,7 @@ def _decode_partial_kernel(
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
-    V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr,
+    V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr, KEYED: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
@@ -57,8 +57,9 @@ def _decode_partial_kernel(
         b = r
     ctx = tl.load(ctx_ptr + b)
     # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see PAGE_TILE).
-    # min_split (whole tiles; 0 when off): a short row takes fewer splits (decode_splits).
-    split_len = tl.maximum(tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N, min_split)
+    split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if KEYED:  # min_split keys (whole tiles) at least: a short row takes fewer splits
+        split_len = tl.maximum(split_len, min_split)
     start = s * split_len
     end = tl.minimum(start + split_len, ctx)
 
@@ -117,7 +118,7 @@ def _decode_partial_kernel(
         out = out * tl.load(v_scale_ptr + kvh)
     if DIRECT:
         tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
-    elif n_valid == 1:  # the row's keys all here: its output, with no partials to combine
+    elif KEYED and n_valid == 1:  # the row's keys all here: its output, no partials to combine
         tl.store(out_ptr + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
@@ -219,7 +220,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
         HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words, V_TILE=v_tile,
-        V_LAST=cfg.get("V_LAST", 0), **kernel_args(new, q), num_warps=cfg["num_warps"],
+        V_LAST=cfg.get("V_LAST", 0), KEYED=min_split > 0, **kernel_args(new, q),
+        num_warps=cfg["num_warps"],
         num_stages=stages,
     )
     return o

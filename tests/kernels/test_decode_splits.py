@@ -1,6 +1,6 @@
 """The decode kernel's split rule (kernels/decode_splits.py): SPLIT_KEYS (each row's split
-count by its length, past one program an SM) and the one-split row's output written without
-a combine, against the dense oracle and the unsplit kernel (interpreter on CPU, real on GPU)."""
+count by its length, past one program an SM; a one-split row's output written without a
+combine) against the dense oracle and the unsplit kernel (interpreter on CPU, real on GPU)."""
 import pytest
 import torch
 
@@ -52,8 +52,8 @@ def test_keyed_splits_match_the_oracle():
 @needs_interpreter
 @pytest.mark.usefixtures("poisoned_empty")
 def test_a_one_split_row_of_a_split_call_is_the_unsplit_output():
-    """Even splits: a row of one tile has one split with keys, which writes its output
-    directly (no partials, no counter); the other rows combine as before."""
+    """Even splits (SPLIT_KEYS off): a row of one tile has one split with keys, whose combine
+    of one partial gives the unsplit kernel's row to the bit, as the keyed direct store does."""
     c = make_paged_case([(1, 9), (1, 60), (1, 3)], 16, 4, 2, 16, seed=5)
     args = (c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     two, one = decode_attention(*args, num_splits=2), decode_attention(*args, num_splits=1)
