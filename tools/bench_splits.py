@@ -30,13 +30,13 @@ MODELS = {"qwen2.5": (14, 2, 64, torch.bfloat16, 24), "smollm2": (9, 3, 64, torc
 BLOCK = 256
 
 
-def make_layers(model, batch, seed=0, layout="nhd"):
+def make_layers(model, batch, seed=0, layout="nhd", contexts=(100, 2048)):
     """(ctx, order, block_tables, layers), each layer (q, k_cache, v_cache, scales). The
     caches are [pages, BLOCK, kv heads, dim] views; with layout "hnd" their memory holds each
     page kv head by kv head ([pages, kv heads, BLOCK, dim])."""
     h, hkv, d, dtype, num_layers = MODELS[model]
     g = torch.Generator().manual_seed(seed)
-    ctx = torch.randint(100, 2049, (batch,), generator=g)
+    ctx = torch.randint(contexts[0], contexts[1] + 1, (batch,), generator=g)
     pages = (ctx + BLOCK - 1) // BLOCK
     perm = torch.randperm(int(pages.sum()), generator=g)
     tables = torch.zeros(batch, int(pages.max()), dtype=torch.int32)
@@ -106,6 +106,9 @@ def main():
     ap.add_argument("--config", nargs="*", default=[], metavar="KEY=INT",
                     help="decode kernel tunables (kernels/decode_config.py; set in each of "
                          "CONFIG, CONFIG_FP8, CONFIG_INT8 that has the key), e.g. V_WORDS=1")
+    ap.add_argument("--contexts", nargs=2, type=int, default=[100, 2048], metavar=("LO", "HI"),
+                    help="context lengths uniform in [LO, HI] (bench.py's 256-row steps: "
+                         "about 100-1,100)")
     ap.add_argument("--layout", choices=["nhd", "hnd"], default="nhd",
                     help="hnd: each page stored kv head by kv head (a head's keys side by "
                          "side), seen through the kernel's strides as the engine's layout")
@@ -117,7 +120,8 @@ def main():
     for model in args.models:
         _, hkv, d, _, _ = MODELS[model]
         for batch in args.batches:
-            ctx, order, tables, layers = make_layers(model, batch, layout=args.layout)
+            ctx, order, tables, layers = make_layers(model, batch, layout=args.layout,
+                                                contexts=args.contexts)
             nbytes = int(ctx.sum()) * hkv * d * 2 * layers[0][1].element_size()
             default = triton_decode.choose_num_splits(batch, hkv, ctx.device)
             row = []

@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# `OUT=$OUT bash tools/split_keys_check.sh` (~7 min): decode_config's SPLIT_KEYS (each row's
+# `OUT=$OUT bash tools/split_keys_check.sh` (~9 min): decode_config's SPLIT_KEYS (each row's
 # splits by its length past one program an SM, kernels/decode_splits.py): its GPU tests and the
 # decode tests the one-split direct store touches, the kernel over bench_splits' mixed contexts
 # (default rule against SPLIT_KEYS 128-512 at 4 and 8 splits a row), then bench.py off / on.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 o=${OUT:-/tmp/out}; mkdir -p "$o"; f=$o/split_keys.txt
+# PART=kernel: the tests and bench_splits (~5 min); PART=bench: bench.py (~4 min); else both.
+if [ "${PART:-}" != bench ]; then
 timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider \
   tests/kernels/test_decode_splits.py tests/kernels/test_decode_rope.py \
   tests/kernels/test_triton_attention.py > "$o/split_keys_tests.txt" 2>&1
 tail -n 1 "$o/split_keys_tests.txt" | tee -a "$f"
-m="--models qwen2.5 smollm2 qwen3 --batches 128 256"
-echo "[default rule] $(timeout 60 python3 tools/bench_splits.py $m --splits 1 2 2>&1 \
-  | grep -E '^(qwen|smol)|Error' | tr '\n' ' ')" | tee -a "$f"
-for keys in 128 256 512; do
-  r=$(timeout 60 python3 tools/bench_splits.py $m --splits 4 8 --config SPLIT_KEYS=$keys 2>&1 \
-    | grep -E '^(qwen|smol)|Error' | tr '\n' ' ')
-  echo "[SPLIT_KEYS=$keys] $r" | tee -a "$f"
+for c in "100 2048" "100 1100"; do
+  m="--models qwen2.5 smollm2 qwen3 --batches 128 256 --contexts $c"
+  echo "[contexts $c, default rule] $(timeout 60 python3 tools/bench_splits.py $m --splits 1 2 \
+    2>&1 | grep -E '^(qwen|smol)|Error' | tr '\n' ' ')" | tee -a "$f"
+  for keys in 128 256 512; do
+    r=$(timeout 60 python3 tools/bench_splits.py $m --splits 4 8 --config SPLIT_KEYS=$keys \
+      2>&1 | grep -E '^(qwen|smol)|Error' | tr '\n' ' ')
+    echo "[contexts $c, SPLIT_KEYS=$keys] $r" | tee -a "$f"
+  done
 done
+fi
+[ "${PART:-}" = kernel ] && exit 0
 for shape in qwen2.5-0.5b smollm2-135m qwen3-0.6b; do
   for keys in 0 256 0 256; do
     r=$(timeout 90 python3 tools/bench_with.py decode.SPLIT_KEYS=$keys -- --model-shape $shape \
