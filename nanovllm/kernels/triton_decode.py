@@ -159,11 +159,10 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     if kv_int8:
         check_row_scales(k_cache, k_scale, v_scale)
     cfg = CONFIG_FP8 if kv_fp8 else CONFIG_INT8 if kv_int8 else CONFIG
-    keyed = cfg is CONFIG and CONFIG["SPLIT_KEYS"] > 0
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, q.device, keyed)
+        num_splits = choose_num_splits(batch, num_kv_heads, q.device, cfg)
     num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
-    min_split = min_split_keys(batch, num_kv_heads, q.device, cfg["BLOCK_N"]) if keyed else 0
+    min_split = min_split_keys(batch, num_kv_heads, q.device, cfg)
     if not cfg["LPT"]:
         order = None
     block_n = cfg["BLOCK_N"]

@@ -25,16 +25,20 @@ def keyed(monkeypatch):
 
 @pytest.mark.usefixtures("keyed")
 def test_rule_applies_past_one_program_an_sm():
-    assert decode_splits.choose_num_splits(1, 2, "cpu", keyed=True) == 4
-    assert decode_splits.min_split_keys(1, 2, "cpu", 16) == 32
-    assert decode_splits.min_split_keys(1, 2, "cpu", 64) == 64  # whole tiles
-    assert decode_splits.min_split_keys(1, 1, "cpu", 16) == 0  # below the SMs: splits as before
-    assert decode_splits.choose_num_splits(1, 2, "cpu") == 2  # unkeyed (an fp8 cache)
+    cfg = decode_config.CONFIG
+    assert decode_splits.choose_num_splits(1, 2, "cpu", cfg) == 4
+    assert decode_splits.min_split_keys(1, 2, "cpu", dict(cfg, BLOCK_N=16)) == 32
+    assert decode_splits.min_split_keys(1, 2, "cpu", dict(cfg, BLOCK_N=64)) == 64  # whole tiles
+    assert decode_splits.min_split_keys(1, 1, "cpu", cfg) == 0  # below the SMs: as before
+    # A config without SPLIT_KEYS (here the fp8 cache's) keeps the even halves.
+    assert decode_splits.choose_num_splits(1, 2, "cpu", decode_config.CONFIG_FP8) == 2
+    assert decode_splits.min_split_keys(1, 2, "cpu", decode_config.CONFIG_FP8) == 0
 
 
 def test_off_by_default():
-    assert decode_config.CONFIG["SPLIT_KEYS"] == 0
-    assert decode_splits.min_split_keys(4096, 8, "cpu", 64) == 0
+    for cfg in (decode_config.CONFIG, decode_config.CONFIG_FP8, decode_config.CONFIG_INT8):
+        assert cfg["SPLIT_KEYS"] == 0
+        assert decode_splits.min_split_keys(4096, 8, "cpu", cfg) == 0
 
 
 @needs_interpreter
@@ -47,6 +51,24 @@ def test_keyed_splits_match_the_oracle():
     torch.testing.assert_close(out, naive_attention(c).to(out.dtype), rtol=1e-5, atol=1e-5)
     # Rows that fit one split are written by it as the unsplit kernel writes them.
     assert torch.equal(out[:2], one[:2])
+
+
+@needs_interpreter
+@pytest.mark.usefixtures("keyed", "poisoned_empty")
+def test_keyed_splits_over_an_fp8_cache(monkeypatch):
+    """An fp8 cache with its own SPLIT_KEYS: the same reads as the torch reference (the
+    direct store scales by V's scale, as the combine's output is)."""
+    from nanovllm.kernels.torch_ref import decode_attention_torch
+    from tests.kernels.test_fp8_kv import quantized_case
+
+    monkeypatch.setitem(decode_config.CONFIG_FP8, "SPLIT_KEYS", 32)
+    c = quantized_case(make_paged_case([(1, n) for n in LENGTHS], 16, 4, 2, 16, seed=4),
+                       torch.float8_e4m3fn)
+    ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables,
+                                 c.scale, c.k_scale, c.v_scale)
+    out = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale,
+                           k_scale=c.k_scale, v_scale=c.v_scale)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 @needs_interpreter
