@@ -32,6 +32,7 @@ import json
 import os
 import random
 import tempfile
+import time
 
 import torch
 
@@ -71,6 +72,15 @@ def context_logits(llm: LLM, tokens: list[int], prefill_len: int) -> torch.Tenso
         out.append(runner.model.compute_logits(hidden)[:1].float())
         reset_context()
     return torch.cat(out)
+
+
+def timed_logits(llm: LLM, tokens: list[int], prefill_len: int) -> tuple[torch.Tensor, float]:
+    """context_logits on the CPU and the seconds they took; llm is shut down after."""
+    try:
+        start = time.time()
+        return context_logits(llm, tokens, prefill_len).cpu(), time.time() - start
+    finally:
+        llm.shutdown()
 
 
 def greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

@@ -14,12 +14,11 @@ many as a row's length asks, up to 4).
 import argparse
 import os
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fp8_accuracy import context_logits, logprob_errors, text_ids  # noqa: E402
+from fp8_accuracy import logprob_errors, text_ids, timed_logits  # noqa: E402
 
 from nanovllm import LLM  # noqa: E402
 from nanovllm.kernels import decode_config, decode_splits  # noqa: E402
@@ -56,20 +55,14 @@ def main() -> None:
         llm = LLM(model, dtype="float32", device="cpu", kvcache_block_size=16,
                   max_model_len=len(ids) + 16, num_kvcache_blocks=-(-len(ids) // 16) + 2,
                   enforce_eager=True)
-        try:
-            fused_calls = [0]
-            if triton:  # the GPU's backend, its kernels in the interpreter
-                for layer in llm.clients[0].core.executor.runner.attn_layers:
-                    layer.backend = TritonBackend()
-                    if fuse:  # count the steps that take the fused path
-                        layer.backend.decode_new = counted(layer.backend.decode_new,
-                                                           fused_calls)
-            t = time.time()
-            logits[name] = context_logits(llm, ids, half).cpu()
-            print(f"{name}: {time.time() - t:.1f} s, {fused_calls[0]} fused decode calls",
-                  flush=True)
-        finally:
-            llm.shutdown()
+        fused_calls = [0]
+        if triton:  # the GPU's backend, its kernels in the interpreter
+            for layer in llm.clients[0].core.executor.runner.attn_layers:
+                layer.backend = TritonBackend()
+                if fuse:  # count the steps that take the fused path
+                    layer.backend.decode_new = counted(layer.backend.decode_new, fused_calls)
+        logits[name], secs = timed_logits(llm, ids, half)
+        print(f"{name}: {secs:.1f} s, {fused_calls[0]} fused decode calls", flush=True)
     for name in list(RUNS)[1:]:
         errors = logprob_errors(logits["torch"], logits[name], ids, half)
         print(f"{name} vs torch: " + ", ".join(

@@ -12,12 +12,11 @@ tokens on a 2-core machine, nearly all of it the interpreter.
 import argparse
 import os
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fp8_accuracy import context_logits, logprob_errors, text_ids  # noqa: E402
+from fp8_accuracy import logprob_errors, text_ids, timed_logits  # noqa: E402
 
 from nanovllm import LLM  # noqa: E402
 from nanovllm.kernels import layer_launch  # noqa: E402
@@ -57,15 +56,10 @@ def main() -> None:
         llm = LLM(model, dtype="float32", device="cpu", kvcache_block_size=16,
                   max_model_len=len(ids) + 16, num_kvcache_blocks=-(-len(ids) // 16) + 2,
                   enforce_eager=True, kv_cache_dtype=args.kv_cache_dtype)
-        try:
-            layers = llm.clients[0].core.executor.runner.model.model.layers
-            assert all(layer.one_launch == (on == "1") for layer in layers)
-            t = time.time()
-            logits[on] = context_logits(llm, ids, half).cpu()
-            print(f"layer kernel {'on' if on == '1' else 'off'}: {time.time() - t:.1f} s",
-                  flush=True)
-        finally:
-            llm.shutdown()
+        layers = llm.clients[0].core.executor.runner.model.model.layers
+        assert all(layer.one_launch == (on == "1") for layer in layers)
+        logits[on], secs = timed_logits(llm, ids, half)
+        print(f"layer kernel {'on' if on == '1' else 'off'}: {secs:.1f} s", flush=True)
     errors = logprob_errors(logits["0"], logits["1"], ids, half)
     print(f"{model}, fp32, {args.kv_cache_dtype} cache, {len(ids)} tokens ({half} prefilled): "
           "layer kernel vs launch per "

@@ -16,7 +16,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from fp8_accuracy import context_logits, text_ids  # noqa: E402
+from fp8_accuracy import text_ids, timed_logits  # noqa: E402
 
 from nanovllm import LLM  # noqa: E402
 from nanovllm.kernels import triton_sample  # noqa: E402
@@ -40,10 +40,7 @@ def main() -> None:
     ids = text_ids(model)[:12]
     llm = LLM(model, dtype="float32", device="cpu", kvcache_block_size=16, max_model_len=32,
               num_kvcache_blocks=4, enforce_eager=True)
-    try:
-        logits = context_logits(llm, ids, 6).cpu()
-    finally:
-        llm.shutdown()
+    logits, _ = timed_logits(llm, ids, 6)
     gen = torch.Generator().manual_seed(0)
     for pos in (3, 7, 10):
         row = logits[pos].to(torch.bfloat16)  # as the engine's logits are on a GPU
