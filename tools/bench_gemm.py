@@ -69,13 +69,15 @@ def time_graph(fn, calls: int, replays: int = 5, inner: int = 5) -> float:
     return statistics.median(times)
 
 
-def layer_sweep_args(doc: str, model: str, m: str):
+def layer_sweep_args(doc: str, model: str, m: str, weights: tuple = ()):
     """(args, the M values, {layer: (N, K)} but the LM head) of a per-layer sweep script's
-    command line: --model, --m (comma-separated) and --json."""
+    command line: --model, --m (comma-separated), --json and, given choices, --weights."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=model)
     ap.add_argument("--m", default=m)
     ap.add_argument("--json", default="")
+    if weights:
+        ap.add_argument("--weights", choices=weights, default=weights[0])
     args = ap.parse_args()
     layers = {name: nk for name, nk in linear_shapes(args.model).items() if name != "lm_head"}
     return args, [int(v) for v in args.m.split(",")], layers

