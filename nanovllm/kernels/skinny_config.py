@@ -21,9 +21,12 @@ BF16_TABLE = [
 # of 256 columns (512 for the widest layers, gate_up) won on every Qwen3-8B and Qwen3-0.6B
 # layer in both scale forms; against the first guesses (64 x 512) Qwen3-8B's qkv went from 24.9
 # to 14.8 us (row scales) and gate_up from 67.7 to 42.0 us (2.40 TB/s).
+# The widest layers take 64-row tiles of 256 columns since the H200 (tools/fp8_table_sweep.py,
+# 2026-11-29, Qwen3-8B's gate_up at M = 1 and 16, us summed): 68.6 -> 60.1 with row scales,
+# 72.5 -> 66.4 with block scales (BLOCK_K 128 there); 32 x 512 was the H100's pick.
 FP8_TABLE = [
     (16384, 1 << 30, dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=None, num_warps=4, num_stages=4)),
-    (1 << 30, 1 << 30, dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=None, num_warps=4,
+    (1 << 30, 1 << 30, dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=None, num_warps=4,
                             num_stages=3)),
 ]
 TARGET_PROGRAMS = 264  # two waves of the H100's 132 SMs
