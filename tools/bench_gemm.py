@@ -114,6 +114,29 @@ def time_skinny(x, weights, config=None, block_m=skinny_gemm.MAX_M) -> float:
 _CUBLAS: dict = {}
 
 
+def candidate_us(fn, calls: int, label) -> float | None:
+    """µs a call of fn (time_graph), or None, said, where the candidate `label` does not
+    compile (out of shared memory or registers)."""
+    try:
+        return time_graph(fn, calls=calls) * 1e3
+    except Exception as e:
+        print(f"    skip {label}: {type(e).__name__}", flush=True)
+        return None
+
+
+def tally(totals: dict, key, t: float) -> None:
+    """Adds t to totals[key] = (sum, count)."""
+    t0, seen = totals.get(key, (0.0, 0))
+    totals[key] = (t0 + t, seen + 1)
+
+
+def best_complete(tallies: dict, count: int):
+    """(key, summed µs) of the candidate tallied `count` times (on every layer) with the least
+    sum."""
+    done = {key: t for key, (t, seen) in tallies.items() if seen == count}
+    return min(done.items(), key=lambda kv: kv[1])
+
+
 def time_cublas(m: int, n: int, k: int) -> float:
     """ms of F.linear (cuBLAS) on bf16 weights of this shape (once per shape and M)."""
     if (m, n, k) not in _CUBLAS:

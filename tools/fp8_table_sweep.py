@@ -15,9 +15,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nanovllm.kernels import skinny_config  # noqa: E402
+from nanovllm.kernels import skinny_config, skinny_gemm  # noqa: E402
 from nanovllm.utils.model_shapes import linear_shapes  # noqa: E402
-from tools.bench_gemm import make_weights, time_skinny  # noqa: E402
+from tools.bench_gemm import candidate_us, make_weights, tally, time_skinny  # noqa: E402
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages); each with SPLIT_K None (the rule), 1, 2 and 4.
 TILES = [(32, 256, 4, 4), (32, 512, 4, 3), (32, 256, 4, 6), (32, 512, 4, 4), (32, 128, 4, 6),
@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--kind", default="fp8_row", choices=("fp8_row", "fp8_block"))
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
-    buckets: dict = {}  # bucket -> {"table": us, key: [us, count]}
+    buckets: dict = {}  # bucket -> {"table": us, key: (us, count)}
     for model in args.models.split(","):
         for name, (n, k) in linear_shapes(model).items():
             if name == "lm_head":
@@ -59,15 +59,12 @@ def main():
                 bucket["table"] += t_table
                 row = []
                 for key, cfg in candidates(args.kind, n, k):
-                    try:
-                        t = time_skinny(x, weights, cfg) * 1e3
-                    except Exception as e:  # out of shared memory or registers
-                        print(f"    skip {key}: {type(e).__name__}")
+                    t = candidate_us(lambda: [skinny_gemm.gemm(x, w, None, s, b, config=cfg)
+                                              for w, s, b in weights], len(weights), key)
+                    if t is None:
                         continue
                     row.append((t, key))
-                    acc = bucket.setdefault(key, [0.0, 0])
-                    acc[0] += t
-                    acc[1] += 1
+                    tally(bucket, key, t)
                 row.sort()
                 best = ", ".join(f"{t:.1f} {key}" for t, key in row[:5])
                 print(f"{model:10s} {name:8s} N={n:5d} K={k:5d} M={m:2d}  table {t_table:5.1f}  "

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nanovllm.kernels import fp8_gemm, skinny_gemm  # noqa: E402
-from tools.bench_gemm import (layer_sweep_args, make_weights, time_cublas,  # noqa: E402
-                              time_graph)
+from tools.bench_gemm import (best_complete, candidate_us, layer_sweep_args,  # noqa: E402
+                              make_weights, tally, time_cublas, time_graph)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); SPLIT_K chosen by the kernel (None).
 CANDIDATES = [(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (32, 64, 256, 4, 3),
@@ -43,16 +43,13 @@ def main():
                     continue
                 cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=None, num_warps=warps,
                            num_stages=stages)
-                try:
-                    t = time_graph(lambda: [skinny_gemm.gemm(x, w, None, s, b, config=cfg,
-                                                             block_m=bm)
-                                            for w, s, b in weights], calls=len(weights)) * 1e3
-                except Exception as e:  # out of shared memory or registers: skip it
-                    print(f"    skip {cfg}: {type(e).__name__}")
+                t = candidate_us(lambda: [skinny_gemm.gemm(x, w, None, s, b, config=cfg,
+                                                           block_m=bm)
+                                          for w, s, b in weights], len(weights), cfg)
+                if t is None:
                     continue
                 key = (bm, bn, bk, warps, stages)
-                t0, seen = totals[m]["tall"].get(key, (0.0, 0))
-                totals[m]["tall"][key] = (t0 + t, seen + 1)
+                tally(totals[m]["tall"], key, t)
                 row.append((t, key))
             row.sort()
             best = ", ".join(f"{t:.1f} {key}" for t, key in row[:3])
@@ -64,9 +61,7 @@ def main():
         torch.cuda.empty_cache()
     out = {}
     for m in ms:
-        tall = totals[m]["tall"]
-        complete = {key: t for key, (t, seen) in tall.items() if seen == len(layers)}
-        key, t = min(complete.items(), key=lambda kv: kv[1])
+        key, t = best_complete(totals[m]["tall"], len(layers))
         out[m] = dict(config=dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps",
                                        "num_stages"), key)),
                       tall=t, dequant=totals[m]["dequant"], bf16=totals[m]["bf16"])

@@ -23,8 +23,8 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nanovllm.kernels import fp8_gemm  # noqa: E402
-from tools.bench_gemm import (layer_sweep_args, make_weights, time_cublas,  # noqa: E402
-                              time_graph)
+from tools.bench_gemm import (best_complete, candidate_us, layer_sweep_args,  # noqa: E402
+                              make_weights, tally, time_cublas, time_graph)
 
 
 @triton.jit
@@ -93,16 +93,13 @@ def main():
                     continue
                 cfg = dict(BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, num_warps=warps,
                            num_stages=stages)
-                try:
-                    err = (swap_gemm(x, w0, s0, cfg).float() - ref.float()).abs().max().item()
-                    t = time_graph(lambda: [swap_gemm(x, w, s, cfg) for w, s, _ in weights],
-                                   calls=len(weights)) * 1e3
-                except Exception as e:  # out of shared memory or registers: skip it
-                    print(f"    skip {cfg}: {type(e).__name__}")
+                t = candidate_us(lambda: [swap_gemm(x, w, s, cfg) for w, s, _ in weights],
+                                 len(weights), cfg)
+                if t is None:
                     continue
+                err = (swap_gemm(x, w0, s0, cfg).float() - ref.float()).abs().max().item()
                 key = (bn, bm, bk, warps, stages)
-                t0, seen = totals[m]["swap"].get(key, (0.0, 0))
-                totals[m]["swap"][key] = (t0 + t, seen + 1)
+                tally(totals[m]["swap"], key, t)
                 row.append((t, key, err))
             row.sort()
             totals[m]["best"] += row[0][0]
@@ -114,8 +111,7 @@ def main():
         del weights
         torch.cuda.empty_cache()
     for m in ms:
-        done = {key: t for key, (t, seen) in totals[m]["swap"].items() if seen == len(layers)}
-        key, t = min(done.items(), key=lambda kv: kv[1])
+        key, t = best_complete(totals[m]["swap"], len(layers))
         print(f"M={m:4d} over the layers: swap {t:6.1f} us {key}   cuBLAS bf16 "
               f"{totals[m]['cublas']:6.1f}   dequant+cuBLAS {totals[m]['dequant']:6.1f}   "
               f"swap, each layer's best {totals[m]['best']:6.1f}")
