@@ -20,8 +20,11 @@ import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET
 
-# Rows of x this kernel takes (fp8_gemm dispatches M <= MAX_M here); 0 turns it off.
-MAX_M = 1
+# Rows of x this kernel takes (fp8_gemm dispatches M <= MAX_M here); 0 turns it off. Off
+# until its engine A/B and GPU tests run (tools/fp8_gemv_ab.sh; built 2026-11-29 after the
+# device time was spent: the kernel's own timings above are from the same code in
+# tools/fp8_gemv_sweep.py, without the block-scale, bias and ragged-K branches).
+MAX_M = 0
 
 
 @triton.jit
