@@ -7,10 +7,11 @@ layout, so no padding of x to 16 rows and no register shuffles between the load 
 math; the products are exact in fp32 (a bf16 value times an e4m3 one), as the tensor cores'
 are. Splits add their partial rows into a zeroed fp32 buffer (atomics: timing only).
 
-    python tools/fp8_gemv_sweep.py [--models qwen3-8b,qwen3-0.6b]   # default qwen3-8b
+    python tools/fp8_gemv_sweep.py [--models qwen3-8b,qwen3-0.6b] [--weights bf16]
 
-Per layer: the skinny GEMM with the table's config at M = 1, then this kernel's five best
-(BLOCK_N, BLOCK_K, warps, stages, split, widening) and their error against the reference.
+Per layer: the skinny GEMM with the table's config at M = 1 (bf16 weights: cuBLAS), then
+this kernel's five best (BLOCK_N, BLOCK_K, warps, stages, split, widening) and their error
+against the reference.
 """
 import argparse
 import os
@@ -24,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nanovllm.kernels._common import e4m3_to_bf16  # noqa: E402
 from nanovllm.utils.model_shapes import linear_shapes  # noqa: E402
-from tools.bench_gemm import candidate_us, make_weights, time_skinny  # noqa: E402
+from tools.bench_gemm import (candidate_us, make_weights, time_cublas,  # noqa: E402
+                              time_skinny)
 
 
 @triton.jit
@@ -75,22 +77,28 @@ TILES = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 3), (16, 512, 8, 3), (32,
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="qwen3-8b")
+    ap.add_argument("--weights", choices=("fp8", "bf16"), default="fp8",
+                    help="bf16: the same kernel on bf16 weights (scales of 1), against cuBLAS")
     args = ap.parse_args()
+    fp8 = args.weights == "fp8"
     for model in args.models.split(","):
         for name, (n, k) in linear_shapes(model).items():
             if name == "lm_head":
                 continue
-            weights = make_weights(n, k, "fp8_row")
+            weights = make_weights(n, k, "fp8_row" if fp8 else "bf16")
+            if not fp8:  # scales of one: the kernel's multiply stays, as for fp8
+                ones = torch.ones(n, device="cuda")
+                weights = [(w, ones, b) for w, _, b in weights]
             x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
             w0, s0, _ = weights[0]
             ref = x.float() @ (w0.float() * s0[:, None]).t()
-            t_skinny = time_skinny(x, weights) * 1e3
+            t_base = (time_skinny(x, weights) if fp8 else time_cublas(1, n, k)) * 1e3
             row = []
             for bn, bk, warps, stages in TILES:
                 for split in (1, 2, 4):
                     for widen in (False, True):
                         # integer widening: one tile, unsplit (more instructions than cvt's)
-                        if k % (bk * split) or (widen and (split > 1 or bn != 16)):
+                        if k % (bk * split) or (widen and (split > 1 or bn != 16 or not fp8)):
                             continue
                         cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
                                    SPLIT=split, INT_WIDEN=widen)
@@ -104,9 +112,9 @@ def main():
                         row.append((t, key, err))
             row.sort()
             best = ", ".join(f"{t:.1f} {key} err {e:.1e}" for t, key, e in row[:5])
-            gbs = n * k / t_skinny / 1e3
-            print(f"{model:10s} {name:8s} N={n:5d} K={k:5d}  skinny {t_skinny:5.1f} "
-                  f"({gbs:4.0f} GB/s)  gemv {best}", flush=True)
+            gbs = n * k * (1 if fp8 else 2) / t_base / 1e3
+            print(f"{model:10s} {name:8s} N={n:5d} K={k:5d}  {'skinny' if fp8 else 'cuBLAS'} "
+                  f"{t_base:5.1f} ({gbs:4.0f} GB/s)  gemv {best}", flush=True)
             del weights
             torch.cuda.empty_cache()
 
