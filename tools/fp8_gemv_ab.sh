@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `OUT=$OUT bash tools/fp8_gemv_ab.sh`: the one-row fp8 GEMV (kernels/fp8_gemv.py) on the
 # device: its GPU tests, then the Qwen3-8B shape at batch 1 (`bench.py --single`) with fp8
-# weights, GEMV on (fp8_gemv.MAX_M = 1) and off (0: the skinny kernel), and bf16, alternating.
+# weights, GEMV on (fp8_gemv.MAX_M = 1) and off (0: the skinny kernel), and bf16, alternating;
+# then the kernel on bf16 weights against cuBLAS (~3 min in all).
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 o=${OUT:-/tmp/out}; mkdir -p "$o"; f=$o/fp8_gemv_ab.txt
 timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_fp8_gemv.py \
@@ -22,3 +23,5 @@ run "fp8, skinny" "$off" "$args --quantization fp8"
 run "bf16" "" "$args"
 run "fp8, GEMV" "$on" "$args --quantization fp8"
 run "fp8, skinny" "$off" "$args --quantization fp8"
+# The same FMA kernel on bf16 weights against cuBLAS at one row (a GEMV for bf16 models too?)
+timeout 90 python3 tools/fp8_gemv_sweep.py --weights bf16 2>&1 | grep -v skip | tee -a "$f"
