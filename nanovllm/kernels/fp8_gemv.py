@@ -12,7 +12,8 @@ operands: H200, tools/fp8_gemv_sweep.py, Qwen3-8B's layers, µs skinny -> GEMV: 
 
 Row scales multiply y's rows at the end. Block scales (bn x bk) multiply x's K tile instead:
 a program's rows lie in one row block (BLOCK_N divides bn), so each column's scale is one
-value for all of them. No split-K: at these sizes one split won on every layer measured.
+value for all of them (x * scale is rounded once in fp32 there, where the skinny kernel
+rounds each partial sum times its scale). No split-K: one split won on every layer measured.
 """
 import torch
 import triton
