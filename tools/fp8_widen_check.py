@@ -20,12 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nanovllm.kernels import skinny_config, skinny_gemm  # noqa: E402
 from nanovllm.utils.model_shapes import linear_shapes  # noqa: E402
-from tools.bench_gemm import make_weights, time_cublas, time_graph  # noqa: E402
-
-
-def skinny_ms(x, weights, cfg=None) -> float:
-    return time_graph(lambda: [skinny_gemm.gemm(x, w, None, s, b, config=cfg)
-                               for w, s, b in weights], calls=len(weights))
+from tools.bench_gemm import make_weights, time_cublas, time_skinny  # noqa: E402
 
 
 def main():
@@ -49,8 +44,8 @@ def main():
                 ref = F.linear(x.float(), w0.float() * s0[:, None])
                 y16 = skinny_gemm.gemm(x.half(), w0, None, s0).float()
                 err = ((y16 - ref).abs().max() / ref.abs().max()).item()
-                t = {"fp8": skinny_ms(x, fp8), "fp8/f16": skinny_ms(x.half(), fp8),
-                     "bytes": skinny_ms(x[:, :k // 2].contiguous(), half, cfg_half),
+                t = {"fp8": time_skinny(x, fp8), "fp8/f16": time_skinny(x.half(), fp8),
+                     "bytes": time_skinny(x[:, :k // 2].contiguous(), half, cfg_half),
                      "cuBLAS": time_cublas(m, n, k)}
                 cells = "  ".join(f"{key} {v * 1e3:5.1f} "
                                   f"({wbytes * (2 if key == 'cuBLAS' else 1) / v / 1e6:4.0f})"
