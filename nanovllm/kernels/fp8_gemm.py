@@ -1,8 +1,8 @@
 """fp8-weight GEMM on a GPU: y = x @ dequant(W)^T (+ bias) with W in e4m3 and fp32 row or block
 scales, for any number of rows. Weight-only (W8A16): x stays in its dtype.
 
-Three paths by the number of rows M (with fp8_gemv.MAX_M = 1, not yet the default, one row
-goes to fp8_gemv.py's FMA kernel first, which beat the skinny kernel there):
+Three paths by the number of rows M (one row goes to fp8_gemv.py's FMA kernel first, which
+beats the skinny kernel there; fp8_gemv.MAX_M = 0 turns it off):
 - M <= 16 (decode): skinny_gemm.py's kernel and table; each W tile is widened in registers
   (exact) and fed to a tensor-core dot in x's dtype; the scales multiply the fp32 partial
   products. W is read once, at half the bytes of bf16.

@@ -29,7 +29,7 @@ def test_leading_dims_and_a_one_dim_row():
 
 
 def test_fp8_gemm_takes_it_for_one_row_only(monkeypatch):
-    monkeypatch.setattr(fp8_gemv, "MAX_M", 1)  # (off by default until timed in the engine)
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 1)  # (the default; set so the test says it)
     calls = []
     real = fp8_gemv.gemv
     monkeypatch.setattr(fp8_gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
