@@ -64,7 +64,7 @@ def _layers_kernel(
     QK_NORM: tl.constexpr, SPLITS: tl.constexpr, G_PAD: tl.constexpr, RED_GP: tl.constexpr,
     RED_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr, PHASE: tl.constexpr, NOFF: tl.constexpr,
-    WORK: tl.constexpr, W_SCALE: tl.constexpr, WIDEN: tl.constexpr,
+    WORK: tl.constexpr, W_SCALE: tl.constexpr,
     GROUP: tl.constexpr, KV_FP8: tl.constexpr, MIX: tl.constexpr, LOG2_HALF: tl.constexpr,
     FEEDBACK: tl.constexpr, FB_G: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, SOFT: tl.constexpr, FP16_QK: tl.constexpr, FB_PREFETCH: tl.constexpr,
@@ -127,7 +127,7 @@ def _layers_kernel(
             if pid == 0:  # h, the residual the attention output is added to
                 store_h(h_ptr, x_in, r_in, D, BK_A, DTYPE)
             out = matvec(w0_a, wt_a, w_qkv, D, rows_a, mask_a, x_in, r_in, w_in, inv, D, BK_A,
-                         TAIL_A, RP_QKV, True, True, DTYPE, WIDEN, GROUP)
+                         TAIL_A, RP_QKV, True, True, DTYPE, GROUP)
             epilogue(out, rows_a, mask_a, s_qkv, b_qkv, qkv_ptr, W_SCALE, QKV_BIAS)
         if PERSIST:
             seen = arrive(bar_ptr)
@@ -193,10 +193,10 @@ def _layers_kernel(
             if C_SPLITS > 0 and n_valid <= C_SPLITS:  # one K chunk; the splits combined here
                 x = combine_all(po_ptr, lse_ptr, n_valid, HQ, BK_Q // HD, SPLITS, C_SPLITS, HD,
                                 DTYPE)
-                o_rows = matvec_x(w0, x, RP_O, BK_Q, WIDEN, GROUP)
+                o_rows = matvec_x(w0, x, RP_O, BK_Q, GROUP)
             else:
                 o_rows = matvec(w0, wt, w_o, HQ * HD, rows, mask, o_ptr, o_ptr, o_ptr, 1.0,
-                                HQ * HD, BK_Q, TAIL_Q, RP_O, False, False, DTYPE, WIDEN, GROUP)
+                                HQ * HD, BK_Q, TAIL_Q, RP_O, False, False, DTYPE, GROUP)
             epilogue(o_rows, rows, mask, s_o, b_o, ao_ptr, W_SCALE, O_BIAS)
         elif PERSIST:
             barrier(bar_ptr, bar0 + 2 * nprog, TRACE)
@@ -214,7 +214,7 @@ def _layers_kernel(
             if pid == 0:  # h2: the next layer's residual
                 store_h(res_out_ptr, ao_ptr, h_ptr, D, BK_D, DTYPE)
             out = matvec(w0, wt, w_gu, D, rows, mask, ao_ptr, h_ptr, w_post, inv, D, BK_D,
-                         TAIL_D, 2 * RP_GU, True, True, DTYPE, WIDEN, GROUP)
+                         TAIL_D, 2 * RP_GU, True, True, DTYPE, GROUP)
             if W_SCALE:
                 out *= tl.load(s_gu + rows, mask=mask, other=0.0)
             gate, up = tl.split(tl.reshape(out.to(DTYPE).to(tl.float32), [RP_GU, 2]))
@@ -232,7 +232,7 @@ def _layers_kernel(
             w0, wt = chunk_across_barrier(bar_ptr, bar0 + 4 * nprog, w_down, I, rows, mask, I,
                                           BK_I, TAIL_I, PERSIST, TRACE)
             out = matvec(w0, wt, w_down, I, rows, mask, act_ptr, act_ptr, act_ptr, 1.0, I, BK_I,
-                         TAIL_I, RP_DOWN, False, False, DTYPE, WIDEN, GROUP)
+                         TAIL_I, RP_DOWN, False, False, DTYPE, GROUP)
             epilogue(out, rows, mask, s_down, s_down, y_ptr, W_SCALE, False)
         elif PERSIST:
             barrier(bar_ptr, bar0 + 4 * nprog, TRACE)

@@ -4,7 +4,7 @@ fit, the layers' tensors as a table of offsets (stack_layers), and the launch it
 import torch
 import triton
 
-from nanovllm.kernels._common import INTERPRET, LOG2E, bits_to_bf16, dot_precision, fp8_meta
+from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_reduce import reduce_tile
 from nanovllm.kernels.decode_splits import _num_sms
 from nanovllm.kernels.feedback_chains import SOURCE_DTYPES, chain_asm
@@ -170,7 +170,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
     launch per layer and phase (default: interpreter), of `phases` only (timing one phase:
     tools/bench_layer_kernel.py)."""
     device, dtype = x.device, x.dtype
-    w_qkv, k_cache, v_cache = stack["w_qkv"], stack["k_cache"], stack["v_cache"]
+    k_cache, v_cache = stack["k_cache"], stack["v_cache"]
     d = x.shape[-1]
     inter = stack["w_down"].shape[1]
     hq, hkv, hd = num_heads, num_kv_heads, head_dim
@@ -229,7 +229,7 @@ def decode_layers(x, residual, stack: dict, *, eps, num_heads, num_kv_heads, hea
         SPLITS=splits, G_PAD=max(16, triton.next_power_of_2(hq // hkv)), RED_GP=red_gp,
         RED_CHUNK=red_chunk, BLOCK_SIZE=k_cache.shape[1], BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(dtype), NOFF=len(COLUMNS), W_SCALE=present["s_qkv"],
-        WIDEN=bits_to_bf16(w_qkv.dtype, dtype), WORK=CONFIG["WORK"],
+        WORK=CONFIG["WORK"],
         # (a group lies within one K chunk)
         GROUP=min(CONFIG["GROUP"], *bk.values(), *(t for t in tails.values() if t)),
         KV_FP8=kv["KV_FP8"], MIX=mix, LOG2_HALF=(hd // 2).bit_length() - 1,
