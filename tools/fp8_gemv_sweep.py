@@ -7,13 +7,18 @@ layout, so no padding of x to 16 rows and no register shuffles between the load 
 math; the products are exact in fp32 (a bf16 value times an e4m3 one), as the tensor cores'
 are. Splits add their partial rows into a zeroed fp32 buffer (atomics: timing only).
 
-    python tools/fp8_gemv_sweep.py [--models qwen3-8b,qwen3-0.6b] [--weights bf16]
+    python tools/fp8_gemv_sweep.py [--models qwen3-8b,qwen3-0.6b] [--weights bf16] [--variants]
+
+--variants also tries, unsplit with cvt widening, each thread summing GROUP adjacent products
+at once (an accumulator of [BLOCK_N, BLOCK_K / GROUP]: fewer registers, as the layer
+kernel's matvec) and W's loads marked evict-first (W is read once; x stays in L2).
 
 Per layer: the skinny GEMM with the table's config at M = 1 (bf16 weights: cuBLAS), then
 this kernel's five best (BLOCK_N, BLOCK_K, warps, stages, split, widening) and their error
 against the reference.
 """
 import argparse
+import itertools
 import os
 import sys
 
@@ -32,22 +37,29 @@ from tools.bench_gemm import (candidate_us, make_weights, time_cublas,  # noqa: 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, k_per_split, stride_wn,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                 INT_WIDEN: tl.constexpr):
+                 INT_WIDEN: tl.constexpr, GROUP: tl.constexpr, EVICT: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP), dtype=tl.float32)
     k_start = pid_k * k_per_split
     for k0 in range(k_start, k_start + k_per_split, BLOCK_K):  # K a multiple of BLOCK_K
-        w = tl.load(w_rows + k0, mask=mask_n[:, None], other=0.0)
+        if EVICT:
+            w = tl.load(w_rows + k0, mask=mask_n[:, None], other=0.0,
+                        eviction_policy="evict_first")
+        else:
+            w = tl.load(w_rows + k0, mask=mask_n[:, None], other=0.0)
         x = tl.load(x_ptr + k0 + offs_k).to(tl.float32)
         if INT_WIDEN:
             wf = e4m3_to_bf16(w).to(tl.float32)
         else:
             wf = w.to(tl.float32)
-        acc += wf * x[None, :]
+        if GROUP > 1:
+            acc += tl.sum(tl.reshape(wf * x[None, :], [BLOCK_N, BLOCK_K // GROUP, GROUP]), 2)
+        else:
+            acc += wf * x[None, :]
     y = tl.sum(acc, axis=1) * tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)
     if SPLIT:
         tl.atomic_add(y_ptr + offs_n, y, mask=mask_n, sem="relaxed")
@@ -65,6 +77,7 @@ def gemv(x, w, scale, cfg):
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
     _gemv_kernel[grid](x, w, scale, y, n, k, k // split, w.stride(0), BLOCK_N=cfg["BLOCK_N"],
                        BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1, INT_WIDEN=cfg["INT_WIDEN"],
+                       GROUP=cfg.get("GROUP", 1), EVICT=cfg.get("EVICT", False),
                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
@@ -79,6 +92,8 @@ def main():
     ap.add_argument("--models", default="qwen3-8b")
     ap.add_argument("--weights", choices=("fp8", "bf16"), default="fp8",
                     help="bf16: the same kernel on bf16 weights (scales of 1), against cuBLAS")
+    ap.add_argument("--variants", action="store_true",
+                    help="also GROUP 8 / 16 and evict-first W loads (unsplit, cvt)")
     args = ap.parse_args()
     fp8 = args.weights == "fp8"
     for model in args.models.split(","):
@@ -94,22 +109,25 @@ def main():
             ref = x.float() @ (w0.float() * s0[:, None]).t()
             t_base = (time_skinny(x, weights) if fp8 else time_cublas(1, n, k)) * 1e3
             row = []
-            for bn, bk, warps, stages in TILES:
-                for split in (1, 2, 4):
-                    for widen in (False, True):
-                        # integer widening: one tile, unsplit (more instructions than cvt's)
-                        if k % (bk * split) or (widen and (split > 1 or bn != 16 or not fp8)):
-                            continue
-                        cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
-                                   SPLIT=split, INT_WIDEN=widen)
-                        key = (bn, bk, warps, stages, split, "int" if widen else "cvt")
-                        t = candidate_us(lambda: [gemv(x, w, s, cfg) for w, s, _ in weights],
-                                         len(weights), key)
-                        if t is None:
-                            continue
-                        y = gemv(x, w0, s0, cfg).float()
-                        err = ((y - ref).abs().max() / ref.abs().max()).item()
-                        row.append((t, key, err))
+            variants = [(s, w, 1, False) for s in (1, 2, 4) for w in (False, True)]
+            if args.variants:  # GROUP 1 / 8 / 16, evict-first or not (but the plain one)
+                variants += [(1, False, g, ev) for g in (1, 8, 16) for ev in (False, True)][1:]
+            for (bn, bk, warps, stages), (split, widen, group, evict) in itertools.product(
+                    TILES, variants):
+                # integer widening: one tile, unsplit (more instructions than cvt's)
+                if k % (bk * split) or (widen and (split > 1 or bn != 16 or not fp8)):
+                    continue
+                cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+                           SPLIT=split, INT_WIDEN=widen, GROUP=group, EVICT=evict)
+                key = (bn, bk, warps, stages, split, "int" if widen else "cvt", f"g{group}",
+                       "evict" if evict else "")
+                t = candidate_us(lambda: [gemv(x, w, s, cfg) for w, s, _ in weights],
+                                 len(weights), key)
+                if t is None:
+                    continue
+                y = gemv(x, w0, s0, cfg).float()
+                err = ((y - ref).abs().max() / ref.abs().max()).item()
+                row.append((t, key, err))
             row.sort()
             best = ", ".join(f"{t:.1f} {key} err {e:.1e}" for t, key, e in row[:5])
             gbs = n * k * (1 if fp8 else 2) / t_base / 1e3
