@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `OUT=$OUT bash tools/fp8_gemv_ab.sh`: the one-row fp8 GEMV (kernels/fp8_gemv.py) on the
+# `OUT=$OUT bash tools/fp8_gemv_ab.sh`: the one-row fp8 GEMV (kernels/gemv.py) on the
 # device: its GPU tests, then the Qwen3-8B shape at batch 1 (`bench.py --single`) with fp8
-# weights, GEMV on (fp8_gemv.MAX_M = 1) and off (0: the skinny kernel), and bf16, alternating;
+# weights, GEMV on (gemv.MAX_M = 1) and off (0: the skinny kernel), and bf16, alternating;
 # then the kernel on bf16 weights against cuBLAS (~3 min in all).
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 o=${OUT:-/tmp/out}; mkdir -p "$o"; f=$o/fp8_gemv_ab.txt
-timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_fp8_gemv.py \
+timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
   2>&1 | tail -n 1 | tee -a "$f"
 args="--model-shape qwen3-8b --single --num-seqs 4 --min-output-len 100 --max-output-len 128"
 for round in 1 2; do

@@ -63,13 +63,17 @@ def skinny_gemm_enabled() -> bool:
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """x @ weight.T (+ bias) for a plain (unquantized) weight: F.linear, or on a GPU the skinny
-    Triton GEMM when x has few rows and the shape is one where it was measured faster."""
+    Triton GEMM (or for one row the GEMV, where kernels/gemv.PLAIN turns it on) when x has
+    few rows and the shape is one where it was measured faster."""
     if x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and skinny_gemm_enabled():
         # Imported here: CPU-only installs may have no triton.
+        from nanovllm.kernels import gemv
         from nanovllm.kernels.skinny_config import beats_cublas
         from nanovllm.kernels.skinny_gemm import MAX_M, gemm
 
         k = x.shape[-1]
+        if gemv.takes_plain(x.numel() // k, weight.shape[0], k):
+            return gemv.gemv(x, weight, None, None, bias)
         if x.numel() <= MAX_M * k and beats_cublas(weight.shape[0], k):
             return gemm(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -1,0 +1,123 @@
+"""The one-row GEMV (kernels/gemv.py), fp8 and plain weights, against the torch reference,
+and fp8_gemm's
+dispatch to it. On CPU in the Triton interpreter on ragged shapes (8 x 32 tiles, so N and K
+are not multiples of a tile); marked gpu, on every supported model's linear shapes."""
+import pytest
+import torch
+
+from nanovllm.kernels import fp8_gemm, gemv
+from nanovllm.utils.model_shapes import SHAPES, linear_shapes
+from tests.support.gemm import check, make_weight, reference
+
+
+@pytest.mark.parametrize("kind,block", [("fp8_row", None), ("fp8_block", (32, 48)),
+                                        ("fp8_block", (128, 128)), ("fp8_block", (8, 16))])
+@pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k,bias", [(40, 100, False), (64, 256, True), (33, 70, True)])
+def test_matches_reference(kind, block, xdtype, n, k, bias):
+    w, s, block = make_weight(n, k, kind, block=block or (32, 48))
+    x = torch.randn(1, k).to(xdtype)
+    b = torch.randn(n) if bias else None
+    y = gemv.gemv(x, w, s, block, b)
+    check(y, reference(x, w, s, block, b), xdtype)
+
+
+def test_leading_dims_and_a_one_dim_row():
+    w, s, _ = make_weight(24, 64, "fp8_row")
+    x = torch.randn(1, 1, 64).to(torch.bfloat16)
+    assert gemv.gemv(x, w, s, None).shape == (1, 1, 24)
+    assert gemv.gemv(x.view(64), w, s, None).shape == (24,)
+
+
+def test_fp8_gemm_takes_it_for_one_row_only(monkeypatch):
+    monkeypatch.setattr(gemv, "MAX_M", 1)  # (the default; set so the test says it)
+    calls = []
+    real = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    w, s, block = make_weight(40, 96, "fp8_block", block=(32, 48))
+    for m, taken in ((1, True), (2, False)):
+        x = torch.randn(m, 96).to(torch.bfloat16)
+        calls.clear()
+        check(fp8_gemm.fp8_gemm(x, w, s, block), reference(x, w, s, block, None), x.dtype)
+        assert bool(calls) == taken
+    # Row blocks no 8-row tile divides go to the skinny kernel.
+    assert not gemv.takes(1, (12, 128)) and gemv.takes(1, (128, 128))
+    monkeypatch.setattr(gemv, "MAX_M", 0)  # off: the skinny kernel again
+    calls.clear()
+    fp8_gemm.fp8_gemm(torch.randn(1, 96).to(torch.bfloat16), w, s, block)
+    assert not calls
+
+
+@pytest.mark.parametrize("kind,xdtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+@pytest.mark.parametrize("n,k,bias", [(40, 100, False), (33, 70, True)])
+def test_plain_weights_match_reference(kind, xdtype, n, k, bias):
+    w, _, _ = make_weight(n, k, kind)
+    x = torch.randn(1, k).to(xdtype)
+    b = torch.randn(n) if bias else None
+    check(gemv.gemv(x, w, None, None, b), reference(x, w, None, None, b), xdtype)
+
+
+def test_dense_linear_takes_it_when_on(monkeypatch):
+    """layers/linear.dense_linear: one row of a plain weight with at least PLAIN_MIN_WEIGHTS
+    values goes to the GEMV when PLAIN is 1; off by default."""
+    from nanovllm.layers import linear
+
+    assert gemv.PLAIN == 0 and not gemv.takes_plain(1, 4096, 4096)
+    monkeypatch.setattr(gemv, "PLAIN", 1)
+    monkeypatch.setattr(gemv, "PLAIN_MIN_WEIGHTS", 40 * 96)
+    assert gemv.takes_plain(1, 40, 96) and not gemv.takes_plain(2, 40, 96)
+    assert not gemv.takes_plain(1, 40, 95)
+    calls = []
+    real = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # the GPU branch
+    w, _, _ = make_weight(40, 96, "bf16")
+    for m, taken in ((1, True), (2, False)):
+        x = torch.randn(m, 96).to(torch.bfloat16)
+        calls.clear()
+        y = linear.dense_linear(x, w)
+        assert bool(calls) == taken and y.shape == (m, 40)
+        check(y, reference(x, w, None, None, None), x.dtype)
+
+
+# ---- GPU: every supported model's shapes --------------------------------------------------
+
+GPU_CASES = sorted({(nk, kind) for name in SHAPES for layer, nk in linear_shapes(name).items()
+                    for kind in ("fp8_row", "fp8_block") if layer != "lm_head"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nk,kind", GPU_CASES)
+def test_gpu_model_shapes(nk, kind):
+    """Real shapes with the kernel's configs, bf16 x, with and without bias."""
+    n, k = nk
+    w, s, block = make_weight(n, k, kind, block=(128, 128), device="cuda")
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    for b in (None, torch.randn(n, device="cuda")):
+        y = gemv.gemv(x, w, s, block, b)
+        check(y, reference(x, w, s, block, b), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nk", sorted({nk for name in SHAPES
+                                       for layer, nk in linear_shapes(name).items()}))
+def test_gpu_plain_model_shapes(nk):
+    """bf16 weights at every supported model's shapes, LM heads included, with the plain
+    configs."""
+    n, k = nk
+    w, _, _ = make_weight(n, k, "bf16", device="cuda")
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    check(gemv.gemv(x, w, None, None), reference(x, w, None, None, None), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_matches_eager():
+    w, s, _ = make_weight(4096, 4096, "fp8_row", device="cuda")
+    x = torch.randn(1, 4096, device="cuda").to(torch.bfloat16)
+    eager = gemv.gemv(x, w, s, None)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv.gemv(x, w, s, None)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
