@@ -5,7 +5,8 @@ or the torch reference matmul, each against the unquantized bf16 model.
 
     PYTHONPATH=. python tools/gemv_real_weights.py [TOKENS]   # 64: ~35 min on 2 cores
 
-The kernels run with wide interpreter tiles (64-row programs) to keep it to minutes.
+The kernels run with wide interpreter tiles (64-row programs, the GEMV summing 16 products a
+group as on the GPU) to keep it to minutes.
 """
 import os
 import sys
@@ -50,8 +51,8 @@ def logits(model: str, ids: list[int], quantization: str | None, path: str) -> t
 
 def main():
     start = time.time()
-    gemv.choose_config = lambda n, k, itemsize=1: dict(BLOCK_N=64, BLOCK_K=128, num_warps=1,
-                                                      num_stages=1)
+    gemv.choose_config = lambda n, k, itemsize=1, rows=1: dict(
+        BLOCK_N=64, BLOCK_K=128, GROUP=16, W_EVICT="", num_warps=1, num_stages=1)
     model = smollm2_gguf()
     ids = text_ids(model)[:int(sys.argv[1]) if len(sys.argv) > 1 else 64]
     p = len(ids) // 2

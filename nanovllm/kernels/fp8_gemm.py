@@ -1,8 +1,8 @@
 """fp8-weight GEMM on a GPU: y = x @ dequant(W)^T (+ bias) with W in e4m3 and fp32 row or block
 scales, for any number of rows. Weight-only (W8A16): x stays in its dtype.
 
-Three paths by the number of rows M (one row goes to gemv.py's FMA kernel first, which
-beats the skinny kernel there; gemv.MAX_M = 0 turns it off):
+Three paths by the number of rows M (one or two rows go to gemv.py's FMA kernel first,
+which beats the skinny kernel there; gemv.MAX_M = 0 turns it off):
 - M <= 16 (decode): skinny_gemm.py's kernel and table; each W tile is widened in registers
   (exact) and fed to a tensor-core dot in x's dtype; the scales multiply the fp32 partial
   products. W is read once, at half the bytes of bf16.
@@ -100,7 +100,7 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     m = x.numel() // x.shape[-1]
     if config is not None:
         return gemm(x, weight, bias, scale, block, config=config, block_m=config["BLOCK_M"])
-    if gemv.takes(m, block):  # one row: FMAs, no tensor cores (gemv.py)
+    if gemv.takes(m, block):  # one or two rows: FMAs, no tensor cores (gemv.py)
         return gemv.gemv(x, weight, scale, block, bias)
     if m <= MAX_M:
         return gemm(x, weight, bias, scale, block)

@@ -1,23 +1,20 @@
-"""GEMV for one row (batch-1 decode): y = x @ (W * scale)^T (+ bias), no tensor cores; W in
-e4m3 with fp32 scales (fp8_gemm.py's first path) or plain (bf16 / fp16 / fp32, no scale).
+"""GEMV for one or two rows (small-batch decode): y = x @ (W * scale)^T (+ bias), no tensor
+cores; W in e4m3 with fp32 scales (fp8_gemm.py's first path) or plain (bf16 / fp16 / fp32,
+no scale; layers/linear.dense_linear's).
 
 A program owns BLOCK_N rows of W and walks K in BLOCK_K tiles: each tile is widened to
-fp32 (e4m3 by Triton's cvt: e4m3x2 -> f16x2 -> f32) and multiplied into an fp32 [BLOCK_N,
-BLOCK_K] accumulator by plain FMAs, summed across K once after the loop. The products are exact in
-fp32 (an e4m3 value times a bf16 / fp16 / fp32 one fits 24 bits), as the tensor cores' are;
-only the summation order differs from skinny_gemm.py. Against that kernel at M = 1 it skips
-the dot's 16-row padding of x and the register shuffles between the widening and the dot
-operands: H200, tools/fp8_gemv_sweep.py, Qwen3-8B's layers, µs skinny -> GEMV: qkv 12.2 ->
-9.1, o 10.2 -> 7.3, gate_up 30.4 -> 29.4, down 19.5 -> 15.9.
+fp32 (e4m3 by Triton's cvt: e4m3x2 -> f16x2 -> f32), multiplied by each row of x by plain
+FMAs and summed GROUP products at a time into that row's fp32 [BLOCK_N, BLOCK_K / GROUP]
+accumulator, summed across K once after the loop. The products are exact in fp32 (an e4m3
+value times a bf16 / fp16 / fp32 one fits 24 bits), as the tensor cores' are; only the
+summation order differs from skinny_gemm.py. Against that kernel at one row it skips the
+dot's 16-row padding of x and the register shuffles between the widening and the dot
+operands; past two rows the FMAs cost more than the dot (see MAX_M).
 
 Row scales multiply y's rows at the end. Block scales (bn x bk) multiply x's K tile instead:
 a program's rows lie in one row block (BLOCK_N divides bn), so each column's scale is one
 value for all of them (x * scale is rounded once in fp32 there, where the skinny kernel
 rounds each partial sum times its scale). No split-K: one split won on every layer measured.
-
-Plain weights: the same kernel against cuBLAS at one row, H200, tools/fp8_gemv_sweep.py
---weights bf16, Qwen3-8B's layers, µs cuBLAS -> GEMV: qkv 15.8 -> 14.5, o 12.8 -> 11.5,
-gate_up 50.7 -> 49.0, down 29.6 -> 27.3. Off (PLAIN = 0) until timed in the engine.
 """
 import torch
 import triton
@@ -25,42 +22,56 @@ import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET
 
-# Rows of x this kernel takes (fp8_gemm dispatches M <= MAX_M here); 0 turns it off. One row:
-# tools/fp8_gemv_ab.sh, H200, Qwen3-8B shape batch 1, fp8 weights 290 -> 326 tok/s (bf16 206).
-# Two rows or more would need an accumulator per row; the skinny kernel's dot serves them.
-MAX_M = 1
-# Plain weights (layers/linear.dense_linear) take it for one row when PLAIN is 1 and the weight
-# has at least PLAIN_MIN_WEIGHTS values (Qwen3-8B's smallest layer, o_proj, has 2^24).
-PLAIN = 0
+# Rows of x this kernel takes for fp8 weights (fp8_gemm dispatches M <= MAX_M here); 0 turns
+# it off. H200, Qwen3-8B's layers, the four GEMMs' µs summed, skinny kernel -> GEMV: one row
+# 72.8 -> 56.4, two 73.3 -> 63.6, four 73.6 -> 92.4 (the FMAs and an accumulator a row
+# outgrow the saved bytes), so the skinny kernel keeps 3-16 rows. Engine, bench.py
+# --model-shape qwen3-8b --quantization fp8: two sequences 586 -> 650 tok/s; one row 327 ->
+# 352 with GROUP 16 and evict-first (ONE_ROW), 290 on the skinny kernel.
+MAX_M = 2
+MAX_ROWS = 4  # the kernel's limit (sweeps)
+# Plain (bf16 / fp16) weights take it from layers/linear.dense_linear for up to PLAIN_MAX_M
+# rows (PLAIN 0: never) when the weight has at least PLAIN_MIN_WEIGHTS values (Qwen3-8B's
+# smallest layer, o_proj, has 2^24) and K >= PLAIN_MIN_K. H200, Qwen3-8B's layers, µs summed
+# cuBLAS -> GEMV: one row 108.9 -> 98.9, two 110.5 -> 103.2, four 109.9 -> 123.4. Engine,
+# bench.py --model-shape qwen3-8b: batch 1 209.2 -> 230.7 tok/s, two sequences 417 -> 455.
+# The LM heads of K <= 1,024 (Qwen3-0.6B, Qwen2.5-0.5B, SmolLM2) came out even or up to 1.5%
+# slower at batch 1, so they keep cuBLAS.
+PLAIN = 1
+PLAIN_MAX_M = 2
 PLAIN_MIN_WEIGHTS = 1 << 24
+PLAIN_MIN_K = 4096
+# (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): each the
+# best of tools/gemv_sweep.py at one row and at two (H200, Qwen3-8B's layers; GROUP 16 and
+# evict-first W loads won or tied everywhere).
+ONE_ROW = {(True, "narrow"): (4, 1024), (True, "mid"): (8, 1024), (True, "wide"): (16, 256),
+           (False, "narrow"): (4, 1024), (False, "mid"): (8, 512), (False, "wide"): (32, 256)}
+TWO_ROWS = {(True, "narrow"): (8, 1024), (True, "mid"): (8, 1024), (True, "wide"): (32, 256),
+            (False, "narrow"): (8, 1024), (False, "mid"): (8, 512), (False, "wide"): (8, 512)}
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_wn, stride_sn,
-                 ROW_SCALED: tl.constexpr, BLOCK_SCALED: tl.constexpr, SCALE_BN: tl.constexpr,
-                 SCALE_BK: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_n = offs_n < N
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    # Block scales: this program's row block (BLOCK_N divides SCALE_BN).
-    s_row = s_ptr + (pid * BLOCK_N // SCALE_BN) * stride_sn
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_rows + k0, mask=mask_n[:, None], other=0.0)
-            x = tl.load(x_ptr + k0 + offs_k).to(tl.float32)
-            if BLOCK_SCALED:
-                x *= tl.load(s_row + (k0 + offs_k) // SCALE_BK)
-        else:
-            mask_k = k0 + offs_k < K
-            w = tl.load(w_rows + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            x = tl.load(x_ptr + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            if BLOCK_SCALED:
-                x *= tl.load(s_row + (k0 + offs_k) // SCALE_BK, mask=mask_k, other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+def _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr,
+                  BLOCK_SCALED: tl.constexpr):
+    """One row of x's K tile times the widened W tile, GROUP adjacent products summed (in
+    each thread's registers: a smaller accumulator, so fewer registers a program)."""
+    if EVEN_K:
+        x = tl.load(x_ptr + k0 + offs_k).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    if BLOCK_SCALED:
+        x *= scale_k
+    p = w * x[None, :]
+    if GROUP > 1:
+        p = tl.sum(tl.reshape(p, [BLOCK_N, BLOCK_K // GROUP, GROUP]), 2)
+    return p
+
+
+@triton.jit
+def _row_out(acc, y_ptr, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED: tl.constexpr,
+             HAS_BIAS: tl.constexpr):
+    """Sums one row's accumulator across K, scales it, adds the bias and stores it."""
     y = tl.sum(acc, axis=1)
     if ROW_SCALED:
         y *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)
@@ -69,25 +80,72 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_wn, stride_sn,
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
 
 
-def choose_config(n: int, k: int, itemsize: int = 1) -> dict:
-    """Tiles by the layer's width and W's bytes a value (H200, tools/fp8_gemv_sweep.py,
-    Qwen3-8B's layers: the best of 10 tiles each; narrow layers want short, long tiles to
-    keep enough programs)."""
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, stride_wn,
+                 stride_sn, ROW_SCALED: tl.constexpr, BLOCK_SCALED: tl.constexpr,
+                 SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 EVEN_K: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
+                 W_EVICT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    # Block scales: this program's row block (BLOCK_N divides SCALE_BN).
+    s_row = s_ptr + (pid * BLOCK_N // SCALE_BN) * stride_sn
+    # One accumulator a row (ROWS <= 4), each its own 2-D tile: a 3-D [ROWS, N, K] tile made
+    # Triton sum the groups across threads by shuffles (4x the SASS, sm_90 compile).
+    acc0 = tl.zeros((BLOCK_N, BLOCK_K // GROUP), dtype=tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = k0 + offs_k < K
+        # W is read once: evict-first keeps x (read by every program) in L2.
+        if EVEN_K:
+            w = tl.load(w_rows + k0, mask=mask_n[:, None], other=0.0, eviction_policy=W_EVICT)
+        else:
+            w = tl.load(w_rows + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0,
+                        eviction_policy=W_EVICT)
+        w = w.to(tl.float32)
+        scale_k = 1.0
+        if BLOCK_SCALED:
+            scale_k = tl.load(s_row + (k0 + offs_k) // SCALE_BK, mask=mask_k, other=0.0)
+        acc0 += _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, BLOCK_N, BLOCK_K, GROUP,
+                              EVEN_K, BLOCK_SCALED)
+        if ROWS > 1:
+            acc1 += _row_products(w, x_ptr + stride_xm, k0, offs_k, mask_k, scale_k, BLOCK_N,
+                                  BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED)
+        if ROWS > 2:
+            acc2 += _row_products(w, x_ptr + 2 * stride_xm, k0, offs_k, mask_k, scale_k,
+                                  BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED)
+        if ROWS > 3:
+            acc3 += _row_products(w, x_ptr + 3 * stride_xm, k0, offs_k, mask_k, scale_k,
+                                  BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED)
+    _row_out(acc0, y_ptr, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED, HAS_BIAS)
+    if ROWS > 1:
+        _row_out(acc1, y_ptr + stride_ym, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED, HAS_BIAS)
+    if ROWS > 2:
+        _row_out(acc2, y_ptr + 2 * stride_ym, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED,
+                 HAS_BIAS)
+    if ROWS > 3:
+        _row_out(acc3, y_ptr + 3 * stride_ym, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED,
+                 HAS_BIAS)
+
+
+def choose_config(n: int, k: int, itemsize: int = 1, rows: int = 1) -> dict:
+    """The tiles for a weight [n, k] of itemsize bytes a value at this many rows (ONE_ROW /
+    TWO_ROWS; rows 3-4, sweeps only, take TWO_ROWS')."""
     if INTERPRET:
-        return dict(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1)
-    if n <= 4096:
-        cfg = dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=3)
-    elif itemsize > 1:  # bf16 rows: the sweep's --weights bf16 best
-        cfg = (dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4) if n >= 16384
-               else dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3))
-    elif n >= 16384:
-        cfg = dict(BLOCK_N=32, BLOCK_K=512, num_warps=8, num_stages=2)
-    else:
-        cfg = dict(BLOCK_N=16, BLOCK_K=512, num_warps=8, num_stages=3)
+        return dict(BLOCK_N=8, BLOCK_K=32, GROUP=4, W_EVICT="evict_first", num_warps=1,
+                    num_stages=1)
+    width = "wide" if n >= 16384 else "narrow" if n <= 4096 else "mid"
+    bn, bk = (ONE_ROW if rows == 1 else TWO_ROWS)[(itemsize == 1, width)]
     if itemsize == 4:  # fp32 rows: twice bf16's registers a tile
-        cfg["BLOCK_K"] //= 2
-    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
-    return cfg
+        bk //= 2
+    bk = min(bk, triton.next_power_of_2(k))
+    return dict(BLOCK_N=bn, BLOCK_K=bk, GROUP=min(16, bk), W_EVICT="evict_first",
+                num_warps=4, num_stages=3)
 
 
 def takes(m: int, block: tuple[int, int] | None) -> bool:
@@ -98,27 +156,33 @@ def takes(m: int, block: tuple[int, int] | None) -> bool:
 
 def takes_plain(m: int, n: int, k: int) -> bool:
     """Whether the GEMV runs this call on a plain weight [N, K] (see PLAIN)."""
-    return bool(PLAIN) and m == 1 and n * k >= PLAIN_MIN_WEIGHTS
+    return m <= PLAIN * PLAIN_MAX_M and n * k >= PLAIN_MIN_WEIGHTS and k >= PLAIN_MIN_K
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-         block: tuple[int, int] | None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x[..., K] (one row) @ (weight * scale)[N, K]^T (+ bias) in x's dtype; weight e4m3 with
-    scale fp32 per row [N] (block None) or per (bn, bk) block, or plain with scale None."""
+         block: tuple[int, int] | None, bias: torch.Tensor | None = None,
+         config: dict | None = None) -> torch.Tensor:
+    """x[..., K] (a few rows) @ (weight * scale)[N, K]^T (+ bias) in x's dtype; weight e4m3
+    with scale fp32 per row [N] (block None) or per (bn, bk) block, or plain with scale None.
+    config overrides choose_config's tiles (sweeps)."""
     n, k = weight.shape
-    assert x.numel() == k and weight.stride(1) == 1, (x.shape, weight.shape)
-    x1 = x.reshape(k).contiguous()
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    assert 0 < m <= MAX_ROWS and weight.stride(1) == 1, (x.shape, weight.shape)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    cfg = choose_config(n, k, weight.element_size())
+    cfg = dict(config or choose_config(n, k, weight.element_size(), m))
     if block is not None:
         while block[0] % cfg["BLOCK_N"]:  # a program's rows inside one row block
             cfg["BLOCK_N"] //= 2
     s_bn, s_bk = block if block is not None else (1, 1)
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x1, weight, scale if scale is not None else x1, bias if bias is not None else x1, y, n,
-        k, weight.stride(0), scale.stride(0) if block is not None else 0,
-        ROW_SCALED=scale is not None and block is None, BLOCK_SCALED=block is not None,
-        SCALE_BN=s_bn, SCALE_BK=s_bk, HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        x2, weight, scale if scale is not None else x2, bias if bias is not None else x2, y,
+        n, k, x2.stride(0), n, weight.stride(0),
+        scale.stride(0) if block is not None else 0, ROW_SCALED=scale is not None and block is None,
+        BLOCK_SCALED=block is not None, SCALE_BN=s_bn, SCALE_BK=s_bk, HAS_BIAS=bias is not None,
+        EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m, GROUP=cfg["GROUP"],
+        W_EVICT=cfg["W_EVICT"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y

@@ -1,7 +1,7 @@
-"""The one-row GEMV (kernels/gemv.py), fp8 and plain weights, against the torch reference,
-and fp8_gemm's
-dispatch to it. On CPU in the Triton interpreter on ragged shapes (8 x 32 tiles, so N and K
-are not multiples of a tile); marked gpu, on every supported model's linear shapes."""
+"""The GEMV (kernels/gemv.py, one row or a few), fp8 and plain weights, against the torch
+reference, and fp8_gemm's dispatch to it. On CPU in the Triton interpreter on ragged shapes
+(8 x 32 tiles, so N and K are not multiples of a tile); marked gpu, on every supported model's
+linear shapes."""
 import pytest
 import torch
 
@@ -22,6 +22,24 @@ def test_matches_reference(kind, block, xdtype, n, k, bias):
     check(y, reference(x, w, s, block, b), xdtype)
 
 
+@pytest.mark.parametrize("kind,block", [("fp8_row", None), ("fp8_block", (32, 48)),
+                                        ("bf16", None)])
+@pytest.mark.parametrize("m", [2, 3, 4])
+def test_several_rows_match_reference(kind, block, m):
+    """Rows past one keep an accumulator each (ROWS, a power of two, masks the rest)."""
+    w, s, block = make_weight(33, 70, kind, block=block or (32, 48))
+    x = torch.randn(m, 70).to(torch.bfloat16)
+    b = torch.randn(33)
+    check(gemv.gemv(x, w, s, block, b), reference(x, w, s, block, b), torch.bfloat16)
+
+
+def test_rows_with_a_stride_and_leading_dims():
+    w, s, _ = make_weight(24, 64, "fp8_row")
+    x = torch.randn(3, 128).to(torch.bfloat16)[:, :64]  # rows 128 apart
+    check(gemv.gemv(x, w, s, None), reference(x, w, s, None, None), torch.bfloat16)
+    assert gemv.gemv(torch.randn(2, 2, 64).to(torch.bfloat16), w, s, None).shape == (2, 2, 24)
+
+
 def test_leading_dims_and_a_one_dim_row():
     w, s, _ = make_weight(24, 64, "fp8_row")
     x = torch.randn(1, 1, 64).to(torch.bfloat16)
@@ -29,13 +47,13 @@ def test_leading_dims_and_a_one_dim_row():
     assert gemv.gemv(x.view(64), w, s, None).shape == (24,)
 
 
-def test_fp8_gemm_takes_it_for_one_row_only(monkeypatch):
-    monkeypatch.setattr(gemv, "MAX_M", 1)  # (the default; set so the test says it)
+def test_fp8_gemm_takes_it_up_to_max_m_rows(monkeypatch):
+    assert gemv.MAX_M == 2  # (the default: the skinny kernel's dot wins from three rows)
     calls = []
     real = gemv.gemv
     monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     w, s, block = make_weight(40, 96, "fp8_block", block=(32, 48))
-    for m, taken in ((1, True), (2, False)):
+    for m, taken in ((1, True), (2, True), (3, False)):
         x = torch.randn(m, 96).to(torch.bfloat16)
         calls.clear()
         check(fp8_gemm.fp8_gemm(x, w, s, block), reference(x, w, s, block, None), x.dtype)
@@ -57,27 +75,30 @@ def test_plain_weights_match_reference(kind, xdtype, n, k, bias):
     check(gemv.gemv(x, w, None, None, b), reference(x, w, None, None, b), xdtype)
 
 
-def test_dense_linear_takes_it_when_on(monkeypatch):
-    """layers/linear.dense_linear: one row of a plain weight with at least PLAIN_MIN_WEIGHTS
-    values goes to the GEMV when PLAIN is 1; off by default."""
+def test_dense_linear_takes_it_for_large_weights(monkeypatch):
+    """layers/linear.dense_linear: up to PLAIN_MAX_M rows of a plain weight with at least
+    PLAIN_MIN_WEIGHTS values and PLAIN_MIN_K columns go to the GEMV; PLAIN 0 turns it off."""
     from nanovllm.layers import linear
 
-    assert gemv.PLAIN == 0 and not gemv.takes_plain(1, 4096, 4096)
-    monkeypatch.setattr(gemv, "PLAIN", 1)
+    assert gemv.PLAIN == 1 and gemv.takes_plain(2, 4096, 4096)
+    assert not gemv.takes_plain(3, 4096, 4096) and not gemv.takes_plain(1, 151936, 1024)
     monkeypatch.setattr(gemv, "PLAIN_MIN_WEIGHTS", 40 * 96)
-    assert gemv.takes_plain(1, 40, 96) and not gemv.takes_plain(2, 40, 96)
-    assert not gemv.takes_plain(1, 40, 95)
+    monkeypatch.setattr(gemv, "PLAIN_MIN_K", 96)
+    assert gemv.takes_plain(1, 40, 96) and not gemv.takes_plain(1, 39, 96)
+    assert not gemv.takes_plain(1, 80, 48)
     calls = []
     real = gemv.gemv
     monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # the GPU branch
     w, _, _ = make_weight(40, 96, "bf16")
-    for m, taken in ((1, True), (2, False)):
+    for m, taken in ((1, True), (2, True), (3, False)):
         x = torch.randn(m, 96).to(torch.bfloat16)
         calls.clear()
         y = linear.dense_linear(x, w)
         assert bool(calls) == taken and y.shape == (m, 40)
         check(y, reference(x, w, None, None, None), x.dtype)
+    monkeypatch.setattr(gemv, "PLAIN", 0)
+    assert not gemv.takes_plain(1, 40, 96)
 
 
 # ---- GPU: every supported model's shapes --------------------------------------------------
@@ -108,6 +129,17 @@ def test_gpu_plain_model_shapes(nk):
     w, _, _ = make_weight(n, k, "bf16", device="cuda")
     x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
     check(gemv.gemv(x, w, None, None), reference(x, w, None, None, None), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["fp8_row", "fp8_block", "bf16"])
+def test_gpu_several_rows_qwen3_8b(m, kind):
+    """A few rows at Qwen3-8B's shapes with the default configs."""
+    for n, k in linear_shapes("qwen3-8b").values():
+        w, s, block = make_weight(n, k, kind, block=(128, 128), device="cuda")
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        check(gemv.gemv(x, w, s, block), reference(x, w, s, block, None), torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine]` on the device: the GEMV
+# (kernels/gemv.py) at one to four rows and on plain weights.
+#   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
+#     the small models at batch 1 with gemv.PLAIN 0 / 1 (their LM heads), alternating.
+#   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
+#     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
+#     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+o=${OUT:-/tmp/out}; mkdir -p "$o"; f=$o/gemv_rows_ab.txt
+run() {  # label, bench_with args...
+  local label=$1; shift
+  r=$(timeout 90 python3 tools/bench_with.py "$@" 2>&1 | grep -E 'Total|Single|Error' \
+    | tr '\n' ' ')
+  echo "[$label] $r" | tee -a "$f"
+}
+if [ "${1:-sweep}" = sweep ]; then
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
+  for w in fp8 bf16; do
+    timeout 200 python3 tools/gemv_sweep.py --weights $w --rows 1,2,4 2>&1 | grep -v skip \
+      | tee -a "$f"
+  done
+  for round in 1 2; do
+    for shape in qwen3-0.6b smollm2-135m qwen2.5-0.5b; do
+      for p in 0 1; do
+        run "$shape PLAIN=$p" gemv.PLAIN=$p -- --model-shape $shape --single --num-seqs 1 \
+          --min-output-len 16 --max-output-len 16
+      done
+    done
+  done
+else
+  # Defaults: fp8 MAX_M 2, PLAIN 1 with PLAIN_MAX_M 2; each against the GEMV at one row only
+  # (and bf16 against cuBLAS), at two sequences then one.
+  a="--model-shape qwen3-8b --single --num-seqs 2 --min-input-len 16 --max-input-len 32"
+  a="$a --min-output-len 256 --max-output-len 256"
+  for round in 1 2; do
+    run "8B bf16 PLAIN=0" gemv.PLAIN=0 -- $a
+    run "8B bf16 PLAIN_MAX_M=1" gemv.PLAIN_MAX_M=1 -- $a
+    run "8B bf16 default" -- $a
+    run "8B fp8 MAX_M=1" gemv.MAX_M=1 -- $a --quantization fp8
+    run "8B fp8 default" -- $a --quantization fp8
+  done
+  run "8B fp8 + int8 head" -- $a --quantization fp8 --lm-head-quantization int8
+  for extra in "" "--quantization fp8"; do
+    r=$(timeout 90 python3 bench.py $extra 2>&1 | grep -E 'Total|Error' | tail -1)
+    echo "[bench.py ${extra:-bf16}] $r" | tee -a "$f"
+  done
+  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
+    tests/models/test_fp8_weights.py tests/models/test_architectures.py 2>&1 \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+fi

@@ -1,0 +1,85 @@
+"""Tiles for the GEMV (nanovllm/kernels/gemv.py) at one to four rows, timed against the path
+it would replace: the skinny GEMM for fp8 weights, cuBLAS for bf16 ones.
+
+    python tools/gemv_sweep.py [--models qwen3-8b] [--weights fp8|bf16] [--rows 1,2,3,4]
+
+Per layer and row count: the baseline, the GEMV at choose_config's tiles ("default"), and
+the five best of TILES x GROUP (1 / 16 products summed per thread) x W's eviction (normal /
+evict-first), each with its error against the fp32 reference. Each call reads another copy
+of the weights (256 MB in all, so nothing stays in L2), in one CUDA graph.
+
+The split-K and integer-widening variants of the first sweeps (docs/PERF_NOTES.md, 44th
+session) lost on every layer and are gone.
+"""
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nanovllm.kernels import gemv  # noqa: E402
+from nanovllm.utils.model_shapes import linear_shapes  # noqa: E402
+from tools.bench_gemm import (candidate_us, make_weights, time_cublas,  # noqa: E402
+                              time_skinny)
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages)
+TILES = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 3), (16, 512, 8, 3), (32, 256, 4, 3),
+         (32, 256, 8, 3), (16, 256, 4, 4), (8, 1024, 4, 3), (32, 512, 8, 2), (64, 128, 4, 4),
+         (8, 256, 4, 4), (4, 1024, 4, 3)]
+
+
+def time_gemv(x, weights, cfg, label):
+    """µs a call of the GEMV at this config over the weight copies (None: did not compile)."""
+    return candidate_us(lambda: [gemv.gemv(x, w, s, None, config=cfg) for w, s, _ in weights],
+                        len(weights), label)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="qwen3-8b")
+    ap.add_argument("--weights", choices=("fp8", "bf16"), default="fp8")
+    ap.add_argument("--rows", default="1,2,3,4")
+    args = ap.parse_args()
+    fp8 = args.weights == "fp8"
+    for model, m in itertools.product(args.models.split(","),
+                                      [int(r) for r in args.rows.split(",")]):
+        for name, (n, k) in linear_shapes(model).items():
+            if name == "lm_head":
+                continue
+            weights = make_weights(n, k, "fp8_row" if fp8 else "bf16")
+            if not fp8:
+                weights = [(w, None, b) for w, _, b in weights]
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w0, s0, _ = weights[0]
+            ref = x.float() @ (w0.float() * (s0[:, None] if fp8 else 1)).t()
+            t_base = (time_skinny(x, weights) if fp8 else time_cublas(m, n, k)) * 1e3
+            default = gemv.choose_config(n, k, w0.element_size(), m)
+            t_default = time_gemv(x, weights, default, "default")
+            row = []
+            for (bn, bk, warps, stages), group, evict in itertools.product(
+                    TILES, (1, 16), ("", "evict_first")):
+                if bk > k or (m > 1 and group == 1):  # (an fp32 accumulator a row: too big)
+                    continue
+                cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+                           GROUP=group, W_EVICT=evict)
+                key = (bn, bk, warps, stages, f"g{group}", "evict" if evict else "")
+                t = time_gemv(x, weights, cfg, key)
+                if t is None:
+                    continue
+                y = gemv.gemv(x, w0, s0, None, config=cfg).float()
+                row.append((t, key, ((y - ref).abs().max() / ref.abs().max()).item()))
+            row.sort()
+            best = ", ".join(f"{t:.1f} {key} err {e:.1e}" for t, key, e in row[:5])
+            gbs = n * k * (1 if fp8 else 2) / t_base / 1e3
+            print(f"{model:10s} M={m} {name:8s} N={n:5d} K={k:5d}  "
+                  f"{'skinny' if fp8 else 'cuBLAS'} {t_base:5.1f} ({gbs:4.0f} GB/s)  "
+                  f"default {t_default or float('nan'):5.1f}  best {best}", flush=True)
+            del weights
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
