@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine]` on the device: the GEMV
+# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine|small|plain]` on the device: the GEMV
 # (kernels/gemv.py) at one to four rows and on plain weights.
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
 #     the small models at batch 1 with gemv.PLAIN 0 / 1 (their LM heads), alternating.
+#   small (~5 min): the small models' fp8 layers at one / two rows, the 8B bf16 LM head, and
+#     two sequences of Qwen3-0.6B / Qwen2.5-0.5B with fp8 weights, gemv.MAX_M 1 / 2.
+#   plain (~3 min): small models' bf16 layers and LM heads on the GEMV or not (gemv.PLAIN
+#     1 / 0) at two sequences then one. (Timed with knobs since folded into PLAIN: layers
+#     under 2^24 values, heads of K < 4,096; each won.)
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -14,7 +19,33 @@ run() {  # label, bench_with args...
     | tr '\n' ' ')
   echo "[$label] $r" | tee -a "$f"
 }
-if [ "${1:-sweep}" = sweep ]; then
+if [ "${1:-sweep}" = plain ]; then
+  for round in 1 2; do
+    for shape in qwen3-0.6b qwen2.5-0.5b smollm2-135m; do
+      for p in 0 1; do
+        run "$shape bf16 PLAIN=$p" gemv.PLAIN=$p -- --model-shape $shape --single \
+          --num-seqs 2 --min-input-len 16 --max-input-len 32 --min-output-len 512 \
+          --max-output-len 512
+      done
+    done
+  done
+elif [ "${1:-sweep}" = small ]; then
+  # The small models' layers at one and two rows (fp8 takes the GEMV there whatever the
+  # shape), the 8B bf16 LM head, and bench.py at two sequences with fp8 MAX_M 1 / 2.
+  timeout 150 python3 tools/gemv_sweep.py --weights fp8 --rows 1,2 \
+    --models qwen3-0.6b,qwen2.5-0.5b,smollm2-135m 2>&1 | grep -v skip | tee -a "$f"
+  timeout 100 python3 tools/gemv_sweep.py --weights bf16 --rows 1,2 --layers lm_head 2>&1 \
+    | grep -v skip | tee -a "$f"
+  for round in 1 2; do
+    for shape in qwen3-0.6b qwen2.5-0.5b; do
+      for m in 1 2; do
+        run "$shape fp8 MAX_M=$m" gemv.MAX_M=$m -- --model-shape $shape --num-seqs 2 \
+          --min-input-len 16 --max-input-len 32 --min-output-len 512 --max-output-len 512 \
+          --quantization fp8
+      done
+    done
+  done
+elif [ "${1:-sweep}" = sweep ]; then
   timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 \
     | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
   for w in fp8 bf16; do

@@ -2,6 +2,7 @@
 it would replace: the skinny GEMM for fp8 weights, cuBLAS for bf16 ones.
 
     python tools/gemv_sweep.py [--models qwen3-8b] [--weights fp8|bf16] [--rows 1,2,3,4]
+                               [--layers qkv,o,gate_up,down,lm_head]
 
 Per layer and row count: the baseline, the GEMV at choose_config's tiles ("default"), and
 the five best of TILES x GROUP (1 / 16 products summed per thread) x W's eviction (normal /
@@ -42,12 +43,13 @@ def main():
     ap.add_argument("--models", default="qwen3-8b")
     ap.add_argument("--weights", choices=("fp8", "bf16"), default="fp8")
     ap.add_argument("--rows", default="1,2,3,4")
+    ap.add_argument("--layers", default="qkv,o,gate_up,down", help="lm_head too, if asked")
     args = ap.parse_args()
     fp8 = args.weights == "fp8"
     for model, m in itertools.product(args.models.split(","),
                                       [int(r) for r in args.rows.split(",")]):
         for name, (n, k) in linear_shapes(model).items():
-            if name == "lm_head":
+            if name not in args.layers.split(","):
                 continue
             weights = make_weights(n, k, "fp8_row" if fp8 else "bf16")
             if not fp8:

@@ -31,16 +31,14 @@ from nanovllm.kernels._common import INTERPRET
 MAX_M = 2
 MAX_ROWS = 4  # the kernel's limit (sweeps)
 # Plain (bf16 / fp16) weights take it from layers/linear.dense_linear for up to PLAIN_MAX_M
-# rows (PLAIN 0: never) when the weight has at least PLAIN_MIN_WEIGHTS values (Qwen3-8B's
-# smallest layer, o_proj, has 2^24) and K >= PLAIN_MIN_K. H200, Qwen3-8B's layers, µs summed
-# cuBLAS -> GEMV: one row 108.9 -> 98.9, two 110.5 -> 103.2, four 109.9 -> 123.4. Engine,
-# bench.py --model-shape qwen3-8b: batch 1 209.2 -> 230.7 tok/s, two sequences 417 -> 455.
-# The LM heads of K <= 1,024 (Qwen3-0.6B, Qwen2.5-0.5B, SmolLM2) came out even or up to 1.5%
-# slower at batch 1, so they keep cuBLAS.
+# rows (PLAIN 0: never). H200, Qwen3-8B's layers, µs summed cuBLAS -> GEMV: one row 108.9 ->
+# 98.9, two 110.5 -> 103.2, four 109.9 -> 123.4; its LM head 298 -> 281 (one row), 307 -> 284
+# (two). Engine, bench.py --single --num-seqs 2, tok/s at two sequences / one, cuBLAS (and
+# the skinny kernel) -> GEMV: Qwen3-8B 417 / 209 -> 455 / 231, Qwen3-0.6B 1,497 / 1,270 ->
+# 1,941 / 1,313, Qwen2.5-0.5B 2,063 / 1,602 -> 2,376 / 1,663, SmolLM2-135M 2,237 / 2,155 ->
+# 2,793 / 2,227 (small models at one row: their LM heads; the layer kernel runs the layers).
 PLAIN = 1
 PLAIN_MAX_M = 2
-PLAIN_MIN_WEIGHTS = 1 << 24
-PLAIN_MIN_K = 4096
 # (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): each the
 # best of tools/gemv_sweep.py at one row and at two (H200, Qwen3-8B's layers; GROUP 16 and
 # evict-first W loads won or tied everywhere).
@@ -154,9 +152,9 @@ def takes(m: int, block: tuple[int, int] | None) -> bool:
     return m <= MAX_M and (block is None or block[0] % 8 == 0)
 
 
-def takes_plain(m: int, n: int, k: int) -> bool:
-    """Whether the GEMV runs this call on a plain weight [N, K] (see PLAIN)."""
-    return m <= PLAIN * PLAIN_MAX_M and n * k >= PLAIN_MIN_WEIGHTS and k >= PLAIN_MIN_K
+def takes_plain(m: int) -> bool:
+    """Whether the GEMV runs a call of m rows on a plain weight (see PLAIN)."""
+    return m <= PLAIN * PLAIN_MAX_M
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,

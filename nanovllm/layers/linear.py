@@ -63,8 +63,8 @@ def skinny_gemm_enabled() -> bool:
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """x @ weight.T (+ bias) for a plain (unquantized) weight: F.linear, or on a GPU the skinny
-    Triton GEMM or the GEMV (kernels/gemv.takes_plain: one or two rows of a large weight)
-    when x has few rows and the shape is one where it was measured faster."""
+    Triton GEMM or the GEMV (kernels/gemv.takes_plain: one or two rows) when x has few rows
+    and the shape is one where it was measured faster."""
     if x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and skinny_gemm_enabled():
         # Imported here: CPU-only installs may have no triton.
         from nanovllm.kernels import gemv
@@ -72,7 +72,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         from nanovllm.kernels.skinny_gemm import MAX_M, gemm
 
         k = x.shape[-1]
-        if gemv.takes_plain(x.numel() // k, weight.shape[0], k):
+        if gemv.takes_plain(x.numel() // k):
             return gemv.gemv(x, weight, None, None, bias)
         if x.numel() <= MAX_M * k and beats_cublas(weight.shape[0], k):
             return gemm(x, weight, bias)
