@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine|small|plain]` on the device: the GEMV
+# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine|small|plain|next]` on the device: the GEMV
 # (kernels/gemv.py) at one to four rows and on plain weights.
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
 #     the small models at batch 1 with gemv.PLAIN 0 / 1 (their LM heads), alternating.
@@ -8,6 +8,9 @@
 #   plain (~3 min): small models' bf16 layers and LM heads on the GEMV or not (gemv.PLAIN
 #     1 / 0) at two sequences then one. (Timed with knobs since folded into PLAIN: layers
 #     under 2^24 values, heads of K < 4,096; each won.)
+#   next (~6 min, not yet run): the int8 LM head copy through the GEMV (tests, sweep, the 8B
+#     shape with gemv.INT8_HEAD_MAX_M 0 / 2), bf16 small layers at 3-4 rows, and batch 1 of
+#     small models with the layer kernel on / off now that a launch per op uses the GEMV.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -19,7 +22,28 @@ run() {  # label, bench_with args...
     | tr '\n' ' ')
   echo "[$label] $r" | tee -a "$f"
 }
-if [ "${1:-sweep}" = plain ]; then
+if [ "${1:-sweep}" = next ]; then
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
+    tests/layers/test_int8_head.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 \
+    | tee -a "$f"
+  timeout 120 python3 tools/gemv_sweep.py --weights int8 --layers lm_head --rows 1,2 \
+    --models qwen3-8b,qwen3-0.6b 2>&1 | grep -v skip | tee -a "$f"
+  timeout 120 python3 tools/gemv_sweep.py --weights bf16 --rows 3,4 --models qwen3-0.6b \
+    2>&1 | grep -v skip | tee -a "$f"
+  a="--model-shape qwen3-8b --single --num-seqs 2 --min-input-len 16 --max-input-len 32"
+  a="$a --min-output-len 256 --max-output-len 256 --quantization fp8 --lm-head-quantization int8"
+  for round in 1 2; do
+    for m in 0 2; do
+      run "8B fp8 + int8 head INT8_HEAD_MAX_M=$m" gemv.INT8_HEAD_MAX_M=$m -- $a
+    done
+    for shape in qwen3-0.6b smollm2-135m; do
+      for lk in 1 0; do
+        NANOVLLM_LAYER_KERNEL=$lk run "$shape LAYER_KERNEL=$lk" -- --model-shape $shape \
+          --single --num-seqs 1 --min-output-len 16 --max-output-len 16
+      done
+    done
+  done
+elif [ "${1:-sweep}" = plain ]; then
   for round in 1 2; do
     for shape in qwen3-0.6b qwen2.5-0.5b smollm2-135m; do
       for p in 0 1; do

@@ -39,6 +39,9 @@ MAX_ROWS = 4  # the kernel's limit (sweeps)
 # 2,793 / 2,227 (small models at one row: their LM heads; the layer kernel runs the layers).
 PLAIN = 1
 PLAIN_MAX_M = 2
+# Rows up to which the int8 LM head copy (layers/quant/int8_head) is read here rather than by
+# the skinny kernel; 0 (off) until timed on a GPU.
+INT8_HEAD_MAX_M = 0
 # (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): each the
 # best of tools/gemv_sweep.py at one row and at two (H200, Qwen3-8B's layers; GROUP 16 and
 # evict-first W loads won or tied everywhere).
@@ -49,11 +52,12 @@ TWO_ROWS = {(True, "narrow"): (8, 1024), (True, "mid"): (8, 1024), (True, "wide"
 
 
 @triton.jit
-def _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, BLOCK_N: tl.constexpr,
+def _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, scale_g, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr,
-                  BLOCK_SCALED: tl.constexpr):
+                  BLOCK_SCALED: tl.constexpr, GROUP_SCALED: tl.constexpr):
     """One row of x's K tile times the widened W tile, GROUP adjacent products summed (in
-    each thread's registers: a smaller accumulator, so fewer registers a program)."""
+    each thread's registers: a smaller accumulator, so fewer registers a program), and
+    scaled per group where each row has its own column blocks."""
     if EVEN_K:
         x = tl.load(x_ptr + k0 + offs_k).to(tl.float32)
     else:
@@ -63,6 +67,8 @@ def _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, BLOCK_N: tl.constexpr,
     p = w * x[None, :]
     if GROUP > 1:
         p = tl.sum(tl.reshape(p, [BLOCK_N, BLOCK_K // GROUP, GROUP]), 2)
+    if GROUP_SCALED:
+        p *= scale_g
     return p
 
 
@@ -81,7 +87,7 @@ def _row_out(acc, y_ptr, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED: tl.constexpr,
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, stride_wn,
                  stride_sn, ROW_SCALED: tl.constexpr, BLOCK_SCALED: tl.constexpr,
-                 SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 GROUP_SCALED: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_BIAS: tl.constexpr,
                  EVEN_K: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
                  W_EVICT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
@@ -89,8 +95,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    # Block scales: this program's row block (BLOCK_N divides SCALE_BN).
+    # Block scales: this program's row block (BLOCK_N divides SCALE_BN). Per-row blocks
+    # (GROUP_SCALED, SCALE_BN 1: the int8 LM head copy's): each row's scale of each group.
     s_row = s_ptr + (pid * BLOCK_N // SCALE_BN) * stride_sn
+    offs_g = tl.arange(0, BLOCK_K // GROUP) * GROUP
+    s_groups = s_ptr + offs_n.to(tl.int64)[:, None] * stride_sn
     # One accumulator a row (ROWS <= 4), each its own 2-D tile: a 3-D [ROWS, N, K] tile made
     # Triton sum the groups across threads by shuffles (4x the SASS, sm_90 compile).
     acc0 = tl.zeros((BLOCK_N, BLOCK_K // GROUP), dtype=tl.float32)
@@ -105,21 +114,30 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
         else:
             w = tl.load(w_rows + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0,
                         eviction_policy=W_EVICT)
-        w = w.to(tl.float32)
+        if w.dtype == tl.int8:  # 1.5 * 2^23 + c is exact: an add, not a quarter-rate I2F
+            w = (w.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+        else:
+            w = w.to(tl.float32)
         scale_k = 1.0
         if BLOCK_SCALED:
             scale_k = tl.load(s_row + (k0 + offs_k) // SCALE_BK, mask=mask_k, other=0.0)
-        acc0 += _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, BLOCK_N, BLOCK_K, GROUP,
-                              EVEN_K, BLOCK_SCALED)
+        scale_g = 1.0
+        if GROUP_SCALED:
+            scale_g = tl.load(s_groups + (k0 + offs_g[None, :]) // SCALE_BK,
+                              mask=mask_n[:, None] & (k0 + offs_g[None, :] < K), other=0.0)
+        acc0 += _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, scale_g, BLOCK_N,
+                              BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
         if ROWS > 1:
-            acc1 += _row_products(w, x_ptr + stride_xm, k0, offs_k, mask_k, scale_k, BLOCK_N,
-                                  BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED)
+            acc1 += _row_products(w, x_ptr + stride_xm, k0, offs_k, mask_k, scale_k, scale_g,
+                                  BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
         if ROWS > 2:
             acc2 += _row_products(w, x_ptr + 2 * stride_xm, k0, offs_k, mask_k, scale_k,
-                                  BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED)
+                                  scale_g, BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED,
+                                  GROUP_SCALED)
         if ROWS > 3:
             acc3 += _row_products(w, x_ptr + 3 * stride_xm, k0, offs_k, mask_k, scale_k,
-                                  BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED)
+                                  scale_g, BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED,
+                                  GROUP_SCALED)
     _row_out(acc0, y_ptr, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED, HAS_BIAS)
     if ROWS > 1:
         _row_out(acc1, y_ptr + stride_ym, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED, HAS_BIAS)
@@ -161,7 +179,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
          block: tuple[int, int] | None, bias: torch.Tensor | None = None,
          config: dict | None = None) -> torch.Tensor:
     """x[..., K] (a few rows) @ (weight * scale)[N, K]^T (+ bias) in x's dtype; weight e4m3
-    with scale fp32 per row [N] (block None) or per (bn, bk) block, or plain with scale None.
+    (or int8 codes) with scale fp32 per row [N] (block None) or per (bn, bk) block (bn 1:
+    each row its own column blocks, the int8 head copy's), or plain with scale None.
     config overrides choose_config's tiles (sweeps)."""
     n, k = weight.shape
     x2 = x.reshape(-1, k)
@@ -171,16 +190,20 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
         x2 = x2.contiguous()
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     cfg = dict(config or choose_config(n, k, weight.element_size(), m))
-    if block is not None:
+    per_row = block is not None and block[0] == 1
+    if per_row:  # a group's products share one scale: GROUP divides the block
+        cfg["GROUP"] = min(cfg["GROUP"], block[1])
+        assert block[1] % cfg["GROUP"] == 0, (block, cfg)
+    elif block is not None:
         while block[0] % cfg["BLOCK_N"]:  # a program's rows inside one row block
             cfg["BLOCK_N"] //= 2
     s_bn, s_bk = block if block is not None else (1, 1)
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x2, weight, scale if scale is not None else x2, bias if bias is not None else x2, y,
-        n, k, x2.stride(0), n, weight.stride(0),
-        scale.stride(0) if block is not None else 0, ROW_SCALED=scale is not None and block is None,
-        BLOCK_SCALED=block is not None, SCALE_BN=s_bn, SCALE_BK=s_bk, HAS_BIAS=bias is not None,
-        EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m, GROUP=cfg["GROUP"],
-        W_EVICT=cfg["W_EVICT"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        n, k, x2.stride(0), n, weight.stride(0), scale.stride(0) if block is not None else 0,
+        ROW_SCALED=scale is not None and block is None,
+        BLOCK_SCALED=block is not None and not per_row, GROUP_SCALED=per_row, SCALE_BN=s_bn,
+        SCALE_BK=s_bk, HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m,
+        GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y

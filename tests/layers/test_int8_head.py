@@ -1,10 +1,12 @@
 """The opt-in int8 LM head copy (layers/quant/int8_head.py): block quantization, the skinny GEMM
-reading int8 codes (interpreter on CPU, the real shapes on a GPU), and the model build."""
+and the GEMV reading int8 codes (interpreter on CPU, the real shapes on a GPU), and the model
+build."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from nanovllm.config import Config
+from nanovllm.kernels import gemv
 from nanovllm.kernels.skinny_gemm import gemm
 from nanovllm.layers.quant import int8_head
 from nanovllm.models.loader import build_model
@@ -48,6 +50,32 @@ def test_the_skinny_gemm_reads_int8_codes(xdtype, m, n, k, split):
     if xdtype == torch.float32:  # the layer's CPU path (a bf16 one rounds the weight first)
         check(int8_head.matmul(x, codes, scales, block), _reference(x, codes, scales, block),
               xdtype)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 40, 96), (2, 33, 80), (2, 24, 48)])
+def test_the_gemv_reads_int8_codes(m, n, k):
+    """Each row's column blocks scale its own GROUP-summed products (blocks of 32 / 16)."""
+    g = torch.Generator().manual_seed(n)
+    codes, scales, block = int8_head.quantize(torch.randn(n, k, generator=g))
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    y = gemv.gemv(x, codes, scales, (1, block))
+    check(y, _reference(x, codes, scales, block), torch.bfloat16)
+
+
+def test_matmul_takes_the_gemv_up_to_its_rows(monkeypatch):
+    calls = []
+    real = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # the GPU branch
+    codes, scales, block = int8_head.quantize(torch.randn(40, 64))
+    assert gemv.INT8_HEAD_MAX_M == 0  # off until timed
+    monkeypatch.setattr(gemv, "INT8_HEAD_MAX_M", 2)
+    for m, taken in ((1, True), (2, True), (3, False)):
+        x = torch.randn(m, 64).to(torch.bfloat16)
+        calls.clear()
+        y = int8_head.matmul(x, codes, scales, block)
+        assert bool(calls) == taken
+        check(y, _reference(x, codes, scales, block), torch.bfloat16)
 
 
 @pytest.mark.parametrize("name,tied", [("untied_gqa4_d64", False), ("tied_mha_d16", True)])
@@ -110,7 +138,10 @@ GPU_HEADS = sorted({linear_shapes(name)["lm_head"] for name in SHAPES
 def test_gpu_lm_head_shapes(nk):
     n, k = nk
     codes, scales, block = int8_head.quantize(torch.randn(n, k, device="cuda"))
-    for m in (1, 3, 8, 16):
+    for m in (1, 2, 3, 8, 16):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         check(int8_head.matmul(x, codes, scales, block), _reference(x, codes, scales, block),
               torch.bfloat16)
+        if m <= 2:
+            check(gemv.gemv(x, codes, scales, (1, block)), _reference(x, codes, scales, block),
+                  torch.bfloat16)

@@ -57,10 +57,13 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, block: int,
 
 def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
            block: int) -> torch.Tensor:
-    """x @ dequantize(codes, scales)^T in x's dtype for up to MAX_ROWS rows: the skinny GEMM
-    on a GPU, else the reference."""
+    """x @ dequantize(codes, scales)^T in x's dtype for up to MAX_ROWS rows: on a GPU the
+    GEMV (up to kernels/gemv.INT8_HEAD_MAX_M rows) or the skinny GEMM, else the reference."""
     if x.is_cuda:  # imported here: CPU-only installs may have no triton
+        from nanovllm.kernels import gemv
         from nanovllm.kernels.skinny_gemm import gemm
 
+        if x.numel() <= gemv.INT8_HEAD_MAX_M * x.shape[-1]:
+            return gemv.gemv(x, codes, scales, (1, block))
         return gemm(x, codes, scale=scales, block=(1, block))
     return F.linear(x, dequantize(codes, scales, block, x.dtype))
