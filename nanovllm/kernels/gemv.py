@@ -87,9 +87,10 @@ def _row_out(acc, y_ptr, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED: tl.constexpr,
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, stride_wn,
                  stride_sn, ROW_SCALED: tl.constexpr, BLOCK_SCALED: tl.constexpr,
-                 GROUP_SCALED: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 EVEN_K: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
-                 W_EVICT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 GROUP_SCALED: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr,
+                 GROUP: tl.constexpr, W_EVICT: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
