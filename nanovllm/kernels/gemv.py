@@ -168,12 +168,12 @@ def choose_config(n: int, k: int, itemsize: int = 1, rows: int = 1) -> dict:
 def takes(m: int, block: tuple[int, int] | None) -> bool:
     """Whether the GEMV runs this fp8 call: up to MAX_M rows, row scales or row blocks that
     whole 8-row tiles divide (every known checkpoint's 128)."""
-    return m <= MAX_M and (block is None or block[0] % 8 == 0)
+    return 0 < m <= MAX_M and (block is None or block[0] % 8 == 0)
 
 
 def takes_plain(m: int) -> bool:
     """Whether the GEMV runs a call of m rows on a plain weight (see PLAIN)."""
-    return m <= PLAIN * PLAIN_MAX_M
+    return 0 < m <= PLAIN * PLAIN_MAX_M
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,

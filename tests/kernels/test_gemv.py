@@ -81,6 +81,7 @@ def test_dense_linear_takes_it_up_to_plain_max_m_rows(monkeypatch):
     from nanovllm.layers import linear
 
     assert gemv.PLAIN == 1 and gemv.takes_plain(2) and not gemv.takes_plain(3)
+    assert not gemv.takes_plain(0) and not gemv.takes(0, None)  # an empty batch: cuBLAS
     calls = []
     real = gemv.gemv
     monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))

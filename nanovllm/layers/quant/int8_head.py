@@ -63,7 +63,7 @@ def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         from nanovllm.kernels import gemv
         from nanovllm.kernels.skinny_gemm import gemm
 
-        if x.numel() <= gemv.INT8_HEAD_MAX_M * x.shape[-1]:
+        if 0 < x.numel() <= gemv.INT8_HEAD_MAX_M * x.shape[-1]:
             return gemv.gemv(x, codes, scales, (1, block))
         return gemm(x, codes, scale=scales, block=(1, block))
     return F.linear(x, dequantize(codes, scales, block, x.dtype))
