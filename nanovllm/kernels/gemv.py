@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels._common import INTERPRET
+from nanovllm.kernels.layer_parts import epilogue
 
 # Rows of x this kernel takes for fp8 weights (fp8_gemm dispatches M <= MAX_M here); 0 turns
 # it off. H200, Qwen3-8B's layers, the four GEMMs' µs summed, skinny kernel -> GEMV: one row
@@ -70,18 +71,6 @@ def _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, scale_g, BLOCK_N: tl.co
     if GROUP_SCALED:
         p *= scale_g
     return p
-
-
-@triton.jit
-def _row_out(acc, y_ptr, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED: tl.constexpr,
-             HAS_BIAS: tl.constexpr):
-    """Sums one row's accumulator across K, scales it, adds the bias and stores it."""
-    y = tl.sum(acc, axis=1)
-    if ROW_SCALED:
-        y *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit
@@ -139,15 +128,17 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
             acc3 += _row_products(w, x_ptr + 3 * stride_xm, k0, offs_k, mask_k, scale_k,
                                   scale_g, BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED,
                                   GROUP_SCALED)
-    _row_out(acc0, y_ptr, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED, HAS_BIAS)
+    # Each row: summed across K, row-scaled, biased and stored (the layer kernel's epilogue).
+    epilogue(tl.sum(acc0, axis=1), offs_n, mask_n, s_ptr, b_ptr, y_ptr, ROW_SCALED, HAS_BIAS)
     if ROWS > 1:
-        _row_out(acc1, y_ptr + stride_ym, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED, HAS_BIAS)
+        epilogue(tl.sum(acc1, axis=1), offs_n, mask_n, s_ptr, b_ptr, y_ptr + stride_ym,
+                 ROW_SCALED, HAS_BIAS)
     if ROWS > 2:
-        _row_out(acc2, y_ptr + 2 * stride_ym, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED,
-                 HAS_BIAS)
+        epilogue(tl.sum(acc2, axis=1), offs_n, mask_n, s_ptr, b_ptr, y_ptr + 2 * stride_ym,
+                 ROW_SCALED, HAS_BIAS)
     if ROWS > 3:
-        _row_out(acc3, y_ptr + 3 * stride_ym, s_ptr, b_ptr, offs_n, mask_n, ROW_SCALED,
-                 HAS_BIAS)
+        epilogue(tl.sum(acc3, axis=1), offs_n, mask_n, s_ptr, b_ptr, y_ptr + 3 * stride_ym,
+                 ROW_SCALED, HAS_BIAS)
 
 
 def choose_config(n: int, k: int, itemsize: int = 1, rows: int = 1) -> dict:
