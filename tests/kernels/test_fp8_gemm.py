@@ -33,7 +33,8 @@ def test_tall_tiles_match_reference(kind, xdtype, m, split):
 
 
 def test_default_configs_by_rows():
-    """Without a config: the skinny table up to 16 rows, then the default path of each M."""
+    """Without a config: the GEMV for one or two rows, the skinny table up to 16, then the
+    default path of each M."""
     w, s, block = make_weight(24, 48, "fp8_block", block=(16, 16))
     for m in (1, 16, 17, 50):
         x = torch.randn(m, 48)

@@ -1,5 +1,6 @@
-"""Which matmul a linear layer runs: the NANOVLLM_SKINNY_GEMM switch, the static rule, fp8
-weights on a GPU; and, on the GPU, that the engine's greedy tokens do not depend on it."""
+"""Which matmul a linear layer runs: the NANOVLLM_SKINNY_GEMM switch, the GEMV for one or two
+rows, the static rule, fp8 weights on a GPU; and, on the GPU, that the engine's greedy tokens
+do not depend on it."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,41 +40,48 @@ def test_cpu_is_torch(switch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("enabled", ["0", "1"])
 def test_gpu_dispatch(switch, monkeypatch, enabled):
-    """Switch on: M <= 16 bf16 matmuls of a shape the rule picks take the kernel; M = 17, fp32
-    weights and shapes the rule leaves to cuBLAS do not; switch off: none do. Either way the
-    result is F.linear's (within one bf16 rounding)."""
-    from nanovllm.kernels import skinny_config, skinny_gemm
+    """Switch on: one or two rows of any bf16 weight take the GEMV; 3-16 rows of a shape the
+    rule picks take the skinny kernel; M = 17, fp32 weights and shapes the rule leaves to
+    cuBLAS take neither; switch off: none do. Either way the result is F.linear's (within
+    one bf16 rounding)."""
+    from nanovllm.kernels import gemv, skinny_config, skinny_gemm
 
     switch(enabled)
     calls = []
-    real = skinny_gemm.gemm
-    monkeypatch.setattr(skinny_gemm, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for mod, fn, name in ((skinny_gemm, skinny_gemm.gemm, "gemm"), (gemv, gemv.gemv, "gemv")):
+        monkeypatch.setattr(mod, name, lambda *a, f=fn, n=name, **k: calls.append(n) or f(*a, **k))
     monkeypatch.setattr(skinny_config, "beats_cublas", lambda n, k: n == 1024)
     w = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) / 45
     other = torch.randn(1536, 2048, device="cuda", dtype=torch.bfloat16) / 45
-    for m, weight, dtype, expect in [(1, w, torch.bfloat16, True), (16, w, torch.bfloat16, True),
-                                     (17, w, torch.bfloat16, False),
-                                     (4, w, torch.float32, False),
-                                     (4, other, torch.bfloat16, False)]:
+    for m, weight, dtype, expect in [(1, w, torch.bfloat16, "gemv"),
+                                     (2, other, torch.bfloat16, "gemv"),
+                                     (16, w, torch.bfloat16, "gemm"),
+                                     (17, w, torch.bfloat16, None),
+                                     (4, w, torch.float32, None),
+                                     (4, other, torch.bfloat16, None)]:
         calls.clear()
         x = torch.randn(m, 2048, device="cuda", dtype=dtype)
         y = dense_linear(x, weight.to(dtype))
-        assert bool(calls) == (expect and enabled == "1"), (m, dtype, weight.shape)
+        assert calls == ([expect] if expect and enabled == "1" else []), (m, weight.shape)
         torch.testing.assert_close(y, F.linear(x, weight.to(dtype)), rtol=2 ** -7, atol=1e-3)
 
 
 @pytest.mark.gpu
-def test_gpu_skinny_kernel_is_as_close_to_fp32_as_cublas(switch, monkeypatch, smollm2_path):
-    """Real weights (SmolLM2-135M), teacher-forced over English text, the skinny kernel in
-    every layer of the decode steps (whatever the rule says): bf16 with it is as close to
+@pytest.mark.parametrize("plain", [0, 1])
+def test_gpu_skinny_kernel_is_as_close_to_fp32_as_cublas(switch, monkeypatch, smollm2_path,
+                                                          plain):
+    """Real weights (SmolLM2-135M), teacher-forced over English text, the skinny kernel
+    (gemv.PLAIN 0) or the GEMV (1) in every layer of the decode steps (whatever the rule
+    says): bf16 with it is as close to
     our fp32 model as bf16 with cuBLAS is. (The two bf16 runs sum in different orders, so
     they differ from each other by bf16 noise, up to ~0.13 nats at a position on an H100;
     against fp32 each is ~0.03 nats off on average. A wrong kernel would be far off.)"""
     from nanovllm import LLM
-    from nanovllm.kernels import skinny_config
+    from nanovllm.kernels import gemv, skinny_config
     from tools.fp8_accuracy import context_logits, logprob_errors, text_ids
 
     monkeypatch.setattr(skinny_config, "beats_cublas", lambda n, k: True)
+    monkeypatch.setattr(gemv, "PLAIN", plain)
 
     def logits(value, dtype):
         switch(value)
@@ -93,16 +101,19 @@ def test_gpu_skinny_kernel_is_as_close_to_fp32_as_cublas(switch, monkeypatch, sm
 
 
 @pytest.mark.gpu
-def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path):
-    """Real weights (SmolLM2-135M, bf16, CUDA graphs), greedy, the skinny kernel in every layer
-    (whatever the rule says) vs cuBLAS: where two answers first part, the two leading tokens
-    were a near tie in both runs, and most answers are the same. (How
-    close their log-probs are: the teacher-forced test above, against fp32.)"""
+@pytest.mark.parametrize("plain", [0, 1])
+def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path, plain):
+    """Real weights (SmolLM2-135M, bf16, CUDA graphs), greedy, the skinny kernel (gemv.PLAIN
+    0) or at one or two rows the GEMV (1) in every layer (whatever the rule says) vs cuBLAS:
+    where two answers first part, the two leading tokens were a near tie in both runs, and
+    most answers are the same. (How close their log-probs are: the teacher-forced test
+    above, against fp32.)"""
     from nanovllm import LLM, SamplingParams
-    from nanovllm.kernels import skinny_config
+    from nanovllm.kernels import gemv, skinny_config
     from tests.models.test_smollm2 import QUESTIONS
 
     monkeypatch.setattr(skinny_config, "beats_cublas", lambda n, k: True)
+    monkeypatch.setattr(gemv, "PLAIN", plain)
 
     # A fixed KV cache (16 blocks of 256 tokens hold every prompt and answer): the second
     # engine's size must not depend on what the first left on the card (an H100 run of
