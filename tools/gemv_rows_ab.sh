@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine|small|plain|next]` on the device: the GEMV
+# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine|small|plain|tests|next]` on the device: the GEMV
 # (kernels/gemv.py) at one to four rows and on plain weights.
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
 #     the small models at batch 1 with gemv.PLAIN 0 / 1 (their LM heads), alternating.
@@ -8,12 +8,13 @@
 #   plain (~3 min): small models' bf16 layers and LM heads on the GEMV or not (gemv.PLAIN
 #     1 / 0) at two sequences then one. (Timed with knobs since folded into PLAIN: layers
 #     under 2^24 values, heads of K < 4,096; each won.)
-#   next (~8 min, not yet run): the GPU tests this session did not run (linear dispatch, fp8
-#     GEMM, skinny GEMM; the dispatch file's real-weight tests skip without $SMOLLM2_GGUF:
-#     run them with tools/real_model_check.sh, STEPS=tests TESTS=that file), the int8 LM head
-#     copy through the GEMV (tests, sweep, the 8B shape with gemv.INT8_HEAD_MAX_M 0 / 2),
-#     bf16 small layers at 3-4 rows, and batch 1 of small models with the layer kernel on /
-#     off now that a launch per op uses the GEMV.
+#   tests (<= 9 min, not yet run): every GPU test outside tests/kernels (toy engines in bf16
+#     now decode through the GEMV) plus the GEMV's, fp8 GEMM's and skinny GEMM's; the
+#     real-weight ones (test_linear_dispatch, test_smollm2) skip unless SMOLLM2_GGUF names
+#     the GGUF (tools/real_model_check.sh carries it over in two calls).
+#   next (~6 min, not yet run): the int8 LM head copy through the GEMV (tests, sweep, the 8B
+#     shape with gemv.INT8_HEAD_MAX_M 0 / 2), bf16 small layers at 3-4 rows, and batch 1 of
+#     small models with the layer kernel on / off now that a launch per op uses the GEMV.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -25,11 +26,16 @@ run() {  # label, bench_with args...
     | tr '\n' ' ')
   echo "[$label] $r" | tee -a "$f"
 }
-if [ "${1:-sweep}" = next ]; then
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
-    tests/layers/test_int8_head.py tests/layers/test_linear_dispatch.py \
-    tests/kernels/test_fp8_gemm.py tests/kernels/test_skinny_gemm.py 2>&1 \
-    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+if [ "${1:-sweep}" = tests ]; then
+  # Every GPU test outside kernels/ (engines on toy models in bf16 now run their decode
+  # through the GEMV), and the GEMM kernels' own; pass SMOLLM2_GGUF for the real-weight ones.
+  timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/kernels \
+    tests/kernels/test_gemv.py tests/kernels/test_fp8_gemm.py tests/kernels/test_skinny_gemm.py \
+    2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 12 | tee -a "$f"
+elif [ "${1:-sweep}" = next ]; then
+  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
+    tests/layers/test_int8_head.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" \
+    | tail -n 5 | tee -a "$f"
   timeout 120 python3 tools/gemv_sweep.py --weights int8 --layers lm_head --rows 1,2 \
     --models qwen3-8b,qwen3-0.6b 2>&1 | grep -v skip | tee -a "$f"
   timeout 120 python3 tools/gemv_sweep.py --weights bf16 --rows 3,4 --models qwen3-0.6b \
