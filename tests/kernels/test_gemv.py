@@ -130,9 +130,13 @@ def test_gpu_plain_model_shapes(nk):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [2, 3, 4])
 @pytest.mark.parametrize("kind", ["fp8_row", "fp8_block", "bf16"])
-def test_gpu_several_rows_qwen3_8b(m, kind):
-    """A few rows at Qwen3-8B's shapes with the default configs."""
-    for n, k in linear_shapes("qwen3-8b").values():
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_gpu_several_rows(model, m, kind):
+    """A few rows at every supported model's layer shapes (bf16: the LM head too) with the
+    default configs."""
+    for name, (n, k) in linear_shapes(model).items():
+        if name == "lm_head" and kind != "bf16":
+            continue
         w, s, block = make_weight(n, k, kind, block=(128, 128), device="cuda")
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         check(gemv.gemv(x, w, s, block), reference(x, w, s, block, None), torch.bfloat16)
