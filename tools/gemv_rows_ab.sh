@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine|small|plain|tests|next]` on the device: the GEMV
-# (kernels/gemv.py) at one to four rows and on plain weights.
+# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine|small|plain|tests|next|head]` on the
+# device: the GEMV (kernels/gemv.py) at one to four rows and on plain weights.
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
 #     the small models at batch 1 with gemv.PLAIN 0 / 1 (their LM heads), alternating.
 #   small (~5 min): the small models' fp8 layers at one / two rows, the 8B bf16 LM head, and
@@ -15,6 +15,10 @@
 #   next (~6 min, not yet run): the int8 LM head copy through the GEMV (tests, sweep, the 8B
 #     shape with gemv.INT8_HEAD_MAX_M 0 / 2), bf16 small layers at 3-4 rows, and batch 1 of
 #     small models with the layer kernel on / off now that a launch per op uses the GEMV.
+#   head (~4 min, not yet run): the int8 head copy at one row on its own tiles
+#     (gemv.GROUPED_ONE_ROW): the sweep's default against the best, then the 8B fp8 + int8
+#     head and Qwen3-0.6B bf16 + int8 head shapes with gemv.INT8_HEAD_MAX_M 0 / 1,
+#     alternating.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -53,6 +57,18 @@ elif [ "${1:-sweep}" = next ]; then
         NANOVLLM_LAYER_KERNEL=$lk run "$shape LAYER_KERNEL=$lk" -- --model-shape $shape \
           --single --num-seqs 1 --min-output-len 16 --max-output-len 16
       done
+    done
+  done
+elif [ "${1:-sweep}" = head ]; then
+  timeout 100 python3 tools/gemv_sweep.py --weights int8 --layers lm_head --rows 1 \
+    --models qwen3-8b,qwen3-0.6b 2>&1 | grep -v skip | tee -a "$f"
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16 --lm-head-quantization int8"
+  for round in 1 2; do
+    for m in 0 1; do
+      run "8B fp8 + int8 head INT8_HEAD_MAX_M=$m" gemv.INT8_HEAD_MAX_M=$m -- \
+        --model-shape qwen3-8b --quantization fp8 $s
+      run "0.6B bf16 + int8 head INT8_HEAD_MAX_M=$m" gemv.INT8_HEAD_MAX_M=$m -- \
+        --model-shape qwen3-0.6b $s
     done
   done
 elif [ "${1:-sweep}" = plain ]; then

@@ -69,7 +69,8 @@ def main():
                 wf = w0.float() * (s0[:, None] if fp8 else 1)
             ref = x.float() @ wf.t()
             t_base = (time_skinny(x, weights) if skinny else time_cublas(m, n, k)) * 1e3
-            default = gemv.choose_config(n, k, w0.element_size(), m)
+            default = gemv.choose_config(n, k, w0.element_size(), m,
+                                         grouped=args.weights == "int8")
             t_default = time_gemv(x, weights, default, "default")
             row = []
             for (bn, bk, warps, stages), group, evict in itertools.product(

@@ -41,8 +41,16 @@ MAX_ROWS = 4  # the kernel's limit (sweeps)
 PLAIN = 1
 PLAIN_MAX_M = 2
 # Rows up to which the int8 LM head copy (layers/quant/int8_head) is read here rather than by
-# the skinny kernel; 0 (off) until timed on a GPU.
+# the skinny kernel; 0: never. H200 (tools/gemv_sweep.py --weights int8 --layers lm_head), µs
+# skinny / GEMV with fp8's wide tiles / the best tiles: Qwen3-8B one row 187.8 / 169.2 /
+# 152.0 (GROUPED_ONE_ROW's), two rows 188.9 / 292.9 / 227.9; Qwen3-0.6B one row 50.3 / 44.9 /
+# 40.7, two 50.3 / 57.8 / 57.7. bench.py --single 8B fp8 + int8 head, fp8's tiles, 0 / 2:
+# two sequences 669.9 / 644.0, one 365.8 / 366.0 tok/s. Off until one row with the tiles
+# below is timed in the engine.
 INT8_HEAD_MAX_M = 0
+# (BLOCK_N, BLOCK_K) for the int8 head copy at one row (its scale a row and column block), by
+# K < 4096 or not: the sweep's best above.
+GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
 # (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): each the
 # best of tools/gemv_sweep.py at one row and at two (H200, Qwen3-8B's layers; GROUP 16 and
 # evict-first W loads won or tied everywhere).
@@ -141,14 +149,18 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
                  ROW_SCALED, HAS_BIAS)
 
 
-def choose_config(n: int, k: int, itemsize: int = 1, rows: int = 1) -> dict:
+def choose_config(n: int, k: int, itemsize: int = 1, rows: int = 1,
+                  grouped: bool = False) -> dict:
     """The tiles for a weight [n, k] of itemsize bytes a value at this many rows (ONE_ROW /
-    TWO_ROWS; rows 3-4, sweeps only, take TWO_ROWS')."""
+    TWO_ROWS; rows 3-4, sweeps only, take TWO_ROWS'); grouped: the int8 head copy's, a scale
+    a row and column block (GROUPED_ONE_ROW at one row)."""
     if INTERPRET:
         return dict(BLOCK_N=8, BLOCK_K=32, GROUP=4, W_EVICT="evict_first", num_warps=1,
                     num_stages=1)
     width = "wide" if n >= 16384 else "narrow" if n <= 4096 else "mid"
     bn, bk = (ONE_ROW if rows == 1 else TWO_ROWS)[(itemsize == 1, width)]
+    if grouped and rows == 1:
+        bn, bk = GROUPED_ONE_ROW[k >= 4096]
     if itemsize == 4:  # fp32 rows: twice bf16's registers a tile
         bk //= 2
     bk = min(bk, triton.next_power_of_2(k))
@@ -181,8 +193,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    cfg = dict(config or choose_config(n, k, weight.element_size(), m))
     per_row = block is not None and block[0] == 1
+    cfg = dict(config or choose_config(n, k, weight.element_size(), m, per_row))
     if per_row:  # a group's products share one scale: GROUP divides the block
         cfg["GROUP"] = min(cfg["GROUP"], block[1])
         assert block[1] % cfg["GROUP"] == 0, (block, cfg)

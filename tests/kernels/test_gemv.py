@@ -97,6 +97,23 @@ def test_dense_linear_takes_it_up_to_plain_max_m_rows(monkeypatch):
     assert not gemv.takes_plain(1)
 
 
+
+def test_tiles_by_width_rows_and_the_int8_heads_own(monkeypatch):
+    """choose_config (on a GPU): ONE_ROW / TWO_ROWS by width; the int8 head copy (grouped)
+    at one row takes GROUPED_ONE_ROW by K, at two the tables' as before."""
+    monkeypatch.setattr(gemv, "INTERPRET", False)
+
+    def tiles(*args, **kw):
+        cfg = gemv.choose_config(*args, **kw)
+        return cfg["BLOCK_N"], cfg["BLOCK_K"]
+
+    assert tiles(151936, 4096, 1, 1) == gemv.ONE_ROW[(True, "wide")]
+    assert tiles(151936, 4096, 1, 1, grouped=True) == gemv.GROUPED_ONE_ROW[True] == (8, 1024)
+    assert tiles(151936, 1024, 1, 1, grouped=True) == gemv.GROUPED_ONE_ROW[False]
+    assert tiles(151936, 4096, 1, 2, grouped=True) == gemv.TWO_ROWS[(True, "wide")]
+    assert tiles(1024, 2048, 2, 1) == gemv.ONE_ROW[(False, "narrow")]
+    assert tiles(4096, 100, 2, 1)[1] == 128  # BLOCK_K no wider than K's power of two
+
 # ---- GPU: every supported model's shapes --------------------------------------------------
 
 GPU_CASES = sorted({(nk, kind) for name in SHAPES for layer, nk in linear_shapes(name).items()
