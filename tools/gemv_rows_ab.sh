@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `OUT=$OUT bash tools/gemv_rows_ab.sh [sweep|engine|small|plain|tests|next|head]` on the
-# device: the GEMV (kernels/gemv.py) at one to four rows and on plain weights.
+# `OUT=$OUT bash tools/gemv_rows_ab.sh MODE` on the device, MODE one of sweep, engine, small,
+# plain, tests, next, head, narrow: the GEMV (kernels/gemv.py) at one to four rows and on
+# plain weights.
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
 #     the small models at batch 1 with gemv.PLAIN 0 / 1 (their LM heads), alternating.
 #   small (~5 min): the small models' fp8 layers at one / two rows, the 8B bf16 LM head, and
@@ -19,6 +20,8 @@
 #     (gemv.GROUPED_ONE_ROW): the sweep's default against the best, then the 8B fp8 + int8
 #     head and Qwen3-0.6B bf16 + int8 head shapes with gemv.INT8_HEAD_MAX_M 0 / 1,
 #     alternating.
+#   narrow (~6 min, not yet run): bf16 o / down projections (N < K) at three and four rows,
+#     then four sequences decoding together with gemv.PLAIN_NARROW_MAX_M 0 / 4, alternating.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -69,6 +72,18 @@ elif [ "${1:-sweep}" = head ]; then
         --model-shape qwen3-8b --quantization fp8 $s
       run "0.6B bf16 + int8 head INT8_HEAD_MAX_M=$m" gemv.INT8_HEAD_MAX_M=$m -- \
         --model-shape qwen3-0.6b $s
+    done
+  done
+elif [ "${1:-sweep}" = narrow ]; then
+  timeout 150 python3 tools/gemv_sweep.py --weights bf16 --rows 3,4 --layers o,down \
+    --models qwen3-8b,qwen2.5-0.5b,smollm2-135m 2>&1 | grep -v skip | tee -a "$f"
+  for round in 1 2; do
+    for shape in qwen3-0.6b qwen2.5-0.5b qwen3-8b; do
+      for m in 0 4; do
+        run "$shape 4 seqs PLAIN_NARROW_MAX_M=$m" gemv.PLAIN_NARROW_MAX_M=$m -- \
+          --model-shape $shape --num-seqs 4 --min-input-len 16 --max-input-len 32 \
+          --min-output-len 256 --max-output-len 256
+      done
     done
   done
 elif [ "${1:-sweep}" = plain ]; then

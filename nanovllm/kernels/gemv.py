@@ -40,6 +40,11 @@ MAX_ROWS = 4  # the kernel's limit (sweeps)
 # 2,793 / 2,227 (small models at one row: their LM heads; the layer kernel runs the layers).
 PLAIN = 1
 PLAIN_MAX_M = 2
+# Rows up to which a plain weight narrower than it is deep (N < K: o and down projections)
+# takes it too, past PLAIN_MAX_M; 0: no further. H200, Qwen3-0.6B bf16, µs cuBLAS / GEMV at
+# three and four rows: o 10.5 / 4.3, 12.7 / 4.6; down 6.8 / 5.4, 6.8 / 5.7 (qkv and gate_up,
+# N > K, lose: 4.9 / 6.2, 6.0 / 6.8 at three). Off until timed in the engine.
+PLAIN_NARROW_MAX_M = 0
 # Rows up to which the int8 LM head copy (layers/quant/int8_head) is read here rather than by
 # the skinny kernel; 0: never. H200 (tools/gemv_sweep.py --weights int8 --layers lm_head), µs
 # skinny / GEMV with fp8's wide tiles / the best tiles: Qwen3-8B one row 187.8 / 169.2 /
@@ -174,9 +179,10 @@ def takes(m: int, block: tuple[int, int] | None) -> bool:
     return 0 < m <= MAX_M and (block is None or block[0] % 8 == 0)
 
 
-def takes_plain(m: int) -> bool:
-    """Whether the GEMV runs a call of m rows on a plain weight (see PLAIN)."""
-    return 0 < m <= PLAIN * PLAIN_MAX_M
+def takes_plain(m: int, n: int = 0, k: int = 0) -> bool:
+    """Whether the GEMV runs a call of m rows on a plain weight [n, k] (see PLAIN and
+    PLAIN_NARROW_MAX_M)."""
+    return 0 < m <= PLAIN * max(PLAIN_MAX_M, PLAIN_NARROW_MAX_M if n < k else 0)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,

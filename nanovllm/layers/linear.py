@@ -72,7 +72,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         from nanovllm.kernels.skinny_gemm import MAX_M, gemm
 
         k = x.shape[-1]
-        if gemv.takes_plain(x.numel() // k) and weight.stride(1) == 1:
+        if gemv.takes_plain(x.numel() // k, weight.shape[0], k) and weight.stride(1) == 1:
             return gemv.gemv(x, weight, None, None, bias)
         if x.numel() <= MAX_M * k and beats_cublas(weight.shape[0], k):
             return gemm(x, weight, bias)

@@ -93,8 +93,17 @@ def test_dense_linear_takes_it_up_to_plain_max_m_rows(monkeypatch):
         y = linear.dense_linear(x, w)
         assert bool(calls) == taken and y.shape == (m, 40)
         check(y, reference(x, w, None, None, None), x.dtype)
+    # PLAIN_NARROW_MAX_M: more rows for weights narrower than deep (N < K) only.
+    assert gemv.PLAIN_NARROW_MAX_M == 0  # off until timed
+    monkeypatch.setattr(gemv, "PLAIN_NARROW_MAX_M", 4)
+    assert gemv.takes_plain(4, 40, 96) and not gemv.takes_plain(5, 40, 96)
+    assert gemv.takes_plain(2, 96, 40) and not gemv.takes_plain(3, 96, 40)
+    x = torch.randn(3, 96).to(torch.bfloat16)
+    calls.clear()
+    check(linear.dense_linear(x, w), reference(x, w, None, None, None), x.dtype)
+    assert calls
     monkeypatch.setattr(gemv, "PLAIN", 0)
-    assert not gemv.takes_plain(1)
+    assert not gemv.takes_plain(1) and not gemv.takes_plain(3, 40, 96)
 
 
 
