@@ -9,13 +9,18 @@
 #   plain (~3 min): small models' bf16 layers and LM heads on the GEMV or not (gemv.PLAIN
 #     1 / 0) at two sequences then one. (Timed with knobs since folded into PLAIN: layers
 #     under 2^24 values, heads of K < 4,096; each won.)
-#   tests (<= 9 min, not yet run): every GPU test outside tests/kernels (toy engines in bf16
-#     now decode through the GEMV) plus the GEMV's, fp8 GEMM's and skinny GEMM's; the
-#     real-weight ones (test_linear_dispatch, test_smollm2) skip unless SMOLLM2_GGUF names
-#     the GGUF (tools/real_model_check.sh carries it over in two calls).
-#   next (~6 min, not yet run): the int8 LM head copy through the GEMV (tests, sweep, the 8B
-#     shape with gemv.INT8_HEAD_MAX_M 0 / 2), bf16 small layers at 3-4 rows, and batch 1 of
-#     small models with the layer kernel on / off now that a launch per op uses the GEMV.
+#   tests (PART 1 / 2 / 3, each <= 9.5 min): every GPU test outside tests/kernels (toy engines
+#     in bf16 decode through the GEMV) plus the GEMV's, fp8 GEMM's and skinny GEMM's; the
+#     real-weight ones (test_linear_dispatch, test_smollm2, test_kv_cache) skip unless
+#     SMOLLM2_GGUF names the GGUF (tools/real_model_check.sh carries it in two calls). Run
+#     2026-11-30 on an H200: the top-level files, engine, layers, models and utils took
+#     570 s (93 tests, all passed or skipped), worker and the three kernel files 237 s
+#     (252 passed); parts 1 and 2 split the former, part 3 is the latter. No fastapi there:
+#     server / structured are left to the CPU suite.
+#   next (~4 min; run 2026-11-30, PERF_NOTES forty-seventh session): the int8 LM head copy
+#     through the GEMV (tests, sweep, the 8B shape with gemv.INT8_HEAD_MAX_M 0 / 2), bf16
+#     small layers at 3-4 rows, and batch 1 of small models with the layer kernel on / off
+#     now that a launch per op uses the GEMV.
 #   head (~4 min, not yet run): the int8 head copy at one row on its own tiles
 #     (gemv.GROUPED_ONE_ROW): the sweep's default against the best, then the 8B fp8 + int8
 #     head and Qwen3-0.6B bf16 + int8 head shapes with gemv.INT8_HEAD_MAX_M 0 / 1,
@@ -37,10 +42,16 @@ if [ "${1:-sweep}" = tests ]; then
   # Every GPU test outside kernels/ (engines on toy models in bf16 now run their decode
   # through the GEMV), and the GEMM kernels' own; pass SMOLLM2_GGUF for the real-weight ones.
   # (--ignore=tests/kernels would drop the kernel files named too.)
-  timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_*.py tests/engine \
-    tests/layers tests/models tests/server tests/structured tests/utils tests/worker \
-    tests/kernels/test_gemv.py tests/kernels/test_fp8_gemm.py tests/kernels/test_skinny_gemm.py \
-    2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 12 | tee -a "$f"
+  if [ "${PART:-1}" = 1 ]; then
+    set -- tests/test_*.py tests/engine tests/layers
+  elif [ "${PART:-1}" = 2 ]; then
+    set -- tests/models tests/utils
+  else
+    set -- tests/worker tests/kernels/test_gemv.py tests/kernels/test_fp8_gemm.py \
+      tests/kernels/test_skinny_gemm.py
+  fi
+  timeout 570 python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 12 | tee -a "$f"
 elif [ "${1:-sweep}" = next ]; then
   timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
     tests/layers/test_int8_head.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" \
