@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # `OUT=$OUT bash tools/mix_check.sh [kernels|cache|real]` on the device: the Hadamard mix by
-# butterflies (NANOVLLM_FWHT=1) against the dots (0, the default since SmolLM2's int8-cache
-# decode drifted with the butterflies on an H200).
+# butterflies (NANOVLLM_FWHT=1, the default) against the dots (0). (Written when SmolLM2's
+# int8-cache decode drifted on an H200: the stager's fault, fixed 2026-11-30.)
 #   kernels (~4 min): the mixing kernels' GPU tests under each (test_mix_store names the
 #     faulty piece: the mixed q / k, or the int8 codes and scales made from them).
-#   cache (~6 min): the rest of the 8-bit caches' GPU tests under the dots (not run with them
-#     since the butterflies landed), then what the dots cost: bench.py fp8 KV and batch 1.
+#   cache (~6 min): the rest of the 8-bit caches' GPU tests under FW (default 1), then what
+#     the dots cost: bench.py fp8 KV and batch 1, alternating.
 #   real (~4 min): with SMOLLM2_GGUF (tools/real_model_check.sh carries the GGUF), SmolLM2's
 #     int8-cache teacher-forced test and tools/fp8_accuracy.py's fp8-cache errors under each.
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
@@ -23,7 +23,8 @@ case "${1:-kernels}" in
         tests/kernels/test_hadamard.py tests/kernels/test_triton_rope.py
     done ;;
   cache)
-    tests "FWHT=0" tests/models/test_layer_kernel.py tests/kernels/test_kv_feedback.py \
+    NANOVLLM_FWHT=${FW:-1} tests "FWHT=${FW:-1}" tests/models/test_layer_kernel.py \
+      tests/kernels/test_kv_feedback.py \
       tests/kernels/test_fp8_kv.py tests/kernels/test_int8_kv.py
     for round in 1 2; do
       for fw in 1 0; do

@@ -11,14 +11,13 @@ import triton.language as tl
 # call at 1 / 256 tokens, dots / butterflies): fp8 store with the mix 8.5 / 3.7 and 12.7 /
 # 7.4 (no mix 3.2 and 6.2); with K's feedback 9.5 / 9.9 and 14.3 / 14.0 (the feedback tile is
 # then the long pole); bench.py --single fp8 (the layer kernel) 876 / 975 tok/s; bench.py
-# fp8 30,857 and 31,529 / 30,246 and 31,182 (within its spread).
-# Off by default since: on an H200 (2026-11-30) SmolLM2's teacher-forced decode over an int8
-# cache (worker/test_kv_cache.py, GPU) was 1.18 nats (fp32 model) / 1.20 (bf16) from the fp32
-# cache's with the butterflies; the fp32 case passed (< 0.035) with the dots or unmixed,
-# while the interpreter's butterflies equal the product at every shape: a fault on the GPU
-# not yet found (tests/kernels/test_mix_store.py and test_hadamard.py name the piece).
-# NANOVLLM_FWHT=1: the butterflies.
-FWHT = tl.constexpr(os.environ.get("NANOVLLM_FWHT", "0") == "1")
+# fp8 30,857 and 31,529 / 30,246 and 31,182 (within its spread); again 2026-11-30,
+# alternating: bench.py fp8 33,485 and 33,402 / 34,120 and 34,200, batch 1 962, 966 / 1,098,
+# 1,105.
+# (Off for a day: SmolLM2's teacher-forced int8 decode drifted on an H200 under either
+# path; the cause was the stager reusing a pinned buffer whose copy was still queued
+# (worker/stager.py), not the mix.) NANOVLLM_FWHT=0: the dots.
+FWHT = tl.constexpr(os.environ.get("NANOVLLM_FWHT", "1") == "1")
 
 
 @triton.jit

@@ -6,7 +6,10 @@ Every part is written into one int32 staging buffer at a 16-byte aligned offset 
 specialises kernels on pointer alignment, so unaligned slices would trigger recompiles
 mid-run), copied over at once, and viewed back on the device with its own dtype and shape.
 On a GPU the staging buffers are pinned and two take turns: with async scheduling the next
-step is staged while this one's copy may still be queued (one step in flight, no more).
+step is staged while this one's copy may still be queued. A buffer is written again only
+after an event says its last copy ran: callers that stage steps back to back without reading
+results (the draft model's passes, teacher-forced tools) would otherwise let a queued copy
+read the step after next (seen: SmolLM2 fp32 decode through the layer kernel, H200).
 """
 import numpy as np
 import torch
@@ -49,6 +52,8 @@ class Stager:
         self.host_arrays: list[np.ndarray | None] = [None, None]  # their numpy views
         self._fixed_views: dict[tuple, dict[str, torch.Tensor]] = {}
         self.turn = 0
+        # Per staging buffer: an event recorded after its latest copy (None: never copied).
+        self.copied: list[torch.cuda.Event | None] = [None, None]
         self.fixed = None
         self.fixed_words = 0
         if graph_parts:
@@ -80,6 +85,7 @@ class Stager:
             tail = self._to_device(src)
         elif total <= self.fixed.numel():
             step_copy(self.fixed, src)
+            self._copied()
             # Every part lies in the fixed buffer: the views of the last step of this
             # layout serve again (a view costs ~2 us of host time, a batch-1 step ~5 of them).
             key = tuple((name, a.dtype, a.shape) for name, a in parts.items())
@@ -91,7 +97,7 @@ class Stager:
             return out
         else:  # rare: a long penalty history outgrows the room after the graph inputs
             step_copy(self.fixed, src[:head])
-            tail = self._to_device(src[head:])
+            tail = self._to_device(src[head:])  # (records after both copies)
         return self._views(parts, offsets, tail, head)
 
     def _views(self, parts: dict[str, np.ndarray], offsets: list[int], tail: torch.Tensor,
@@ -110,7 +116,18 @@ class Stager:
             return src.to(self.device)
         out = torch.empty(src.numel(), dtype=torch.int32, device=self.device)
         step_copy(out, src)
+        self._copied()
         return out
+
+    def _copied(self) -> None:
+        """Record that the staging buffer just used (turn flipped since) has its copy queued:
+        _host waits for this before writing into it again."""
+        if not self.pinned:
+            return
+        used = self.turn ^ 1
+        if self.copied[used] is None:
+            self.copied[used] = torch.cuda.Event()
+        self.copied[used].record()
 
     def _host(self, words: int) -> torch.Tensor:
         """A staging buffer of at least `words` int32 words and its numpy view: on a GPU the
@@ -120,9 +137,12 @@ class Stager:
             host = torch.empty(words, dtype=torch.int32)
             return host, host.numpy()
         host = self.hosts[self.turn]
+        if self.copied[self.turn] is not None:
+            # Normally long done (its step is two back); not when steps are staged back to
+            # back without a wait for results, where the copy may still be queued.
+            self.copied[self.turn].synchronize()
         if host is None or host.numel() < words:
-            # The replaced buffer's last copy ran already: its step is two back, and the host
-            # waits for a step's results before staging the step after next.
+            # (The replaced buffer's last copy ran: waited for above.)
             host = torch.empty(max(words, 2 * (0 if host is None else host.numel())),
                                dtype=torch.int32, pin_memory=True)
             self.hosts[self.turn] = host

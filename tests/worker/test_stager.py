@@ -79,3 +79,16 @@ def test_pinned_buffers_take_turns_and_grow_on_a_gpu():
             host = parts(rng, 8, 5, extra)
             assert_same(st.upload(host, graph=graph), host)
     assert min(h.numel() for h in st.hosts) >= 3 * 70000 * 2  # both grew past the graph room
+
+
+@pytest.mark.gpu
+def test_a_queued_copy_keeps_its_values_when_steps_are_staged_back_to_back():
+    """Three steps staged while the GPU is still busy (no wait for results between them, as
+    the draft model's passes and teacher-forced tools stage): the third waits for the first's
+    copy before reusing its pinned buffer, so the first still arrives with its own values."""
+    st = Stager(torch.device("cuda"))
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time ahead of the copies
+    steps = [dict(decode_meta=np.full((7, 4), v, np.int32)) for v in (1, 2, 3)]
+    dev = [st.upload(s) for s in steps]
+    for d, s in zip(dev, steps):
+        assert_same(d, s)
