@@ -140,7 +140,8 @@ class Config:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.device is not None and not (
-            isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda"))
+            isinstance(self.device, str)
+            and (self.device == "cpu" or self.device.startswith("cuda"))
         ):
             raise ValueError(f"device={self.device!r} must be None (auto), 'cpu' or 'cuda'")
         eos = self.eos if isinstance(self.eos, (list, tuple)) else [self.eos]

@@ -130,7 +130,8 @@ class BlockManager:
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]
             block.ref_count += 1
-        seq.block_table = hits + [self._take_free_block() for _ in range(seq.num_blocks - len(hits))]
+        seq.block_table = hits + [self._take_free_block()
+                                  for _ in range(seq.num_blocks - len(hits))]
         seq.num_cached_tokens = len(hits) * self.block_size
         # A draft model recomputes hit blocks: their draft K/V may never have been written.
         seq.num_draft_cached = 0

@@ -1,7 +1,8 @@
 """Plain-torch attention over a paged KV cache and mixture-of-experts: the test oracles and
 the CPU code path.
 
-Cache layout: [num_blocks, block_size, num_kv_heads, head_dim]; slot = block_id * block_size + offset.
+Cache layout: [num_blocks, block_size, num_kv_heads, head_dim];
+slot = block_id * block_size + offset.
 Everything is computed in fp32 and cast back to q's dtype. An fp8 cache (float8_e4m3fn or
 float8_e5m2) holds x / scale[kv head] per layer: stores divide and round, reads multiply back.
 An int8 cache holds round(x / s) with s = max|x| / 127 of each (token, kv head) row, s kept
@@ -106,7 +107,8 @@ def _attend(q, k, v, scale, q_pos):
 
 def prefill_attention_torch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
                             k_scale=None, v_scale=None):
-    """Causal varlen attention of new queries over each sequence's cached keys (prefix/chunk aware)."""
+    """Causal varlen attention of new queries over each sequence's cached keys (prefix and
+    chunk aware)."""
     o = torch.empty_like(q)
     cu_q = cu_seqlens_q.tolist()
     cu_k = cu_seqlens_k.tolist()

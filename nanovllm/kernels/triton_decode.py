@@ -56,7 +56,8 @@ def _decode_partial_kernel(
     else:
         b = r
     ctx = tl.load(ctx_ptr + b)
-    # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see PAGE_TILE).
+    # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see
+    # PAGE_TILE).
     split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = s * split_len
     end = tl.minimum(start + split_len, ctx)
@@ -73,7 +74,8 @@ def _decode_partial_kernel(
     n_count = tl.maximum(n_valid, 1)
     if start >= end:
         if DIRECT:  # only when ctx == 0 (padding rows of a captured batch): emit zeros, not garbage
-            tl.store(o_ptr + o_off, tl.zeros([G_PAD, HEAD_DIM], tl.float32).to(o_ptr.dtype.element_ty),
+            tl.store(o_ptr + o_off,
+                     tl.zeros([G_PAD, HEAD_DIM], tl.float32).to(o_ptr.dtype.element_ty),
                      mask=g_mask[:, None])
         elif s < n_count:  # ctx == 0: split 0 alone counts in, and writes the zeros
             split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, n_valid, n_count, stride_ob,
@@ -125,7 +127,8 @@ def _decode_partial_kernel(
 
 
 def alloc_decode_workspace(batch, num_heads, head_dim, num_splits, device):
-    """fp32 (partial_out [B, H, S, D], lse [B, H, S]) buffers for decode_attention(workspace=...)."""
+    """fp32 (partial_out [B, H, S, D], lse [B, H, S]) buffers for
+    decode_attention(workspace=...)."""
     return (torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
             torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=device))
 
@@ -133,7 +136,8 @@ def alloc_decode_workspace(batch, num_heads, head_dim, num_splits, device):
 def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num_splits=None,
                      workspace=None, k_scale=None, v_scale=None, order=None,
                      new: NewToken | None = None):
-    """Paged decode attention: q [B, H, D] over the first context_lens[b] cached tokens -> [B, H, D].
+    """Paged decode attention: q [B, H, D] over the first context_lens[b] cached tokens ->
+    [B, H, D].
     An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]), an
     int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides).
     order (int32 [B], a permutation of the rows, optional): the order in which rows' programs

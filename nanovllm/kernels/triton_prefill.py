@@ -102,7 +102,8 @@ def _prefill_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     m_mask = offs_m < seqlen_q
     q_pos = seqlen_k - seqlen_q + offs_m  # absolute positions of this tile's queries
-    q = tl.load(q_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_qt + h * stride_qh + offs_d[None, :],
+    q = tl.load(q_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_qt + h * stride_qh
+                + offs_d[None, :],
                 mask=m_mask[:, None], other=0.0)
     if KV_FP8:
         # K's scale joins the softmax scale and V's scales the output: fp8 tiles are only
@@ -122,22 +123,22 @@ def _prefill_kernel(
     if KV_INT8:  # this kv head's row scales
         k_scale_ptr += (h // G) * stride_sh
         v_scale_ptr += (h // G) * stride_sh
-    pos_lo = seqlen_k - seqlen_q + mb * BLOCK_M          # first query position in the tile
-    kv_end = tl.minimum(pos_lo + BLOCK_M, seqlen_k)      # causal: no key beyond the last query
-    full_end = (pos_lo // BLOCK_N) * BLOCK_N             # key tiles below this are visible to every row
+    pos_lo = seqlen_k - seqlen_q + mb * BLOCK_M  # first query position in the tile
+    kv_end = tl.minimum(pos_lo + BLOCK_M, seqlen_k)  # causal: no key beyond the last query
+    full_end = (pos_lo // BLOCK_N) * BLOCK_N  # key tiles below this are visible to every row
 
     # Phase 1: key tiles fully below the diagonal, no masking at all.
     for n in range(0, full_end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
-        k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(q.dtype)
+        k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk,
+                          stride_kslot, BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         if KV_INT8:
             qk = qk * _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
                                        BLOCK_SIZE, PAGE_TILE, offs_n < kv_end)[None, :]
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-        v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end, HEAD_DIM,
+        v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk,
+                          stride_kslot, BLOCK_SIZE, PAGE_TILE, False, offs_n < kv_end, HEAD_DIM,
                           V_TILE).to(pv_dtype)
         if KV_INT8:
             p = p * _load_row_scales(v_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
@@ -149,8 +150,8 @@ def _prefill_kernel(
     for n in range(full_end, kv_end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, True, n_mask).to(q.dtype)
+        k = _load_kv_tile(k_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk,
+                          stride_kslot, BLOCK_SIZE, PAGE_TILE, True, n_mask).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         if KV_INT8:
             qk = qk * _load_row_scales(k_scale_ptr, bt_row, n, offs_n, stride_sblk, stride_sslot,
@@ -158,8 +159,9 @@ def _prefill_kernel(
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, qk)
-        v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk, stride_kslot,
-                          BLOCK_SIZE, PAGE_TILE, True, n_mask, HEAD_DIM, V_TILE).to(pv_dtype)
+        v = _load_kv_tile(v_cache_ptr, bt_row, n, offs_n, kv_head_off, offs_d, stride_kblk,
+                          stride_kslot, BLOCK_SIZE, PAGE_TILE, True, n_mask, HEAD_DIM,
+                          V_TILE).to(pv_dtype)
         if V_TILE:  # (read whole: its slots past the end may hold anything, NaN too)
             v = tl.where(n_mask[:, None], v, 0.0)
         if KV_INT8:
@@ -170,13 +172,15 @@ def _prefill_kernel(
     out = acc / l_i[:, None]
     if KV_FP8:
         out = out * tl.load(v_scale_ptr + h // G)
-    tl.store(o_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + h * stride_oh + offs_d[None, :],
+    tl.store(o_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + h * stride_oh
+             + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
 def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, block_tables, scale,
                       max_seqlen_q, k_scale=None, v_scale=None):
-    """Causal varlen attention of q [T, H, D] over paged cached keys; returns [T, H, D] in q's dtype.
+    """Causal varlen attention of q [T, H, D] over paged cached keys; returns [T, H, D] in
+    q's dtype.
     An fp8 cache needs its per-kv-head dequantization scales k_scale / v_scale (fp32 [Hkv]), an
     int8 cache its row scales (fp32, indexed [blocks, block_size, Hkv], any strides). v_cache
     may be tiled (triton_kv.v_tile_of)."""

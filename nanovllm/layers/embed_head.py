@@ -62,7 +62,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         few = self.int8 is not None and x.numel() <= int8_head.MAX_ROWS * x.shape[-1]
         logits = int8_head.matmul(x, *self.int8) if few else dense_linear(x, self.weight)
         if self.tp_size > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+            parts = ([torch.empty_like(logits) for _ in range(self.tp_size)]
+                     if self.tp_rank == 0 else None)
             dist.gather(logits, parts, 0)
             logits = torch.cat(parts, -1) if self.tp_rank == 0 else None
         return None if logits is None else logits[..., : self.num_embeddings]

@@ -25,7 +25,8 @@ class RotaryEmbedding(nn.Module):
             inv_freq = scale_inv_freq(inv_freq, scaling)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
         # [max_position, 1, head_dim] so one gather serves every head.
-        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), -1).unsqueeze(1),
+        self.register_buffer("cos_sin_cache",
+                             torch.cat((freqs.cos(), freqs.sin()), -1).unsqueeze(1),
                              persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
