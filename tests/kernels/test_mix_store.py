@@ -1,7 +1,7 @@
 """The fused RoPE store with Hadamard mixing into 8-bit caches, at the supported models' head
 shapes on a GPU: its q and k against the torch path's, and the cache's K dequantized against
-its k. (SmolLM2's int8-cache decode drifted by ~1.2 nats on an H200 with the butterflies,
-not with the dots: docs/PERF_NOTES.md, forty-seventh session; these name the faulty piece.)
+its k. (Written when SmolLM2's int8-cache decode drifted on an H200; the stager was at fault,
+not the mix: docs/PERF_NOTES.md, forty-eighth session.)
 Run them under NANOVLLM_FWHT=1 and =0 (hadamard.FWHT is read once, at import)."""
 import pytest
 import torch
