@@ -20,10 +20,10 @@ def chain_asm(group: int, src: str, depth: int | None = None) -> str:
     e4m3 channel by channel with each error times its row of the feedback matrix (at $5)
     taken off the channels after it, and returned as codes in $0-$3 (8 a word, channel 0 in
     the low byte). Every step is the reference's (kv_feedback.quantize_feedback):
-    triton_feedback._round_fp8's
-    integer rounding, then a separate multiply and subtract per channel (.rn: no contraction),
-    so the codes equal the torch path's bit for bit. One thread carries the chain in its
-    registers: a step waits on no other lane, only on its own rounding and one update."""
+    triton_feedback._round_fp8's integer rounding, then a separate multiply and subtract per
+    channel (.rn: no contraction), so the codes equal the torch path's bit for bit. One thread
+    carries the chain in its registers: a step waits on no other lane, only on its own
+    rounding and one update."""
     assert group % 8 == 0 and 8 <= group <= 8 * CHAIN_WORDS, group
     w = CHAIN_WORDS
     row, fb, scale = f"${w}", f"${w + 1}", f"${w + 2}"

@@ -1,16 +1,16 @@
 """An fp8 K cache rounded with the queries in mind: the plain-torch reference (issue 27).
 
-Plain rounding gives each element of a key row its own error d_i, so a score q.k errs by
-sum_i q_i d_i. Rounding the row's elements in turn and pushing each one's error onto those not
-yet rounded, weighted by the queries' second moments H = E[q q^T] (GPTQ's update), minimizes
+Plain rounding gives each element of a key row its own error d_i, so a score q.k errs by sum_i
+q_i d_i. Rounding the row's elements in turn and pushing each one's error onto those not yet
+rounded, weighted by the queries' second moments H = E[q q^T] (GPTQ's update), minimizes
 E[(q.d)^2] instead of sum_i d_i^2. H comes from the queries of the first FIT_TOKENS prefill
-tokens (Attention.fit_feedback refits after each prefill until then). The feedback stays
-within groups of GROUP channels (H's entries across groups
-dropped), so a store rounds the D / GROUP groups side by side in GROUP sequential steps rather
-than D: emulated on SmolLM2 (tools/kv_gptq_emulate.py, docs/PERF_NOTES.md) groups of 32 keep
-the dense feedback's gain (decode error 0.0549 -> 0.0378 nats vs 0.0373). The torch path and
-the fused RoPE-store kernel (triton_rope, through triton_feedback) round this way when
-feedback_wanted() (the default; NANOVLLM_KV_FEEDBACK=0 turns it off).
+tokens (Attention.fit_feedback refits after each prefill until then). The feedback stays within
+groups of GROUP channels (H's entries across groups dropped), so a store rounds the D / GROUP
+groups side by side in GROUP sequential steps rather than D: emulated on SmolLM2
+(tools/kv_gptq_emulate.py, docs/PERF_NOTES.md) groups of 32 keep the dense feedback's gain
+(decode error 0.0549 -> 0.0378 nats vs 0.0373). The torch path and the fused RoPE-store kernel
+(triton_rope, through triton_feedback) round this way when feedback_wanted() (the default;
+NANOVLLM_KV_FEEDBACK=0 turns it off).
 """
 import os
 

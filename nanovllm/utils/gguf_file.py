@@ -4,9 +4,9 @@ No torch here: the config and the tokenizer are read on the control plane; the w
 dequantized when a model loads them (models/gguf_weights.py). Reading a GGUF's metadata with
 `gguf.GGUFReader` takes seconds (it parses the whole vocabulary), so the first start writes
 what later starts need to a cache directory keyed by the file's path, size and modification
-time: `index.json` (the
-model config and where each tensor's bytes lie) and the tokenizer transformers converts from
-the file. Later starts memory-map the file and read no metadata at all.
+time: `index.json` (the model config and where each tensor's bytes lie) and the tokenizer
+transformers converts from the file. Later starts memory-map the file and read no metadata at
+all.
 """
 import hashlib
 import json
