@@ -41,18 +41,22 @@ MAX_ROWS = 4  # the kernel's limit (sweeps)
 PLAIN = 1
 PLAIN_MAX_M = 2
 # Rows up to which a plain weight narrower than it is deep (N < K: o and down projections)
-# takes it too, past PLAIN_MAX_M; 0: no further. H200, Qwen3-0.6B bf16, µs cuBLAS / GEMV at
-# three and four rows: o 10.5 / 4.3, 12.7 / 4.6; down 6.8 / 5.4, 6.8 / 5.7 (qkv and gate_up,
-# N > K, lose: 4.9 / 6.2, 6.0 / 6.8 at three). Off until timed in the engine.
-PLAIN_NARROW_MAX_M = 0
+# and under PLAIN_NARROW_MAX_VALUES values takes it too, past PLAIN_MAX_M; 0: no further.
+# H200, Qwen3-0.6B bf16, µs cuBLAS / GEMV at three and four rows: o 10.5 / 4.3, 12.7 / 4.6;
+# down 6.8 / 5.4, 6.8 / 5.7 (qkv and gate_up, N > K, lose: 4.9 / 6.2, 6.0 / 6.8 at three).
+# bench.py four sequences, tok/s 0 / 4, two rounds: Qwen3-0.6B 3,166 / 3,594, 3,144 / 3,583;
+# Qwen2.5-0.5B 4,114 / 4,137, 4,060 / 4,142; Qwen3-8B 841 / 787, 843 / 790 (its o at four
+# rows 12.5 cuBLAS / 16.9: the bound keeps the 8B's 2^24-value o and down on cuBLAS).
+PLAIN_NARROW_MAX_M = 4
+PLAIN_NARROW_MAX_VALUES = 1 << 24
 # Rows up to which the int8 LM head copy (layers/quant/int8_head) is read here rather than by
 # the skinny kernel; 0: never. H200 (tools/gemv_sweep.py --weights int8 --layers lm_head), µs
 # skinny / GEMV with fp8's wide tiles / the best tiles: Qwen3-8B one row 187.8 / 169.2 /
 # 152.0 (GROUPED_ONE_ROW's), two rows 188.9 / 292.9 / 227.9; Qwen3-0.6B one row 50.3 / 44.9 /
-# 40.7, two 50.3 / 57.8 / 57.7. bench.py --single 8B fp8 + int8 head, fp8's tiles, 0 / 2:
-# two sequences 669.9 / 644.0, one 365.8 / 366.0 tok/s. Off until one row with the tiles
-# below is timed in the engine.
-INT8_HEAD_MAX_M = 0
+# 40.7, two 50.3 / 57.8 / 57.7. bench.py --single, one sequence, tok/s 0 / 1, two rounds:
+# 8B fp8 + int8 head 367.6 / 367.3, 367.4 / 370.2; Qwen3-0.6B bf16 + int8 head 1,317 /
+# 1,335, 1,310 / 1,359 (two rows lost in the engine: 669.9 -> 644.0 at two sequences).
+INT8_HEAD_MAX_M = 1
 # (BLOCK_N, BLOCK_K) for the int8 head copy at one row (its scale a row and column block), by
 # K < 4096 or not: the sweep's best above.
 GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
@@ -182,7 +186,8 @@ def takes(m: int, block: tuple[int, int] | None) -> bool:
 def takes_plain(m: int, n: int = 0, k: int = 0) -> bool:
     """Whether the GEMV runs a call of m rows on a plain weight [n, k] (see PLAIN and
     PLAIN_NARROW_MAX_M)."""
-    return 0 < m <= PLAIN * max(PLAIN_MAX_M, PLAIN_NARROW_MAX_M if n < k else 0)
+    narrow = n < k and n * k < PLAIN_NARROW_MAX_VALUES
+    return 0 < m <= PLAIN * max(PLAIN_MAX_M, PLAIN_NARROW_MAX_M if narrow else 0)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,

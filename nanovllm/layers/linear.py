@@ -63,8 +63,8 @@ def skinny_gemm_enabled() -> bool:
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """x @ weight.T (+ bias) for a plain (unquantized) weight: F.linear, or on a GPU the skinny
-    Triton GEMM or the GEMV (kernels/gemv.takes_plain: one or two rows) when x has few rows
-    and the shape is one where it was measured faster."""
+    Triton GEMM or the GEMV (kernels/gemv.takes_plain: one or two rows, four for small o / down
+    projections) when x has few rows and the shape is one where it was measured faster."""
     if x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and skinny_gemm_enabled():
         # Imported here: CPU-only installs may have no triton.
         from nanovllm.kernels import gemv

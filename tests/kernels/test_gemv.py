@@ -76,8 +76,8 @@ def test_plain_weights_match_reference(kind, xdtype, n, k, bias):
 
 
 def test_dense_linear_takes_it_up_to_plain_max_m_rows(monkeypatch):
-    """layers/linear.dense_linear: up to PLAIN_MAX_M rows of a plain weight go to the GEMV;
-    PLAIN 0 turns it off."""
+    """layers/linear.dense_linear: up to PLAIN_MAX_M rows of a plain weight go to the GEMV
+    (PLAIN_NARROW_MAX_M for a small narrow one); PLAIN 0 turns it off."""
     from nanovllm.layers import linear
 
     assert gemv.PLAIN == 1 and gemv.takes_plain(2) and not gemv.takes_plain(3)
@@ -86,22 +86,18 @@ def test_dense_linear_takes_it_up_to_plain_max_m_rows(monkeypatch):
     real = gemv.gemv
     monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # the GPU branch
-    w, _, _ = make_weight(40, 96, "bf16")
-    for m, taken in ((1, True), (2, True), (3, False)):
-        x = torch.randn(m, 96).to(torch.bfloat16)
-        calls.clear()
-        y = linear.dense_linear(x, w)
-        assert bool(calls) == taken and y.shape == (m, 40)
-        check(y, reference(x, w, None, None, None), x.dtype)
-    # PLAIN_NARROW_MAX_M: more rows for weights narrower than deep (N < K) only.
-    assert gemv.PLAIN_NARROW_MAX_M == 0  # off until timed
-    monkeypatch.setattr(gemv, "PLAIN_NARROW_MAX_M", 4)
-    assert gemv.takes_plain(4, 40, 96) and not gemv.takes_plain(5, 40, 96)
-    assert gemv.takes_plain(2, 96, 40) and not gemv.takes_plain(3, 96, 40)
-    x = torch.randn(3, 96).to(torch.bfloat16)
-    calls.clear()
-    check(linear.dense_linear(x, w), reference(x, w, None, None, None), x.dtype)
-    assert calls
+    # A weight wider than deep up to PLAIN_MAX_M rows; one narrower than deep (N < K, an o or
+    # down projection) and small up to PLAIN_NARROW_MAX_M.
+    for n, k, rows in ((96, 40, 2), (40, 96, 4)):
+        w, _, _ = make_weight(n, k, "bf16")
+        for m in range(1, rows + 2):
+            x = torch.randn(m, k).to(torch.bfloat16)
+            calls.clear()
+            y = linear.dense_linear(x, w)
+            assert bool(calls) == (m <= rows) and y.shape == (m, n)
+            check(y, reference(x, w, None, None, None), x.dtype)
+    assert gemv.PLAIN_MAX_M == 2 and gemv.PLAIN_NARROW_MAX_M == 4
+    assert gemv.takes_plain(4, 1024, 3072) and not gemv.takes_plain(3, 4096, 4096)  # 0.6B / 8B
     monkeypatch.setattr(gemv, "PLAIN", 0)
     assert not gemv.takes_plain(1) and not gemv.takes_plain(3, 40, 96)
 
