@@ -9,7 +9,7 @@
 #   plain (~3 min): small models' bf16 layers and LM heads on the GEMV or not (gemv.PLAIN
 #     1 / 0) at two sequences then one. (Timed with knobs since folded into PLAIN: layers
 #     under 2^24 values, heads of K < 4,096; each won.)
-#   tests (PART 1 / 2 / 3, each <= 9.5 min): every GPU test outside tests/kernels (toy engines
+#   tests (PART 1 / 2 / 3, each <= 9.5 min; FILES overrides the part's list): every GPU test outside tests/kernels (toy engines
 #     in bf16 decode through the GEMV) plus the GEMV's, fp8 GEMM's and skinny GEMM's; the
 #     real-weight ones (test_linear_dispatch, test_smollm2, test_kv_cache) skip unless
 #     SMOLLM2_GGUF names the GGUF (tools/real_model_check.sh carries it in two calls). Run
@@ -30,7 +30,7 @@
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1  # keep a caller's /tmp/site (gguf)
 o=${OUT:-/tmp/out}; mkdir -p "$o"; f=$o/gemv_rows_ab.txt
 run() {  # label, bench_with args...
   local label=$1; shift
@@ -50,8 +50,10 @@ if [ "${1:-sweep}" = tests ]; then
     set -- tests/worker tests/kernels/test_gemv.py tests/kernels/test_fp8_gemm.py \
       tests/kernels/test_skinny_gemm.py
   fi
-  timeout 570 python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 \
-    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 12 | tee -a "$f"
+  [ -n "${FILES:-}" ] && set -- $FILES
+  timeout 570 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=line "$@" 2>&1 \
+    | tee "$o/tests_${PART:-1}.log" | grep -E "^(FAILED|ERROR)|^/.*(Error|assert)|passed|failed" \
+    | tail -n 24 | tee -a "$f"
 elif [ "${1:-sweep}" = next ]; then
   timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
     tests/layers/test_int8_head.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" \

@@ -1,6 +1,7 @@
 """Rotary position embedding (the rotate-half layout of Qwen and Llama), with the RoPE
 scalings config.json may ask for (linear, llama3)."""
 import math
+import weakref
 
 import torch
 from torch import nn
@@ -34,19 +35,25 @@ class RotaryEmbedding(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
-_ROPES: dict = {}
+# Weak values: a table lives as long as a model that uses it. A process-wide table outliving
+# its engine pinned the allocator segment it was carved from: after a 125 GiB KV cache was
+# freed, a later engine's 2 MiB table landed in that segment and kept all of it from the next
+# engine (H200, tests/worker: "no memory left for the KV cache").
+_ROPES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def get_rope(head_dim: int, max_position: int, base: float,
              scaling: dict | None = None) -> RotaryEmbedding:
-    """The RotaryEmbedding for these settings on the current default device, made once: every
-    layer of a model shares its cos/sin table (Qwen3-0.6B: 28 tables of 21 MB were 0.57 GB of
-    GPU memory, ~20 KV blocks, and 2.2 s of a CPU start-up). The table is never written."""
+    """The RotaryEmbedding for these settings on the current default device, shared while a
+    model holds it: every layer of a model shares its cos/sin table (Qwen3-0.6B: 28 tables of
+    21 MB were 0.57 GB of GPU memory, ~20 KV blocks, and 2.2 s of a CPU start-up). The table
+    is never written."""
     key = (head_dim, max_position, base, repr(sorted((scaling or {}).items())),
            str(torch.get_default_device()))
-    if key not in _ROPES:
-        _ROPES[key] = RotaryEmbedding(head_dim, max_position, base, scaling)
-    return _ROPES[key]
+    rope = _ROPES.get(key)
+    if rope is None:
+        rope = _ROPES[key] = RotaryEmbedding(head_dim, max_position, base, scaling)
+    return rope
 
 
 def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

@@ -40,10 +40,10 @@ def test_cpu_is_torch(switch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("enabled", ["0", "1"])
 def test_gpu_dispatch(switch, monkeypatch, enabled):
-    """Switch on: one or two rows of any bf16 weight take the GEMV; 3-16 rows of a shape the
-    rule picks take the skinny kernel; M = 17, fp32 weights and shapes the rule leaves to
-    cuBLAS take neither; switch off: none do. Either way the result is F.linear's (within
-    one bf16 rounding)."""
+    """Switch on: one or two rows of any bf16 weight take the GEMV, up to four of a small one
+    narrower than deep; the other rows up to 16 of a shape the rule picks take the skinny
+    kernel; M = 17, fp32 weights and shapes the rule leaves to cuBLAS take neither; switch
+    off: none do. Either way the result is F.linear's (within one bf16 rounding)."""
     from nanovllm.kernels import gemv, skinny_config, skinny_gemm
 
     switch(enabled)
@@ -52,9 +52,11 @@ def test_gpu_dispatch(switch, monkeypatch, enabled):
         monkeypatch.setattr(mod, name, lambda *a, f=fn, n=name, **k: calls.append(n) or f(*a, **k))
     monkeypatch.setattr(skinny_config, "beats_cublas", lambda n, k: n == 1024)
     w = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) / 45
-    other = torch.randn(1536, 2048, device="cuda", dtype=torch.bfloat16) / 45
+    other = torch.randn(2560, 2048, device="cuda", dtype=torch.bfloat16) / 45
     for m, weight, dtype, expect in [(1, w, torch.bfloat16, "gemv"),
                                      (2, other, torch.bfloat16, "gemv"),
+                                     (4, w, torch.bfloat16, "gemv"),
+                                     (5, w, torch.bfloat16, "gemm"),
                                      (16, w, torch.bfloat16, "gemm"),
                                      (17, w, torch.bfloat16, None),
                                      (4, w, torch.float32, None),
