@@ -40,10 +40,16 @@ class LocalExecutor:
         """Drop the runner, so its weights and KV cache can be freed: its graphs first (the
         piecewise graphs' pieces and their owner refer to each other, and a cycle would keep
         the model, its cache and the graphs' pool alive until a garbage collection: a second
-        engine in the process then found no memory left for its cache)."""
-        if self.runner is not None:
-            self.runner.release_graphs()
-        self.runner = None
+        engine in the process then found no memory left for its cache); then the freed
+        memory goes back to the driver."""
+        if self.runner is None:
+            return
+        self.runner.release_graphs()
+        on_gpu, self.runner = self.on_gpu, None
+        if on_gpu:
+            from nanovllm.worker.kv_cache import hand_back_freed_memory
+
+            hand_back_freed_memory()
 
 
 def create_executor(config: Config) -> Executor:

@@ -56,11 +56,8 @@ def count_blocks(config: Config, bytes_per_block: int, device: torch.device,
     if config.num_kvcache_blocks > 0:
         return config.num_kvcache_blocks
     if device.type == "cuda":
-        # Memory this process holds for nothing (an earlier engine's KV cache after its
-        # shutdown: freed once its reference cycles are collected, then cached by the
-        # allocator) would read as used by others: collect and hand it back first.
-        gc.collect()
-        torch.cuda.empty_cache()
+        # Memory this process holds for nothing would read as used by others.
+        hand_back_freed_memory()
         free, total = torch.cuda.mem_get_info(device)
         stats = torch.cuda.memory_stats(device)
         peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
@@ -76,6 +73,16 @@ def count_blocks(config: Config, bytes_per_block: int, device: torch.device,
         return int(budget) // bytes_per_block
     most = config.max_num_seqs * max_blocks_per_seq  # more could never be used
     return min(CPU_KV_CACHE_BYTES // bytes_per_block, most)
+
+
+def hand_back_freed_memory() -> None:
+    """Collect unreachable tensors (an engine's KV cache after its shutdown, freed once its
+    reference cycles go) and return the allocator's free segments to the driver. Called at
+    shutdown too: a freed cache segment left cached could hold any later long-lived tensor
+    (a rope table, a workspace), and one such tensor keeps the whole segment from the next
+    engine (H200: 2 MiB pinned 125 GiB)."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def agree_on_blocks(num_blocks: int, device: torch.device) -> int:

@@ -20,6 +20,7 @@ from nanovllm.engine.sequence import Sequence
 from nanovllm.models.loader import check_checkpoint
 from nanovllm.utils.process import GUARD_HINT
 from nanovllm.worker.device import resolve_device
+from nanovllm.worker.kv_cache import hand_back_freed_memory
 from nanovllm.worker.model_runner import ModelRunner
 from nanovllm.worker.step_output import StepResult
 from nanovllm.worker.tp_worker import RunStep, Stop, worker_main
@@ -181,7 +182,10 @@ class MultiprocExecutor:
             self.workers.stop(clean)
             self._watchdog.join(GROUP_CLOSE_TIMEOUT_S + 1)  # it may be aborting the group
         self.channel.close()
+        on_gpu = self.runner is not None and self.runner.device.type == "cuda"
         self.runner = None  # frees rank 0's weights and KV cache
+        if on_gpu:
+            hand_back_freed_memory()
 
 
 def _devices(config: Config, n: int) -> tuple[list[torch.device], str]:
