@@ -9,24 +9,25 @@
 #   plain (~3 min): small models' bf16 layers and LM heads on the GEMV or not (gemv.PLAIN
 #     1 / 0) at two sequences then one. (Timed with knobs since folded into PLAIN: layers
 #     under 2^24 values, heads of K < 4,096; each won.)
-#   tests (PART 1 / 2 / 3, each <= 9.5 min; FILES overrides the part's list): every GPU test outside tests/kernels (toy engines
-#     in bf16 decode through the GEMV) plus the GEMV's, fp8 GEMM's and skinny GEMM's; the
-#     real-weight ones (test_linear_dispatch, test_smollm2, test_kv_cache) skip unless
-#     SMOLLM2_GGUF names the GGUF (tools/real_model_check.sh carries it in two calls). Run
-#     2026-11-30 on an H200: the top-level files, engine, layers, models and utils took
-#     570 s (93 tests, all passed or skipped), worker and the three kernel files 237 s
-#     (252 passed); parts 1 and 2 split the former, part 3 is the latter. No fastapi there:
-#     server / structured are left to the CPU suite.
+#   tests (PART 1 / 2 / 3, each <= 9.5 min; FILES overrides the part's list; logs in
+#     $OUT/tests_PART.log): every GPU test outside tests/kernels (toy engines in bf16 decode
+#     through the GEMV) plus the GEMV's, fp8 GEMM's and skinny GEMM's; the real-weight ones
+#     (test_linear_dispatch, test_smollm2, test_kv_cache) skip unless SMOLLM2_GGUF names the
+#     GGUF (carried in two calls; PYTHONPATH must keep the gguf wheel's folder). H200,
+#     2026-11-30, with the GGUF: part 1 260 s, part 2 (plus test_linear_dispatch) 317 s, part
+#     3 158 s (forty-ninth session: its 4 failures were the rope table's pin, since fixed).
+#     No fastapi there: server / structured are left to the CPU suite.
 #   next (~4 min; run 2026-11-30, PERF_NOTES forty-seventh session): the int8 LM head copy
 #     through the GEMV (tests, sweep, the 8B shape with gemv.INT8_HEAD_MAX_M 0 / 2), bf16
 #     small layers at 3-4 rows, and batch 1 of small models with the layer kernel on / off
 #     now that a launch per op uses the GEMV.
-#   head (~4 min, not yet run): the int8 head copy at one row on its own tiles
-#     (gemv.GROUPED_ONE_ROW): the sweep's default against the best, then the 8B fp8 + int8
-#     head and Qwen3-0.6B bf16 + int8 head shapes with gemv.INT8_HEAD_MAX_M 0 / 1,
-#     alternating.
-#   narrow (~6 min, not yet run): bf16 o / down projections (N < K) at three and four rows,
-#     then four sequences decoding together with gemv.PLAIN_NARROW_MAX_M 0 / 4, alternating.
+#   head (~3 min; run 2026-11-30, PERF_NOTES forty-ninth session: INT8_HEAD_MAX_M 1 since):
+#     the int8 head copy at one row on its own tiles (gemv.GROUPED_ONE_ROW): the sweep's
+#     default against the best, then the 8B fp8 + int8 head and Qwen3-0.6B bf16 + int8 head
+#     shapes with gemv.INT8_HEAD_MAX_M 0 / 1, alternating.
+#   narrow (~3 min; run 2026-11-30, forty-ninth session: PLAIN_NARROW_MAX_M 4 since): bf16
+#     o / down projections (N < K) at three and four rows, then four sequences decoding
+#     together with gemv.PLAIN_NARROW_MAX_M 0 / 4, alternating.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
