@@ -49,7 +49,7 @@ class LocalExecutor:
         if on_gpu:
             from nanovllm.worker.kv_cache import hand_back_freed_memory
 
-            hand_back_freed_memory()
+            hand_back_freed_memory(at_shutdown=True)
 
 
 def create_executor(config: Config) -> Executor:

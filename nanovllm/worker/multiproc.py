@@ -185,7 +185,7 @@ class MultiprocExecutor:
         on_gpu = self.runner is not None and self.runner.device.type == "cuda"
         self.runner = None  # frees rank 0's weights and KV cache
         if on_gpu:
-            hand_back_freed_memory()
+            hand_back_freed_memory(at_shutdown=True)
 
 
 def _devices(config: Config, n: int) -> tuple[list[torch.device], str]:
