@@ -69,18 +69,15 @@ def time_graph(fn, calls: int, replays: int = 5, inner: int = 5) -> float:
     return statistics.median(times)
 
 
-def layer_sweep_args(doc: str, model: str, m: str, weights: tuple = (), swap: bool = False):
+def layer_sweep_args(doc: str, model: str, m: str, weights: tuple = ()):
     """(args, the M values, {layer: (N, K)} but the LM head) of a per-layer sweep script's
-    command line: --model, --m (comma-separated), --json and, given choices, --weights;
-    swap: --swap (both, only or off: which tile forms to time)."""
+    command line: --model, --m (comma-separated), --json and, given choices, --weights."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=model)
     ap.add_argument("--m", default=m)
     ap.add_argument("--json", default="")
     if weights:
         ap.add_argument("--weights", choices=weights, default=weights[0])
-    if swap:
-        ap.add_argument("--swap", choices=("both", "only", "off"), default="both")
     args = ap.parse_args()
     layers = {name: nk for name, nk in linear_shapes(args.model).items() if name != "lm_head"}
     return args, [int(v) for v in args.m.split(",")], layers

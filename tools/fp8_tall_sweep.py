@@ -3,7 +3,6 @@ kernel (W8A16, the weight widened in registers) against dequantize + cuBLAS (tod
 and bf16 cuBLAS, on one model's layers; then the per-M config with the least total time.
 
     python tools/fp8_tall_sweep.py [--model qwen3-0.6b] [--m 32,64,128,256] [--json out.json]
-        [--swap both|only|off]
 
 The json maps each M to its best config and the three paths' totals (us over the layers),
 for fp8_gemm.TALL_CONFIGS / DEQUANT_FROM_M.
@@ -21,21 +20,15 @@ from nanovllm.kernels import fp8_gemm, skinny_gemm  # noqa: E402
 from tools.bench_gemm import (best_complete, candidate_us, layer_sweep_args,  # noqa: E402
                               make_weights, tally, time_cublas, time_graph)
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SWAP); SPLIT_K chosen by the kernel
-# (None). SWAP: y^T's tiles, the widened W tile as the dot's first operand (Hopper's wgmma
-# can keep it in registers; its M side, BLOCK_N here, wants 64 a warpgroup).
-CANDIDATES = [(32, 64, 128, 4, 4, 0), (32, 128, 128, 4, 4, 0), (32, 64, 256, 4, 3, 0),
-              (64, 64, 128, 4, 4, 0), (64, 128, 128, 4, 3, 0), (64, 128, 128, 8, 3, 0),
-              (64, 64, 256, 4, 3, 0), (64, 128, 64, 4, 4, 0), (128, 64, 128, 4, 3, 0),
-              (128, 64, 128, 8, 3, 0), (128, 128, 64, 8, 4, 0), (128, 128, 128, 8, 3, 0),
-              (16, 64, 128, 4, 4, 1), (32, 64, 128, 4, 4, 1), (32, 64, 256, 4, 3, 1),
-              (32, 128, 128, 4, 3, 1), (64, 64, 128, 4, 4, 1), (64, 128, 128, 4, 3, 1),
-              (64, 128, 128, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 128, 128, 8, 3, 1)]
-KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SWAP")
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); SPLIT_K chosen by the kernel (None).
+CANDIDATES = [(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (32, 64, 256, 4, 3),
+              (64, 64, 128, 4, 4), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3),
+              (64, 64, 256, 4, 3), (64, 128, 64, 4, 4), (128, 64, 128, 4, 3),
+              (128, 64, 128, 8, 3), (128, 128, 64, 8, 4), (128, 128, 128, 8, 3)]
 
 
 def main():
-    args, ms, layers = layer_sweep_args(__doc__, "qwen3-0.6b", "32,64,128,256", swap=True)
+    args, ms, layers = layer_sweep_args(__doc__, "qwen3-0.6b", "32,64,128,256")
     totals = {m: {"dequant": 0.0, "bf16": 0.0, "tall": {}} for m in ms}
     for name, (n, k) in layers.items():
         weights = make_weights(n, k, "fp8_row")
@@ -45,17 +38,17 @@ def main():
                                         for w, s, b in weights], calls=len(weights)) * 1e3
             t_bf = time_cublas(m, n, k) * 1e3
             row = []
-            for key in CANDIDATES:
-                bm = key[0]
-                if bm > max(m, 32) or (args.swap == "only" and not key[-1]) or (
-                        args.swap == "off" and key[-1]):
+            for bm, bn, bk, warps, stages in CANDIDATES:
+                if bm > max(m, 32):
                     continue
-                cfg = dict(zip(KEYS, key), SPLIT_K=None, SWAP=bool(key[-1]))
+                cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=None, num_warps=warps,
+                           num_stages=stages)
                 t = candidate_us(lambda: [skinny_gemm.gemm(x, w, None, s, b, config=cfg,
                                                            block_m=bm)
                                           for w, s, b in weights], len(weights), cfg)
                 if t is None:
                     continue
+                key = (bm, bn, bk, warps, stages)
                 tally(totals[m]["tall"], key, t)
                 row.append((t, key))
             row.sort()
@@ -69,14 +62,11 @@ def main():
     out = {}
     for m in ms:
         key, t = best_complete(totals[m]["tall"], len(layers))
-        out[m] = dict(config=dict(zip(KEYS, key)),
+        out[m] = dict(config=dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps",
+                                       "num_stages"), key)),
                       tall=t, dequant=totals[m]["dequant"], bf16=totals[m]["bf16"])
         print(f"M={m:4d} over the layers: tall {t:6.1f} us {key}   dequant+cuBLAS "
               f"{totals[m]['dequant']:6.1f}   bf16 cuBLAS {totals[m]['bf16']:6.1f}")
-        for form in (0, 1):  # each tile form's own best (y's tiles, y^T's)
-            part = {k: v for k, v in totals[m]["tall"].items() if k[-1] == form}
-            if any(seen == len(layers) for _, seen in part.values()):
-                print(f"         SWAP={form}: {best_complete(part, len(layers))}")
     if args.json:
         json.dump(out, open(args.json, "w"), indent=1)
 

@@ -60,11 +60,6 @@ TALL_CONFIGS = [
 # off (17 = just past the skinny kernel): every fp8 path here is latency-bound, ~1.3-2x
 # bf16 cuBLAS's ~5-8 us a layer.
 DEQUANT_FROM_M = 17
-# 1: the tall tiles run y^T's tiles (skinny_gemm's SWAP: the widened W tile as the dot's
-# first operand, which Hopper's wgmma can read from registers). Not yet timed: try with
-# tools/fp8_tall_sweep.py, then tools/bench_with.py fp8gemm.TALL_SWAP=1
-# fp8gemm.DEQUANT_FROM_M=65.
-TALL_SWAP = 0
 INTERPRET_TALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT_K=None, num_warps=1,
                       num_stages=1)
 
@@ -73,9 +68,9 @@ def tall_config(m: int, x_dtype: torch.dtype) -> dict:
     """The tall-tile config for m rows of x."""
     if INTERPRET:
         return INTERPRET_TALL
-    cfg = dict(next(c for max_m, c in TALL_CONFIGS if m <= max_m), SWAP=bool(TALL_SWAP))
+    cfg = next(c for max_m, c in TALL_CONFIGS if m <= max_m)
     if x_dtype.itemsize == 4:  # fp32 x tiles take twice the shared memory
-        cfg["num_stages"] = 2
+        cfg = dict(cfg, num_stages=2)
     return cfg
 
 

@@ -52,8 +52,7 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
                  SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, BITS_TO_BF16: tl.constexpr,
-                 SWAP: tl.constexpr = False):
+                 DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, BITS_TO_BF16: tl.constexpr):
     # Program ids: M tiles fastest, so programs of one column tile run side by side and read
     # its W tile from HBM once (larger M); then column tiles; then K splits.
     pid = tl.program_id(0)
@@ -70,13 +69,8 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     # The tile of y = x @ W^T. (Swapped, y^T = W @ x^T with W as the first operand, measured
-    # slower on the H100: Qwen3-0.6B's LM head at batch 1 took ~40 us more.) SWAP (tall
-    # tiles, no prologue; an experiment): y^T's tile, so on Hopper the widened W tile can
-    # stay in registers as wgmma's first operand and x's tile is the one in shared memory.
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # slower on the H100: Qwen3-0.6B's LM head at batch 1 took ~40 us more.)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
         sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # of this split's K range
         # ROW1: h^2 summed per column here and across columns once after the loop (a sum
@@ -110,22 +104,16 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
             x = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0)
         w = tl.load(w_rows + offs_k[None, :], mask=mask_w, other=0.0)
         if DOT_F32:  # the interpreter's bf16 tl.dot is wrong (Triton 3.9); fp32 is exact
-            x, w = x.to(tl.float32), w.to(tl.float32)
+            part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         elif BITS_TO_BF16:  # e4m3 weights, bf16 x: widened with integer ops (_common)
-            w = e4m3_to_bf16(w)
+            part = tl.dot(x, tl.trans(e4m3_to_bf16(w)), input_precision=DOT_PREC)
         else:
             # fp8 -> x's dtype is exact (e4m3 values are a subset of bf16's and fp32's).
-            w = w.to(x.dtype)
-        if SWAP and SCALE == 2:
-            acc += tl.dot(w, tl.trans(x), input_precision=DOT_PREC) * s[:, None]
-        elif SWAP:
-            acc += tl.dot(w, tl.trans(x), input_precision=DOT_PREC)
-        elif SCALE == 2:
-            acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC) * s[None, :]
+            part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=DOT_PREC)
+        if SCALE == 2:
+            acc += part * s[None, :]
         else:
-            acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
-    if SWAP:
-        acc = tl.trans(acc)
+            acc += part
     if (PROLOGUE == 1 or PROLOGUE == 2) and ROW1:
         sumsq = tl.where(offs_m == 0, tl.sum(sq_cols, axis=0), 0.0)
     if SPLIT:
@@ -204,7 +192,6 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         y = y.view(*x.shape[:-1], n)
         return y if res_out is None else (y, res_out)
     cfg = dict(config or choose_config(n, k, weight.dtype, x.dtype))
-    assert not (cfg.get("SWAP") and prologue), "SWAP tiles take no prologue"
     block_k = cfg["BLOCK_K"]
     if scale is None:
         mode, scale, s_bn, s_bk = NO_SCALE, x2, 1, 1
@@ -239,8 +226,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         ROW1=prologue != 0 and m == 1,
         SCALE=mode, SCALE_BN=s_bn, SCALE_BK=s_bk, HAS_BIAS=bias is not None, SPLIT=split > 1,
         EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-        DOT_PREC="ieee" if INTERPRET else dot_precision(x.dtype), DOT_F32=INTERPRET,
-        SWAP=cfg.get("SWAP", False),
+        DOT_PREC=dot_precision(x.dtype), DOT_F32=INTERPRET,
         BITS_TO_BF16=cfg.get("BITS_TO_BF16", True) and bits_to_bf16(weight.dtype, x.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])

@@ -19,17 +19,16 @@ TALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=1, num_stages=1)
 @pytest.mark.usefixtures("poisoned_empty")
 @pytest.mark.parametrize("kind", ["fp8_row", "fp8_block"])
 @pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,split,swap", [(17, 1, False), (40, 2, False), (33, 3, False),
-                                          (17, 1, True), (40, 2, True)])
-def test_tall_tiles_match_reference(kind, xdtype, m, split, swap):
+@pytest.mark.parametrize("m,split", [(17, 1), (40, 2), (33, 3)])
+def test_tall_tiles_match_reference(kind, xdtype, m, split):
     """M past one row tile (ragged last tile), N and K not tile multiples, K splits across
-    several row tiles (one counter per output tile); swap: y^T's tiles (SWAP)."""
+    several row tiles (one counter per output tile)."""
     n, k = 40, 100
     w, s, block = make_weight(n, k, kind, seed=m)
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=g).to(xdtype)
     bias = torch.randn(n, generator=g)
-    y = fp8_gemm(x, w, s, block, bias, config=dict(TALL, SPLIT_K=split, SWAP=swap))
+    y = fp8_gemm(x, w, s, block, bias, config=dict(TALL, SPLIT_K=split))
     check(y, reference(x, w, s, block, bias), xdtype)
 
 
@@ -54,10 +53,8 @@ def test_gpu_prefill_sizes(n, k, kind, xdtype):
     bias = torch.randn(n, device="cuda")
     for m in (17, 100, 600):
         x = torch.randn(m, k, device="cuda").to(xdtype)
-        for swap in (False, True):  # y's tiles, then y^T's (SWAP)
-            cfg = dict(fp8_gemm_module.tall_config(m, xdtype), SWAP=swap)
-            tall = fp8_gemm(x, w, s, block, bias, config=cfg)
-            check(tall, reference(x, w, s, block, bias), xdtype)
+        tall = fp8_gemm(x, w, s, block, bias, config=fp8_gemm_module.tall_config(m, xdtype))
+        check(tall, reference(x, w, s, block, bias), xdtype)
         y = fp8_gemm(x, w, s, block, bias)  # the default path for m rows
         if m < fp8_gemm_module.DEQUANT_FROM_M:
             check(y, reference(x, w, s, block, bias), xdtype)
