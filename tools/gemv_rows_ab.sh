@@ -14,8 +14,9 @@
 #     through the GEMV) plus the GEMV's, fp8 GEMM's and skinny GEMM's; the real-weight ones
 #     (test_linear_dispatch, test_smollm2, test_kv_cache) skip unless SMOLLM2_GGUF names the
 #     GGUF (carried in two calls; PYTHONPATH must keep the gguf wheel's folder). H200,
-#     2026-11-30, with the GGUF: part 1 260 s, part 2 (plus test_linear_dispatch) 317 s, part
-#     3 158 s (forty-ninth session: its 4 failures were the rope table's pin, since fixed).
+#     2026-11-30, with the GGUF, fiftieth session on fresh machines (Triton compiles all):
+#     part 1 402 s (35 passed, 10 skipped), part 2 324 s (48 passed), part 3 312 s (255
+#     passed, 4 skipped); run one part a call.
 #     No fastapi there: server / structured are left to the CPU suite.
 #   next (~4 min; run 2026-11-30, PERF_NOTES forty-seventh session): the int8 LM head copy
 #     through the GEMV (tests, sweep, the 8B shape with gemv.INT8_HEAD_MAX_M 0 / 2), bf16
