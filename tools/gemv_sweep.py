@@ -3,7 +3,11 @@ it would replace: the skinny GEMM for fp8 weights and the int8 LM head copy, cuB
 ones.
 
     python tools/gemv_sweep.py [--models qwen3-8b] [--weights fp8|bf16|int8] [--rows 1,2,3,4]
-                               [--layers qkv,o,gate_up,down,lm_head]
+                               [--layers qkv,o,gate_up,down,lm_head] [--top 5]
+                               [--tiles 4x2048x4x1,...] [--groups 1,16] [--evict ,evict_first]
+
+--tiles (BLOCK_N x BLOCK_K x warps x stages), --groups and --evict replace TILES and the
+GROUP / eviction choices swept.
 
 --weights int8: layers/quant/int8_head's codes and per-row block scales (the LM head copy;
 pass --layers lm_head).
@@ -49,7 +53,13 @@ def main():
     ap.add_argument("--weights", choices=("fp8", "bf16", "int8"), default="fp8")
     ap.add_argument("--rows", default="1,2,3,4")
     ap.add_argument("--layers", default="qkv,o,gate_up,down", help="lm_head too, if asked")
+    ap.add_argument("--tiles", help="BLOCK_N x BLOCK_K x warps x stages,... instead of TILES")
+    ap.add_argument("--top", type=int, default=5, help="how many of the best to print")
+    ap.add_argument("--groups", default="1,16", help="GROUP values to try")
+    ap.add_argument("--evict", default=",evict_first", help="W's eviction policies to try")
     args = ap.parse_args()
+    tiles = ([tuple(map(int, t.split("x"))) for t in args.tiles.split(",")] if args.tiles
+             else TILES)
     fp8 = args.weights == "fp8"
     skinny = args.weights != "bf16"  # the baseline: the skinny GEMM or cuBLAS
     for model, m in itertools.product(args.models.split(","),
@@ -74,7 +84,8 @@ def main():
             t_default = time_gemv(x, weights, default, "default")
             row = []
             for (bn, bk, warps, stages), group, evict in itertools.product(
-                    TILES, (1, 16), ("", "evict_first")):
+                    tiles, [int(g) for g in args.groups.split(",")],
+                    args.evict.split(",")):
                 if bk > k or (m > 1 and group == 1):  # (an fp32 accumulator a row: too big)
                     continue
                 cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
@@ -86,7 +97,7 @@ def main():
                 y = gemv.gemv(x, w0, s0, b0, config=cfg).float()
                 row.append((t, key, ((y - ref).abs().max() / ref.abs().max()).item()))
             row.sort()
-            best = ", ".join(f"{t:.1f} {key} err {e:.1e}" for t, key, e in row[:5])
+            best = ", ".join(f"{t:.1f} {key} err {e:.1e}" for t, key, e in row[:args.top])
             gbs = n * k * (1 if skinny else 2) / t_base / 1e3
             print(f"{model:10s} M={m} {name:8s} N={n:5d} K={k:5d}  "
                   f"{'skinny' if skinny else 'cuBLAS'} {t_base:5.1f} ({gbs:4.0f} GB/s)  "
