@@ -12,7 +12,8 @@ def main(path: str | None):
     llm = LLM(model_or_demo(path), enforce_eager=True)
     names = {
         llm.add_request("Write a haiku about caches.",
-                        SamplingParams(temperature=0.8, top_p=0.95, seed=1, max_tokens=48)): "haiku",
+                        SamplingParams(temperature=0.8, top_p=0.95, seed=1,
+                                       max_tokens=48)): "haiku",
         llm.add_request("Count to five:", SamplingParams(temperature=0, max_tokens=24, stop=["5"])):
             "count",
     }

@@ -1,4 +1,5 @@
-"""GPU micro-benchmark of the nanovllm attention kernels (Qwen3-0.6B shapes: 16 q / 8 kv heads, d=128).
+"""GPU micro-benchmark of the nanovllm attention kernels (Qwen3-0.6B shapes: 16 q / 8 kv heads,
+d=128).
 
 Usage: PYTHONPATH=. python tools/bench_kernels.py [--sweep] [--fp8 [BEST.json]] [--order] [--int8]
 --order: only the decode kernel's launch orders (HEAD_FAST, longest first) on mixed lengths.
@@ -43,7 +44,8 @@ def kv_bytes(batch, ctx):
 
 def rotating_cases(batch, ctx):
     """Enough independent inputs that one pass over them (>= 256 MB) cannot live in L2."""
-    return [make_decode(batch, ctx) for _ in range(min(64, triton.cdiv(2 ** 28, kv_bytes(batch, ctx))))]
+    copies = min(64, triton.cdiv(2 ** 28, kv_bytes(batch, ctx)))
+    return [make_decode(batch, ctx) for _ in range(copies)]
 
 
 def graph_ms(cases, **kw):
@@ -56,9 +58,10 @@ def bench_decode():
     copy = torch.empty(2 ** 29, dtype=torch.uint8, device="cuda")
     ms = do_bench(lambda: copy.clone(), return_mode="median")
     print(f"copy bandwidth (read+write 512MiB): {2 * copy.numel() / ms / 1e6:.0f} GB/s")
-    del copy
+    copy = None
     print("\n== decode (block 256, bf16, 16/8/128) ==")
-    print(f"{'batch':>5} {'ctx':>5} {'splits':>6} {'ms':>8} {'GB/s':>7} {'graph ms':>9} {'graph GB/s':>10} {'torch ms':>9}")
+    print(f"{'batch':>5} {'ctx':>5} {'splits':>6} {'ms':>8} {'GB/s':>7} {'graph ms':>9} "
+          f"{'graph GB/s':>10} {'torch ms':>9}")
     for batch in (1, 32, 256):
         for ctx in (512, 1024, 2048, 4096):
             cases = rotating_cases(batch, ctx)
@@ -69,26 +72,30 @@ def bench_decode():
             if batch <= 32 and ctx == 1024:
                 tms = do_bench(lambda: decode_attention_torch(*args), rep=50, return_mode="median")
             gb = kv_bytes(batch, ctx)
-            print(f"{batch:>5} {ctx:>5} {choose_num_splits(batch, HKV):>6} {ms:8.4f} {gb / ms / 1e6:7.0f} "
+            print(f"{batch:>5} {ctx:>5} {choose_num_splits(batch, HKV):>6} {ms:8.4f} "
+                  f"{gb / ms / 1e6:7.0f} "
                   f"{gms:9.4f} {gb / gms / 1e6:10.0f} {tms:9.3f}")
-            del args, cases
+            args = cases = None
 
 
 def sweep_decode():
     """Split counts and tile configs on a few representative shapes."""
     print("\n== decode split sweep (graph GB/s) ==")
-    for batch, ctx in ((1, 1024), (1, 4096), (8, 2048), (32, 1024), (64, 1024), (128, 1024), (256, 512)):
+    for batch, ctx in ((1, 1024), (1, 4096), (8, 2048), (32, 1024), (64, 1024), (128, 1024),
+                       (256, 512)):
         cases = rotating_cases(batch, ctx)
         row = []
         for s in (1, 2, 4, 8, 16, 32, 64):
             row.append(f"{s}:{kv_bytes(batch, ctx) / graph_ms(cases, num_splits=s) / 1e6:.0f}")
-        print(f"b={batch:<3} ctx={ctx:<5} default={choose_num_splits(batch, HKV):<3} " + " ".join(row))
-        del cases
+        print(f"b={batch:<3} ctx={ctx:<5} default={choose_num_splits(batch, HKV):<3} "
+              + " ".join(row))
+        cases = None
     print("\n== decode config sweep (graph GB/s, default splits) ==")
     base = dict(triton_decode.CONFIG)
     shapes = ((1, 4096), (32, 1024), (128, 1024), (256, 2048))
     all_cases = [rotating_cases(b, c) for b, c in shapes]
-    for bn, warps, stages in ((64, 4, 3), (128, 4, 2), (32, 4, 3), (64, 4, 2), (128, 4, 3), (128, 8, 3), (64, 8, 3)):
+    for bn, warps, stages in ((64, 4, 3), (128, 4, 2), (32, 4, 3), (64, 4, 2), (128, 4, 3),
+                              (128, 8, 3), (64, 8, 3)):
         triton_decode.CONFIG.update(BLOCK_N=bn, num_warps=warps, num_stages=stages)
         row = []
         for (b, c), cases in zip(shapes, all_cases):
@@ -99,12 +106,13 @@ def sweep_decode():
         print(f"BN={bn:<3} warps={warps} stages={stages}  " + " ".join(row))
     triton_decode.CONFIG.clear()
     triton_decode.CONFIG.update(base)
-    del all_cases
+    all_cases = None
     print("\n== prefill config sweep (TFLOP/s) ==")
     base = dict(triton_prefill.CONFIG)
     triton_prefill.SHORT_Q = -1  # sweep one config for every length
-    for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3),
-                                  (128, 128, 8, 3), (64, 128, 4, 2), (128, 64, 8, 4)):
+    for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+                                  (128, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2),
+                                  (128, 64, 8, 4)):
         triton_prefill.CONFIG.update(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
         row = []
         for name, seqs, bs in PREFILL_CASES[:3]:
@@ -136,7 +144,8 @@ def prefill_inputs(seqs, bs):
 
 
 def prefill_case(seqs, bs):
-    """(ms, TFLOP/s, args) of the Triton prefill kernel; causal FLOPs = 4*D per visible (q, k) pair."""
+    """(ms, TFLOP/s, args) of the Triton prefill kernel; causal FLOPs = 4*D per visible (q, k)
+    pair."""
     args = prefill_inputs(seqs, bs)
     ms = do_bench(lambda: prefill_attention(*args, max(sq for sq, _ in seqs)), return_mode="median")
     pairs = sum(sq * (sk - sq) + sq * (sq + 1) / 2 for sq, sk in seqs)
@@ -154,8 +163,8 @@ def bench_prefill():
             b, s = len(seqs), seqs[0][0]
             qd = torch.randn(b, H, s, D, dtype=DT, device="cuda")
             kd = torch.randn(b, H, s, D, dtype=DT, device="cuda")
-            sdpa = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, kd, is_causal=True),
-                            return_mode="median")
+            sdpa = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                qd, kd, kd, is_causal=True), return_mode="median")
         print(f"{name:>20} {ms:8.4f} {tflops:8.1f} {tms:9.3f} {sdpa:8.4f}")
 
 
@@ -199,21 +208,22 @@ def bench_decode_fp8(json_path=None):
         args = make_decode(batch, ctx)
         bf_ms[batch, ctx] = do_bench(lambda: decode_attention(*args), return_mode="median")
         kv = batch * ctx * HKV * D * 2
-        del args
+        args = None
         args = fp8_case(batch, ctx, torch.float8_e4m3fn)
         row = []
         for name, cfg in variants:
             triton_decode.CONFIG_FP8.update(cfg0, **cfg)
             try:
                 ms = do_bench(lambda: decode_attention(*args), return_mode="median")
-                row.append(f"{name}:{ms * 1e3:.0f}us/{kv / ms / 1e6:.0f}GB/s/x{bf_ms[batch, ctx] / ms:.2f}")
+                row.append(f"{name}:{ms * 1e3:.0f}us/{kv / ms / 1e6:.0f}GB/s/"
+                           f"x{bf_ms[batch, ctx] / ms:.2f}")
                 if batch >= 64:
                     totals[name] = totals.get(name, 0.0) + ms
             except Exception as e:  # e.g. out of shared memory
                 row.append(f"{name}:ERR({type(e).__name__})")
                 totals[name] = float("inf")
         triton_decode.CONFIG_FP8.update(cfg0)
-        del args
+        args = None
         print(f"b={batch:<4} ctx={ctx:<5} bf16:{bf_ms[batch, ctx] * 1e3:.0f}us/"
               f"{2 * kv / bf_ms[batch, ctx] / 1e6:.0f}GB/s  "
               + "  ".join(row), flush=True)
@@ -271,7 +281,7 @@ def bench_decode_int8():
                 row.append(f"{name}:ERR({type(e).__name__})")
                 totals[name] = float("inf")
         triton_decode.CONFIG_INT8.update(cfg0)
-        del args
+        args = None
         print(f"b={batch:<4} ctx={ctx:<5} bf16:{bf * 1e3:.0f}us fp8:{f8 * 1e3:.0f}us/"
               f"{kv / f8 / 1e6:.0f}GB/s  int8 " + "  ".join(row), flush=True)
     print(f"fastest int8 config on b>=64: {min(totals, key=totals.get)}")
@@ -280,7 +290,8 @@ def bench_decode_int8():
 def bench_decode_order():
     """Launch order of the decode programs (HEAD_FAST grid, longest-first `order`) on batches
     of mixed context lengths, bf16 and fp8 caches; effective GB/s = bytes of the contexts read."""
-    print("\n== decode launch order (do_bench, L2 flushed; ctx: uniform in [lo, hi]) ==", flush=True)
+    print("\n== decode launch order (do_bench, L2 flushed; ctx: uniform in [lo, hi]) ==",
+          flush=True)
     base, base8 = dict(triton_decode.CONFIG), dict(triton_decode.CONFIG_FP8)
     variants = (("seq", False, False), ("seq+lpt", False, True), ("head", True, False),
                 ("head+lpt", True, True))
@@ -304,8 +315,8 @@ def bench_decode_order():
                               return_mode="median")
                 row.append(f"{label}:{ms * 1e3:.0f}us/{nbytes / ms / 1e6:.0f}GB/s")
             print(f"b={batch:<4} ctx={lo}-{hi} {name}: " + "  ".join(row), flush=True)
-            del kc, vc
-        del q, k_cache, v_cache
+            kc = vc = None
+        q = k_cache = v_cache = None
     triton_decode.CONFIG.update(base)
     triton_decode.CONFIG_FP8.update(base8)
 
@@ -332,7 +343,7 @@ def bench_decode_int8_mixed():
         kc, vc = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
         f8 = do_bench(lambda: decode_attention(q, kc, vc, ctx, bt, scale, k_scale=ones,
                                                v_scale=ones, order=order), return_mode="median")
-        del kc, vc
+        kc = vc = None
         codes = []
         for cache in (k_cache, v_cache):
             c, sc = quantize_rows(cache)
@@ -347,7 +358,7 @@ def bench_decode_int8_mixed():
         triton_decode.CONFIG_INT8.update(cfg0)
         print(f"b={batch:<4} ctx={lo}-{hi} fp8:{f8 * 1e3:.0f}us/{nbytes / f8 / 1e6:.0f}GB/s  "
               "int8 " + "  ".join(row), flush=True)
-        del q, k_cache, v_cache, codes
+        q = k_cache = v_cache = codes = None
 
 
 if __name__ == "__main__":

@@ -176,8 +176,9 @@ def e2e(args) -> None:
                     # bf16 verify rows run at another GEMM batch size than plain decode's, so a
                     # near-tie can flip; report how far the outputs agree, not only whether.
                     row["same_tokens"] = got == plain["ids"]
-                    row["same_prefix"] = round(sum(common_prefix(a, b) / max(len(b), 1)
-                                                   for a, b in zip(got, plain["ids"])) / len(got), 3)
+                    agree = sum(common_prefix(a, b) / max(len(b), 1)
+                                for a, b in zip(got, plain["ids"]))
+                    row["same_prefix"] = round(agree / len(got), 3)
                 results[(label, name, batch)] = {**row, "ids": [o.outputs[0].token_ids
                                                                 for o in outs]}
                 print(json.dumps(row), flush=True)

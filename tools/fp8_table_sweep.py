@@ -69,7 +69,7 @@ def main():
                 best = ", ".join(f"{t:.1f} {key}" for t, key in row[:5])
                 print(f"{model:10s} {name:8s} N={n:5d} K={k:5d} M={m:2d}  table {t_table:5.1f}  "
                       f"best {best}", flush=True)
-            del weights
+            weights = None
             torch.cuda.empty_cache()
     table_cfgs = {b: c for b, c in zip(("N<=16384", "N>16384"),
                                        (c for _, _, c in skinny_config.FP8_TABLE))}

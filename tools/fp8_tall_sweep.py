@@ -57,7 +57,7 @@ def main():
                   f"bf16 cuBLAS {t_bf:6.1f}  tall best {best}", flush=True)
             totals[m]["dequant"] += t_deq
             totals[m]["bf16"] += t_bf
-        del weights
+        weights = None
         torch.cuda.empty_cache()
     out = {}
     for m in ms:

@@ -86,7 +86,7 @@ def main():
                   f"{', '.join(f'{t:.2f}' for t in times[0])} us a layer; fused "
                   f"{', '.join(f'{t:.2f}' for t in times[1])}; max |diff| {diff:.2e}",
                   flush=True)
-            del layers, rows
+            layers = rows = None
             torch.cuda.empty_cache()
 
 

@@ -105,7 +105,8 @@ def main():
     prof = cProfile.Profile()
     timed(llm, prompts, params, prof)
     print(f"{args.seqs} seqs, {sum(lengths)} tokens (lengths {min(lengths)}..{max(lengths)}), "
-          f"NANOVLLM_PARALLEL_FILL_WORDS={os.environ.get('NANOVLLM_PARALLEL_FILL_WORDS', 'default')}")
+          "NANOVLLM_PARALLEL_FILL_WORDS="
+          f"{os.environ.get('NANOVLLM_PARALLEL_FILL_WORDS', 'default')}")
     print(f"structured: {constrained * 1e3 / steps:.3f} ms/step ({steps} steps); "
           f"unconstrained, same lengths: {plain * 1e3 / plain_steps:.3f} ms/step "
           f"({plain_steps} steps); ratio of tok/s {plain / constrained:.1%}")

@@ -13,7 +13,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 from bench_layer_kernel import PHASE_NAMES, build, forward, time_graph  # noqa: E402
 from nanovllm.kernels import layer_launch as lk  # noqa: E402

@@ -88,7 +88,7 @@ def main():
             print(f"{name:8s} N={n:5d} K={k:5d} M={m:4d}  cuBLAS {t_cub:6.1f}  op+cuBLAS "
                   f"{t_unf:6.1f}  tall {fmt(f'{t:.1f} {c}' for t, c in plain[:3])}  fused "
                   f"{fmt(f'{t:.1f} {c}' for t, c in pro[:3])}", flush=True)
-        del weights
+        weights = None
         torch.cuda.empty_cache()
     for m in ms:
         rows = [v for key, v in out.items() if key.endswith(f" {m}")]

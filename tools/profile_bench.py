@@ -101,7 +101,8 @@ def main():
     kv_bytes = (2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim
                 * executor.runner.kv_cache.element_size())
     weights = sum(p.numel() * p.element_size() for p in executor.runner.model.parameters())
-    print(f"{'batch<=':>8} {'steps':>6} {'seconds':>8} {'ms/step':>8} {'ideal s':>8} {'KV TB/s':>8}")
+    print(f"{'batch<=':>8} {'steps':>6} {'seconds':>8} {'ms/step':>8} {'ideal s':>8} "
+          f"{'KV TB/s':>8}")
     for b in BUCKETS:
         n, sec, ctx = buckets[b]
         if n:

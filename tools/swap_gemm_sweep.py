@@ -108,7 +108,7 @@ def main():
                   f"{t_deq:5.1f}  swap {best}", flush=True)
             totals[m]["cublas"] += t_bf
             totals[m]["dequant"] += t_deq
-        del weights
+        weights = None
         torch.cuda.empty_cache()
     for m in ms:
         key, t = best_complete(totals[m]["swap"], len(layers))

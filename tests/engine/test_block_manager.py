@@ -135,7 +135,8 @@ def test_random_allocate_append_free_preempt(seed):
     for _ in range(3000):
         op = rng.random()
         if op < 0.3:
-            toks = list(rng.choice(prefixes)) + [rng.randrange(50) for _ in range(rng.randrange(0, 20))]
+            tail = [rng.randrange(50) for _ in range(rng.randrange(0, 20))]
+            toks = list(rng.choice(prefixes)) + tail
             s = seq_of(toks)
             if bm.can_allocate(s):
                 free_before = bm.num_free_blocks

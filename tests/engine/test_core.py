@@ -1,7 +1,8 @@
-"""EngineCore. Defence in depth: a step that raises (here: building one batch's sampling tensors) fails
-only the requests of that step, frees their KV blocks and leaves the engine serving; only
-steps failing again and again (a broken device) let the error out. And the core alone, on a
-fake executor: streamed deltas add up to whole outputs, aborts are reported once."""
+"""EngineCore. Defence in depth: a step that raises (here: building one batch's sampling
+tensors) fails only the requests of that step, frees their KV blocks and leaves the engine
+serving; only steps failing again and again (a broken device) let the error out. And the
+core alone, on a fake executor: streamed deltas add up to whole outputs, aborts are reported
+once."""
 import pytest
 
 from nanovllm import LLM, SamplingParams

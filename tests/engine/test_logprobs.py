@@ -150,7 +150,8 @@ def test_async_and_sync_give_identical_logprobs(toy_models, limits):
         llm = engine(toy_models, async_scheduling=async_scheduling, **limits)
         runs.append(llm.generate(prompts, sps, use_tqdm=False))
         assert llm.clients[0].core.async_scheduling is async_scheduling
-        assert (llm.clients[0].core.scheduler.num_preemptions > 0) == ("num_kvcache_blocks" in limits)
+        preempted = llm.clients[0].core.scheduler.num_preemptions > 0
+        assert preempted == ("num_kvcache_blocks" in limits)
         llm.shutdown()
     if "num_kvcache_blocks" not in limits:
         # The same batches in both loops: bit for bit the same outputs.

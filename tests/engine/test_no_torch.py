@@ -80,7 +80,8 @@ def test_the_spine_has_no_import_cycles():
     """Module-level imports of the control plane, the front ends and their process
     machinery form no cycle (lazy imports inside functions are one-way by construction)."""
     spine = [p for p in ROOT.rglob("*.py")
-             if p.parent.name in ("engine", "server", "cli") or p.parent == ROOT or p.name == "process.py"]
+             if p.parent.name in ("engine", "server", "cli") or p.parent == ROOT
+             or p.name == "process.py"]
     known = known_modules()
     graph = {module_name(p): {n for n in imports(p, top_level_only=True) if n in known}
              for p in spine}

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from nanovllm.kernels.torch_ref import decode_attention_torch, prefill_attention_torch, store_kvcache_torch
+from nanovllm.kernels.torch_ref import (decode_attention_torch, prefill_attention_torch,
+                                        store_kvcache_torch)
 from tests.support.paged import make_paged_case, naive_attention, rel_err
 
 SEQ_SETS = {
@@ -18,7 +19,8 @@ SEQ_SETS = {
 @pytest.mark.usefixtures("poisoned_empty")
 def test_prefill_ref(block_size, heads, kind):
     c = make_paged_case(SEQ_SETS[kind], block_size, heads[0], heads[1], 16, seed=1)
-    o = prefill_attention_torch(c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale)
+    o = prefill_attention_torch(c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k,
+                                c.block_tables, c.scale)
     assert rel_err(o, naive_attention(c)) < 1e-5
 
 

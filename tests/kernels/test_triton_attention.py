@@ -60,7 +60,8 @@ PREFILL_CASES = {
 @pytest.mark.usefixtures("poisoned_empty")
 def test_prefill(kind, block_size, heads):
     c = make_paged_case(PREFILL_CASES[kind], block_size, heads[0], heads[1], 16, seed=3)
-    ref = prefill_attention_torch(c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables, c.scale)
+    ref = prefill_attention_torch(c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k,
+                                  c.block_tables, c.scale)
     o = prefill_attention(c.q, c.k_cache, c.v_cache, c.cu_seqlens_q, c.cu_seqlens_k, c.block_tables,
                           c.scale, c.max_seqlen_q)
     assert rel_err(o, ref) < TOL
@@ -75,7 +76,8 @@ def test_decode(num_splits, heads):
     # ctx 1 and 7 leave most splits empty; 40 spans 3 tiles of 16 keys.
     c = make_paged_case([(1, 1), (1, 40), (1, 7)], 16, heads[0], heads[1], 16, seed=4)
     ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
-    o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale, num_splits=num_splits)
+    o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale,
+                         num_splits=num_splits)
     assert rel_err(o, ref) < TOL
 
 
@@ -153,7 +155,8 @@ def test_decode_broadcast_variant(monkeypatch):
     c = make_paged_case([(1, 30), (1, 2)], 16, 4, 2, 16, seed=6)
     ref = decode_attention_torch(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale)
     for splits in (1, 2):
-        o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables, c.scale, num_splits=splits)
+        o = decode_attention(c.q, c.k_cache, c.v_cache, c.context_lens, c.block_tables,
+                             c.scale, num_splits=splits)
         assert rel_err(o, ref) < TOL
 
 
@@ -164,7 +167,8 @@ def test_decode_zero_context_gives_zeros():
     c = make_paged_case([(1, 5), (1, 1)], 16, 2, 2, 16, seed=7)
     ctx = torch.tensor([5, 0], dtype=torch.int32)
     for splits in (1, 2):
-        o = decode_attention(c.q, c.k_cache, c.v_cache, ctx, c.block_tables, c.scale, num_splits=splits)
+        o = decode_attention(c.q, c.k_cache, c.v_cache, ctx, c.block_tables, c.scale,
+                             num_splits=splits)
         assert torch.isfinite(o).all() and (o[1] == 0).all()
 
 
@@ -181,7 +185,8 @@ def test_default_split_choice():
 
 GPU_TOL = 1e-2
 # Tile configs the benchmark may pick from: every one is checked for correctness here.
-DECODE_CFGS = [dict(BLOCK_N=64, num_warps=4, num_stages=3), dict(BLOCK_N=128, num_warps=4, num_stages=2),
+DECODE_CFGS = [dict(BLOCK_N=64, num_warps=4, num_stages=3),
+               dict(BLOCK_N=128, num_warps=4, num_stages=2),
                dict(BLOCK_N=32, num_warps=4, num_stages=3)]
 PREFILL_CFGS = [dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),  # CONFIG (long)
                 dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),    # SHORT_CONFIG

@@ -9,7 +9,8 @@ from tests.models.test_layer_kernel import CPU, _logits, counted  # noqa: F401 (
 
 @pytest.mark.parametrize("kv,mix,feedback", [("fp8_e4m3", "1", "1"), ("fp8_e4m3", "0", "0"),
                                               ("fp8_e5m2", "1", "1")])
-def test_fp8_cache_in_one_launch(toy_models, monkeypatch, counted, kv, mix, feedback):
+def test_fp8_cache_in_one_launch(toy_models, monkeypatch, counted,  # noqa: F811
+                                 kv, mix, feedback):
     """An fp8 KV cache: the new K and V rounded as the fused RoPE store rounds them (with
     Hadamard mixing and K's error feedback, the defaults, or neither; e5m2 has no feedback),
     attention over the fp8 tiles with the scales applied as the decode kernel applies them.

@@ -38,7 +38,8 @@ def run(path, async_scheduling: bool, dtype: str, prompts, sps):
     llm = LLM(path, device="cuda", dtype=dtype, enforce_eager=False, kvcache_block_size=16,
               max_num_seqs=16, max_model_len=512, max_num_batched_tokens=64,
               async_scheduling=async_scheduling)
-    assert llm.clients[0].core.executor.runner.graphs is not None and llm.clients[0].core.async_scheduling is async_scheduling
+    core = llm.clients[0].core
+    assert core.executor.runner.graphs is not None and core.async_scheduling is async_scheduling
     outs = llm.generate(prompts, sps, use_tqdm=False)
     assert llm.clients[0].core.scheduler.num_preemptions == 0
     llm.shutdown()

@@ -179,7 +179,8 @@ from nanovllm import LLM
 if __name__ == "__main__":
     llm = LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=16,
               device="cpu")
-    print(llm.clients[0].core.executor.workers.procs[0].pid, llm.clients[0].core.executor.channel.name, flush=True)
+    executor = llm.clients[0].core.executor
+    print(executor.workers.procs[0].pid, executor.channel.name, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no shutdown()
 """
 
