@@ -29,6 +29,8 @@
 #   narrow (~3 min; run 2026-11-30, forty-ninth session: PLAIN_NARROW_MAX_M 4 since): bf16
 #     o / down projections (N < K) at three and four rows, then four sequences decoding
 #     together with gemv.PLAIN_NARROW_MAX_M 0 / 4, alternating.
+#   narrow8 (~2 min): the narrow fp8 layers' one-row tile (4, 1024) / (4, 2048): the sweep,
+#     then the 8B fp8 shape's batch 1, alternating twice.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -88,6 +90,21 @@ elif [ "${1:-sweep}" = head ]; then
       run "0.6B bf16 + int8 head INT8_HEAD_MAX_M=$m" gemv.INT8_HEAD_MAX_M=$m -- \
         --model-shape qwen3-0.6b $s
     done
+  done
+elif [ "${1:-sweep}" = narrow8 ]; then
+  # The narrow fp8 one-row tile, (4, 1024) as is or (4, 2048) (the fiftieth session's sweep:
+  # o 6.8 -> 6.4, down 15.1 -> 14.4 µs on Qwen3-8B), in the engine, alternating twice.
+  timeout 60 python3 tools/gemv_sweep.py --weights fp8 --rows 1 --layers o,down \
+    --tiles 4x1024x4x3,4x2048x4x3 --groups 16 --evict evict_first 2>&1 | grep -v skip \
+    | tee -a "$f"
+  for bk in 1024 2048 1024 2048; do
+    r=$(timeout 90 python3 -c "import runpy, sys
+from nanovllm.kernels import gemv
+gemv.ONE_ROW[(True, 'narrow')] = (4, $bk)
+sys.argv = ['bench.py', '--model-shape', 'qwen3-8b', '--quantization', 'fp8', '--single',
+            '--num-seqs', '1', '--min-output-len', '16', '--max-output-len', '16']
+runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error' | tr '\n' ' ')
+    echo "[8B fp8 narrow tile 4 x $bk] $r" | tee -a "$f"
   done
 elif [ "${1:-sweep}" = narrow ]; then
   timeout 150 python3 tools/gemv_sweep.py --weights bf16 --rows 3,4 --layers o,down \
