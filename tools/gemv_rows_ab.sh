@@ -29,6 +29,9 @@
 #   narrow (~3 min; run 2026-11-30, forty-ninth session: PLAIN_NARROW_MAX_M 4 since): bf16
 #     o / down projections (N < K) at three and four rows, then four sequences decoding
 #     together with gemv.PLAIN_NARROW_MAX_M 0 / 4, alternating.
+#   pdl (~5 min): programmatic dependent launch (kernels/pdl.py, NANOVLLM_PDL) for the
+#     batch-1 chain of norm / GEMV / SiLU·mul: its GPU tests, then the 8B shape's batch 1
+#     (fp8 and bf16) with NANOVLLM_PDL 0 / 1 alternating twice, and bench.py once each.
 #   narrow8 (~2 min): the narrow fp8 layers' one-row tile (4, 1024) / (4, 2048): the sweep,
 #     then the 8B fp8 shape's batch 1, alternating twice.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
@@ -90,6 +93,20 @@ elif [ "${1:-sweep}" = head ]; then
       run "0.6B bf16 + int8 head INT8_HEAD_MAX_M=$m" gemv.INT8_HEAD_MAX_M=$m -- \
         --model-shape qwen3-0.6b $s
     done
+  done
+elif [ "${1:-sweep}" = pdl ]; then
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py \
+    tests/kernels/test_gemv.py tests/kernels/test_triton_norm.py 2>&1 \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
+  for round in 1 2; do
+    for on in 0 1; do
+      NANOVLLM_PDL=$on run "8B fp8 PDL=$on" -- --model-shape qwen3-8b --quantization fp8 $s
+      NANOVLLM_PDL=$on run "8B bf16 PDL=$on" -- --model-shape qwen3-8b $s
+    done
+  done
+  for on in 0 1; do
+    NANOVLLM_PDL=$on run "bench.py PDL=$on" --
   done
 elif [ "${1:-sweep}" = narrow8 ]; then
   # The narrow fp8 one-row tile, (4, 1024) as is or (4, 2048) (the fiftieth session's sweep:

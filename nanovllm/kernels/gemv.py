@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels import pdl
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.layer_parts import epilogue
 
@@ -91,12 +92,53 @@ def _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, scale_g, BLOCK_N: tl.co
 
 
 @triton.jit
+def _load_w(w_rows, k0, offs_k, mask_n, K, EVEN_K: tl.constexpr, W_EVICT: tl.constexpr):
+    """W's tile at k0. W is read once: evict-first keeps x (read by every program) in L2."""
+    if EVEN_K:
+        return tl.load(w_rows + k0, mask=mask_n[:, None], other=0.0, eviction_policy=W_EVICT)
+    return tl.load(w_rows + k0, mask=mask_n[:, None] & (k0 + offs_k < K)[None, :], other=0.0,
+                   eviction_policy=W_EVICT)
+
+
+@triton.jit
+def _tile_sums(w, k0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K,
+               s_row, s_groups, BLOCK_SCALED: tl.constexpr, GROUP_SCALED: tl.constexpr,
+               SCALE_BK: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr,
+               GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W's loaded tile at k0, widened and scaled, times each row of x, into its accumulator."""
+    mask_k = k0 + offs_k < K
+    if w.dtype == tl.int8:  # 1.5 * 2^23 + c is exact: an add, not a quarter-rate I2F
+        w = (w.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+    else:
+        w = w.to(tl.float32)
+    scale_k = 1.0
+    if BLOCK_SCALED:
+        scale_k = tl.load(s_row + (k0 + offs_k) // SCALE_BK, mask=mask_k, other=0.0)
+    scale_g = 1.0
+    if GROUP_SCALED:
+        scale_g = tl.load(s_groups + (k0 + offs_g[None, :]) // SCALE_BK,
+                          mask=mask_n[:, None] & (k0 + offs_g[None, :] < K), other=0.0)
+    acc0 += _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, scale_g, BLOCK_N, BLOCK_K,
+                          GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
+    if ROWS > 1:
+        acc1 += _row_products(w, x_ptr + stride_xm, k0, offs_k, mask_k, scale_k, scale_g,
+                              BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
+    if ROWS > 2:
+        acc2 += _row_products(w, x_ptr + 2 * stride_xm, k0, offs_k, mask_k, scale_k, scale_g,
+                              BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
+    if ROWS > 3:
+        acc3 += _row_products(w, x_ptr + 3 * stride_xm, k0, offs_k, mask_k, scale_k, scale_g,
+                              BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, stride_wn,
                  stride_sn, ROW_SCALED: tl.constexpr, BLOCK_SCALED: tl.constexpr,
                  GROUP_SCALED: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr,
-                 GROUP: tl.constexpr, W_EVICT: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 GROUP: tl.constexpr, W_EVICT: tl.constexpr, PEEL: tl.constexpr,
+                 GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -113,38 +155,23 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
     acc1 = acc0
     acc2 = acc0
     acc3 = acc0
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = k0 + offs_k < K
-        # W is read once: evict-first keeps x (read by every program) in L2.
-        if EVEN_K:
-            w = tl.load(w_rows + k0, mask=mask_n[:, None], other=0.0, eviction_policy=W_EVICT)
-        else:
-            w = tl.load(w_rows + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0,
-                        eviction_policy=W_EVICT)
-        if w.dtype == tl.int8:  # 1.5 * 2^23 + c is exact: an add, not a quarter-rate I2F
-            w = (w.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
-        else:
-            w = w.to(tl.float32)
-        scale_k = 1.0
-        if BLOCK_SCALED:
-            scale_k = tl.load(s_row + (k0 + offs_k) // SCALE_BK, mask=mask_k, other=0.0)
-        scale_g = 1.0
-        if GROUP_SCALED:
-            scale_g = tl.load(s_groups + (k0 + offs_g[None, :]) // SCALE_BK,
-                              mask=mask_n[:, None] & (k0 + offs_g[None, :] < K), other=0.0)
-        acc0 += _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, scale_g, BLOCK_N,
-                              BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
-        if ROWS > 1:
-            acc1 += _row_products(w, x_ptr + stride_xm, k0, offs_k, mask_k, scale_k, scale_g,
-                                  BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
-        if ROWS > 2:
-            acc2 += _row_products(w, x_ptr + 2 * stride_xm, k0, offs_k, mask_k, scale_k,
-                                  scale_g, BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED,
-                                  GROUP_SCALED)
-        if ROWS > 3:
-            acc3 += _row_products(w, x_ptr + 3 * stride_xm, k0, offs_k, mask_k, scale_k,
-                                  scale_g, BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED,
-                                  GROUP_SCALED)
+    k_first = 0
+    if PEEL:  # the first W tile goes out before the wait on the kernel that wrote x (PDL)
+        w = _load_w(w_rows, 0, offs_k, mask_n, K, EVEN_K, W_EVICT)
+        pdl.release_next(GDC)
+        pdl.wait_previous(GDC)
+        acc0, acc1, acc2, acc3 = _tile_sums(
+            w, 0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
+            s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
+        k_first = BLOCK_K
+    else:
+        pdl.release_next(GDC)
+        pdl.wait_previous(GDC)
+    for k0 in range(k_first, K, BLOCK_K):
+        w = _load_w(w_rows, k0, offs_k, mask_n, K, EVEN_K, W_EVICT)
+        acc0, acc1, acc2, acc3 = _tile_sums(
+            w, k0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
+            s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
     # Each row: summed across K, row-scaled, biased and stored (the layer kernel's epilogue).
     epilogue(tl.sum(acc0, axis=1), offs_n, mask_n, s_ptr, b_ptr, y_ptr, ROW_SCALED, HAS_BIAS)
     if ROWS > 1:
@@ -213,12 +240,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
         while block[0] % cfg["BLOCK_N"]:  # a program's rows inside one row block
             cfg["BLOCK_N"] //= 2
     s_bn, s_bk = block if block is not None else (1, 1)
+    gdc = pdl.enabled(y)
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x2, weight, scale if scale is not None else x2, bias if bias is not None else x2, y,
         n, k, x2.stride(0), n, weight.stride(0), scale.stride(0) if block is not None else 0,
         ROW_SCALED=scale is not None and block is None,
         BLOCK_SCALED=block is not None and not per_row, GROUP_SCALED=per_row, SCALE_BN=s_bn,
         SCALE_BK=s_bk, HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m,
-        GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], PEEL=bool(cfg.get("PEEL") or gdc),
+        GDC=gdc, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **pdl.launch_kwargs(gdc))
     return y

@@ -10,10 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels import pdl
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, n, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, GDC: tl.constexpr, BLOCK: tl.constexpr):
+    # Under PDL (kernels/pdl.py): the next kernel (a GEMV) may start loading its weights now;
+    # this one reads the previous kernel's output, so it waits for it first.
+    pdl.release_next(GDC)
+    pdl.wait_previous(GDC)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -48,15 +54,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         r2 = r2.contiguous()
     rows = x2.shape[0]
     if rows:
-        block = triton.next_power_of_2(n)
+        block, gdc = triton.next_power_of_2(n), pdl.enabled(out)
         _rms_norm_kernel[(rows,)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), n,
-                                  eps, HAS_RES=residual is not None, BLOCK=block,
-                                  num_warps=min(max(block // 256, 1), 16))
+                                  eps, HAS_RES=residual is not None, GDC=gdc, BLOCK=block,
+                                  num_warps=min(max(block // 256, 1), 16),
+                                  **pdl.launch_kwargs(gdc))
     return out if residual is None else (out, res_out)
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, GDC: tl.constexpr, BLOCK: tl.constexpr):
+    pdl.release_next(GDC)  # (as in _rms_norm_kernel)
+    pdl.wait_previous(GDC)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < d
@@ -75,7 +84,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2 = x2.contiguous()
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        block = min(triton.next_power_of_2(d), 1024)
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, out, x2.stride(0), d,
-                                                                   BLOCK=block, num_warps=4)
+        block, gdc = min(triton.next_power_of_2(d), 1024), pdl.enabled(out)
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
+            x2, out, x2.stride(0), d, GDC=gdc, BLOCK=block, num_warps=4, **pdl.launch_kwargs(gdc))
     return out

@@ -33,6 +33,23 @@ def test_several_rows_match_reference(kind, block, m):
     check(gemv.gemv(x, w, s, block, b), reference(x, w, s, block, b), torch.bfloat16)
 
 
+@pytest.mark.parametrize("kind,block", [("fp8_row", None), ("fp8_block", (32, 48)),
+                                        ("bf16", None), ("fp32", None)])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("k", [20, 64, 70, 100])
+def test_first_tile_peeled_changes_nothing(kind, block, m, k):
+    """PEEL (the first W tile loaded and summed before the loop: under PDL, before the wait
+    on x's writer): the same tiles in the same order, so the same bits, at K under, at and
+    past whole tiles."""
+    w, s, block = make_weight(40, k, kind, block=block or (32, 48))
+    x = torch.randn(m, k).to(torch.float32 if kind == "fp32" else torch.bfloat16)
+    b = torch.randn(40)
+    plain = gemv.gemv(x, w, s, block, b)
+    peeled = gemv.gemv(x, w, s, block, b, config=dict(gemv.choose_config(40, k), PEEL=True))
+    assert torch.equal(peeled, plain)
+    check(peeled, reference(x, w, s, block, b), x.dtype)
+
+
 def test_rows_with_a_stride_and_leading_dims():
     w, s, _ = make_weight(24, 64, "fp8_row")
     x = torch.randn(3, 128).to(torch.bfloat16)[:, :64]  # rows 128 apart

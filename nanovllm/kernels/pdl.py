@@ -1,0 +1,55 @@
+"""Programmatic dependent launch (PDL; compute capability 9.0+) for the batch-1 chain of
+small kernels: norm -> GEMV -> ... -> SiLU·mul -> GEMV. A kernel launched with PDL may start
+while the one before it in the stream is still running: it issues what does not depend on
+that kernel (the GEMV's first weight tile), then `gdc_wait` blocks until that kernel has
+finished and its writes are visible. `gdc_launch_dependents` lets the next PDL kernel start
+early in turn. Launch gaps and the first DRAM round trip then overlap the previous kernel
+instead of following it (at batch 1 every kernel is a few µs, so those gaps are a fixed
+share of the token).
+
+NANOVLLM_PDL=1 turns it on (off by default: not yet timed in the engine). Correctness does
+not depend on the order of kernels launched with and without it: a kernel without PDL waits
+for its predecessor as always, and gdc_wait waits for the whole previous grid.
+"""
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from nanovllm.kernels._common import INTERPRET
+
+ON = os.environ.get("NANOVLLM_PDL", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def enabled(t: torch.Tensor) -> bool:
+    """Whether kernels writing to t's device launch with PDL: the knob (ON), a GPU of compute
+    capability 9.0 or later, not the interpreter."""
+    return ON and not INTERPRET and t.is_cuda and _hopper_or_later(t.device.index or 0)
+
+
+def launch_kwargs(on: bool) -> dict:
+    """The launch option that makes Triton set the PDL launch attribute (and emit the
+    griddepcontrol instructions), or nothing."""
+    return {"launch_pdl": True} if on else {}
+
+
+@triton.jit
+def release_next(GDC: tl.constexpr):
+    """Let the next kernel in the stream launch now (its own gdc_wait keeps it correct)."""
+    if GDC:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def wait_previous(GDC: tl.constexpr):
+    """Block until the previous kernel in the stream has finished (a no-op without PDL)."""
+    if GDC:
+        gdc_wait()

@@ -1,0 +1,85 @@
+"""Programmatic dependent launch (kernels/pdl.py): off on a CPU; on a GPU of compute
+capability 9.0+ the batch-1 chain it covers (add + RMSNorm, the GEMV, SiLU·mul) gives the
+same bits with it as without, eagerly and replayed in a CUDA graph, and an engine decoding
+through that chain gives the same greedy tokens."""
+import pytest
+import torch
+
+from nanovllm.kernels import pdl
+from tests.support.gemm import make_weight
+
+
+def test_off_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(pdl, "ON", True)
+    assert not pdl.enabled(torch.zeros(1))
+    assert pdl.launch_kwargs(False) == {} and pdl.launch_kwargs(True) == {"launch_pdl": True}
+
+
+def _needs_hopper():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs compute capability 9.0 or later")
+
+
+def _chain(x, residual, norm_w, w1, s1, w2):
+    """A batch-1 MLP's kernels: add + norm, an fp8 GEMV (gate_up), SiLU·mul, a bf16 GEMV
+    (down), add + norm again."""
+    from nanovllm.kernels import gemv
+    from nanovllm.kernels.triton_norm import rms_norm, silu_and_mul
+
+    h, res = rms_norm(x, norm_w, 1e-6, residual)
+    a = silu_and_mul(gemv.gemv(h, w1, s1, None))
+    return rms_norm(gemv.gemv(a, w2, None, None), norm_w, 1e-6, res)
+
+
+@pytest.mark.gpu
+def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch):
+    _needs_hopper()
+    d, inter = 4096, 12288
+    x = torch.randn(1, d, device="cuda").to(torch.bfloat16)
+    residual = torch.randn(1, d, device="cuda").to(torch.bfloat16)
+    norm_w = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
+    w1, s1, _ = make_weight(2 * inter, d, "fp8_row", device="cuda")
+    w2, _, _ = make_weight(d, inter, "bf16", seed=1, device="cuda")
+    args = (x, residual, norm_w, w1, s1, w2)
+    off = _chain(*args)
+    monkeypatch.setattr(pdl, "ON", True)
+    assert pdl.enabled(x)
+    eager = _chain(*args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = _chain(*args)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for want, got_eager, got_graph in zip(off, eager, replayed):
+        assert torch.equal(got_eager, want) and torch.equal(got_graph, want)
+
+
+@pytest.mark.gpu
+def test_gpu_engine_greedy_tokens_unchanged(toy_models, monkeypatch):
+    """A toy Qwen3 in bf16 with a launch per op (its decode GEMMs on the GEMV), CUDA graphs
+    on: the same greedy tokens with PDL as without."""
+    _needs_hopper()
+    from nanovllm import LLM, SamplingParams
+    from nanovllm.models import one_launch
+
+    monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "0")
+    one_launch.layer_kernel_mode.cache_clear()
+    prompts = [[3, 14, 15, 92], [65, 35], [89, 79, 32, 38, 46]]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = {}
+    try:
+        for on in (False, True):
+            monkeypatch.setattr(pdl, "ON", on)
+            llm = LLM(toy_models["untied_gqa4_d64"], max_model_len=256, dtype="bfloat16")
+            try:
+                outs[on] = [llm.generate([p], greedy, use_tqdm=False)[0]["token_ids"]
+                            for p in prompts]
+                outs[on] += [o["token_ids"] for o in llm.generate(prompts, greedy,
+                                                                   use_tqdm=False)]
+            finally:
+                llm.shutdown()
+    finally:
+        monkeypatch.delenv("NANOVLLM_LAYER_KERNEL")
+        one_launch.layer_kernel_mode.cache_clear()
+    assert outs[True] == outs[False]
