@@ -49,7 +49,7 @@ def compile_decode(cache: str, stages: int, warps: int = 4, v_words: bool = Fals
                  DOT_PREC="tf32", KV_FP8=cache == "fp8", FP16_DOT=cache == "fp8",
                  KV_INT8=cache == "int8", INT8_F16=False, PV_F32=False, HEAD_FAST=True,
                  ORDERED=True, V_WORDS=v_words and cache == "fp8", V_TILE=v_tile,
-                 V_LAST=v_last, FUSE=fuse, QK_NORM=fuse)
+                 V_LAST=v_last, FUSE=fuse, QK_NORM=fuse, GDC=False)
     if not fuse:  # (the unfused launch passes None there)
         const.update(qw_ptr=None, kw_ptr=None)
     ptrs = dict(q_ptr="*bf16", k_cache_ptr=CACHE_PTR[cache], v_cache_ptr=CACHE_PTR[cache],

@@ -1,11 +1,13 @@
-"""Programmatic dependent launch (PDL; compute capability 9.0+) for the batch-1 chain of
-small kernels: norm -> GEMV -> ... -> SiLU·mul -> GEMV. A kernel launched with PDL may start
-while the one before it in the stream is still running: it issues what does not depend on
-that kernel (the GEMV's first weight tile), then `gdc_wait` blocks until that kernel has
-finished and its writes are visible. `gdc_launch_dependents` lets the next PDL kernel start
-early in turn. Launch gaps and the first DRAM round trip then overlap the previous kernel
-instead of following it (at batch 1 every kernel is a few µs, so those gaps are a fixed
-share of the token).
+"""Programmatic dependent launch (PDL; compute capability 9.0+) for a decode layer's chain of
+small kernels: RMSNorm, the GEMV (kernels/gemv.py), the RoPE store, decode attention,
+SiLU·mul (a launch per op: models too large for the one-launch layer kernel, or batches of
+two and more; a cuBLAS call in between just breaks the chain there). A kernel launched with
+PDL may start while the one before it in the stream is still running: it issues what does
+not depend on that kernel (the GEMV's first weight tile), then `gdc_wait` blocks until that
+kernel has finished and its writes are visible. `gdc_launch_dependents` lets the next PDL
+kernel start early in turn. Launch gaps and the first DRAM round trip then overlap the
+previous kernel instead of following it (at batch 1 every kernel is a few µs, so those gaps
+are a fixed share of the token).
 
 NANOVLLM_PDL=1 turns it on (off by default: not yet timed in the engine). Correctness does
 not depend on the order of kernels launched with and without it: a kernel without PDL waits

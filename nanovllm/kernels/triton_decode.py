@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels import pdl
 from nanovllm.kernels._common import INTERPRET, LOG2E, dot_precision, fp8_meta
 from nanovllm.kernels.decode_config import CONFIG, CONFIG_FP8, CONFIG_INT8, MAX_SPLITS
 from nanovllm.kernels.decode_reduce import reduce_tile, split_done
@@ -39,8 +40,10 @@ def _decode_partial_kernel(
     KV_FP8: tl.constexpr, FP16_DOT: tl.constexpr, KV_INT8: tl.constexpr,
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
-    V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr,
+    V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr, GDC: tl.constexpr,
 ):
+    pdl.release_next(GDC)  # under PDL (kernels/pdl.py): o_proj's GEMV may start its loads
+    pdl.wait_previous(GDC)
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
     # decode_attention for why the order matters.
@@ -200,6 +203,7 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
     assert not v_tile or (v_tile % block_n == 0 and block_size % block_n == 0), (v_tile, block_n)
     red_gp, red_chunk = reduce_tile(group, head_dim)
     grid = (num_kv_heads, batch, num_splits) if head_fast else (batch, num_kv_heads, num_splits)
+    gdc = pdl.enabled(o)
     _decode_partial_kernel[grid](
         q, k_cache, v_cache, context_lens, block_tables, po, lse, o, counters,
         k_scale if kv_fp8 or kv_int8 else q, v_scale if kv_fp8 or kv_int8 else q,
@@ -217,8 +221,8 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         KV_FP8=kv_fp8, FP16_DOT=fp16_dot, KV_INT8=kv_int8, INT8_F16=kv_int8 and fp16_dot,
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
         HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words, V_TILE=v_tile,
-        V_LAST=cfg.get("V_LAST", 0), **kernel_args(new, q), num_warps=cfg["num_warps"],
-        num_stages=stages,
+        V_LAST=cfg.get("V_LAST", 0), **kernel_args(new, q), GDC=gdc,
+        num_warps=cfg["num_warps"], num_stages=stages, **pdl.launch_kwargs(gdc),
     )
     return o
 

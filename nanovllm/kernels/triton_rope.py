@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels import pdl
 from nanovllm.kernels._common import (
     INTERPRET,
     dot_precision,
@@ -56,8 +57,10 @@ def _norm_rope_store_kernel(
     FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
     SOFT: tl.constexpr, KV_INT8: tl.constexpr, FEEDBACK: tl.constexpr, GROUP: tl.constexpr,
     KV_ROWS: tl.constexpr, CHAINS: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr, ROWS_AHEAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr, ROWS_AHEAD: tl.constexpr, GDC: tl.constexpr,
 ):
+    pdl.release_next(GDC)  # (kernels/pdl.py)
+    pdl.wait_previous(GDC)
     # One program per token (two with SPLIT): all its heads at once (a few KB), so a decode
     # step is one wave.
     t = tl.program_id(0)
@@ -201,6 +204,7 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
         KV_ROWS=triton.next_power_of_2(num_kv_heads), CHAINS=chains, SPLIT=split,
         PREFETCH=FEEDBACK_PREFETCH and not INTERPRET, BLOCK_SIZE=k_cache.shape[1], V_TILE=v_tile,
         ROWS_AHEAD=FEEDBACK_ROWS_AHEAD if FEEDBACK_ROWS_AHEAD != 2 or not INTERPRET else 0,
+        GDC=pdl.enabled(q_out), **pdl.launch_kwargs(pdl.enabled(q_out)),
         # The feedback loop's tile is small: more warps would each repeat its chain.
         num_warps=4 if k_feedback is None else FEEDBACK_WARPS,
     )
