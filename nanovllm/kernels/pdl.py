@@ -19,11 +19,16 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nanovllm.kernels._common import INTERPRET
 
-ON = os.environ.get("NANOVLLM_PDL", "0") == "1"
+try:  # (a Triton without them: PDL stays off, and no kernel reaches these names)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    _HAS_GDC = True
+except ImportError:
+    _HAS_GDC = False
+
+ON = os.environ.get("NANOVLLM_PDL", "0") == "1" and _HAS_GDC
 
 
 @functools.lru_cache(maxsize=None)
