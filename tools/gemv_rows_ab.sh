@@ -31,7 +31,8 @@
 #     together with gemv.PLAIN_NARROW_MAX_M 0 / 4, alternating.
 #   pdl (~5 min): programmatic dependent launch (kernels/pdl.py, NANOVLLM_PDL) for the
 #     batch-1 chain of norm / GEMV / SiLU·mul: its GPU tests, then the 8B shape's batch 1
-#     (fp8 and bf16) with NANOVLLM_PDL 0 / 1 alternating twice, and bench.py once each.
+#     (fp8 and bf16) with NANOVLLM_PDL 0 / 1 alternating twice, bench.py once each, and
+#     the 8B fp8 token's kernel profile with it off and on.
 #   narrow8 (~2 min): the narrow fp8 layers' one-row tile (4, 1024) / (4, 2048): the sweep,
 #     then the 8B fp8 shape's batch 1, alternating twice.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
@@ -107,6 +108,11 @@ elif [ "${1:-sweep}" = pdl ]; then
   done
   for on in 0 1; do
     NANOVLLM_PDL=$on run "bench.py PDL=$on" --
+  done
+  for on in 0 1; do  # the token's kernels and wall, per op (logs in $OUT)
+    NANOVLLM_PDL=$on timeout 120 python3 tools/profile_bench.py --single \
+      --model-shape qwen3-8b --quantization fp8 > "$o/profile_8b_fp8_pdl$on.log" 2>&1
+    tail -n 12 "$o/profile_8b_fp8_pdl$on.log" | tee -a "$f"
   done
 elif [ "${1:-sweep}" = narrow8 ]; then
   # The narrow fp8 one-row tile, (4, 1024) as is or (4, 2048) (the fiftieth session's sweep:
