@@ -33,6 +33,8 @@
 #     batch-1 chain of norm / GEMV / SiLU·mul: its GPU tests, then the 8B shape's batch 1
 #     (fp8 and bf16) with NANOVLLM_PDL 0 / 1 alternating twice, bench.py once each, and
 #     the 8B fp8 token's kernel profile with it off and on.
+#   wvec (~3 min): fp8 W in 8-byte vectors at one row (gemv.ONE_ROW_W_VEC: x's tile then
+#     needs no shared-memory trip or barriers): GPU tests, the sweep, the 8B batch 1 A/B.
 #   narrow8 (~2 min): the narrow fp8 layers' one-row tile (4, 1024) / (4, 2048): the sweep,
 #     then the 8B fp8 shape's batch 1, alternating twice.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
@@ -113,6 +115,18 @@ elif [ "${1:-sweep}" = pdl ]; then
     NANOVLLM_PDL=$on timeout 120 python3 tools/profile_bench.py --single \
       --model-shape qwen3-8b --quantization fp8 > "$o/profile_8b_fp8_pdl$on.log" 2>&1
     tail -n 12 "$o/profile_8b_fp8_pdl$on.log" | tee -a "$f"
+  done
+elif [ "${1:-sweep}" = wvec ]; then
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
+    -k eight_byte 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
+  timeout 100 python3 tools/gemv_sweep.py --weights fp8 --rows 1 --groups 16 \
+    --evict evict_first --w-vec 0,8 --top 6 \
+    --tiles 4x1024x4x3,8x1024x4x3,16x1024x4x3,4x2048x8x3,8x2048x8x3,16x256x4x3 2>&1 \
+    | grep -v skip | tee -a "$f"
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
+  for v in 0 8 0 8; do
+    run "8B fp8 ONE_ROW_W_VEC=$v" gemv.ONE_ROW_W_VEC=$v -- --model-shape qwen3-8b \
+      --quantization fp8 $s
   done
 elif [ "${1:-sweep}" = narrow8 ]; then
   # The narrow fp8 one-row tile, (4, 1024) as is or (4, 2048) (the fiftieth session's sweep:

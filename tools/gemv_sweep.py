@@ -5,9 +5,10 @@ ones.
     python tools/gemv_sweep.py [--models qwen3-8b] [--weights fp8|bf16|int8] [--rows 1,2,3,4]
                                [--layers qkv,o,gate_up,down,lm_head] [--top 5]
                                [--tiles 4x2048x4x1,...] [--groups 1,16] [--evict ,evict_first]
+                               [--w-vec 0,8]
 
 --tiles (BLOCK_N x BLOCK_K x warps x stages), --groups and --evict replace TILES and the
-GROUP / eviction choices swept.
+GROUP / eviction choices swept; --w-vec 0,8 tries fp8 W in 8-byte vectors too (gemv.W_VEC).
 
 --weights int8: layers/quant/int8_head's codes and per-row block scales (the LM head copy;
 pass --layers lm_head).
@@ -57,6 +58,8 @@ def main():
     ap.add_argument("--top", type=int, default=5, help="how many of the best to print")
     ap.add_argument("--groups", default="1,16", help="GROUP values to try")
     ap.add_argument("--evict", default=",evict_first", help="W's eviction policies to try")
+    ap.add_argument("--w-vec", default="0", help="W_VEC values to try (8: 8-byte W vectors, "
+                    "GROUP at most 8)")
     args = ap.parse_args()
     tiles = ([tuple(map(int, t.split("x"))) for t in args.tiles.split(",")] if args.tiles
              else TILES)
@@ -83,14 +86,16 @@ def main():
                                          grouped=args.weights == "int8")
             t_default = time_gemv(x, weights, default, "default")
             row = []
-            for (bn, bk, warps, stages), group, evict in itertools.product(
+            for (bn, bk, warps, stages), group, evict, vec in itertools.product(
                     tiles, [int(g) for g in args.groups.split(",")],
-                    args.evict.split(",")):
+                    args.evict.split(","), [int(v) for v in args.w_vec.split(",")]):
                 if bk > k or (m > 1 and group == 1):  # (an fp32 accumulator a row: too big)
                     continue
+                group = min(group, vec or group)
                 cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
-                           GROUP=group, W_EVICT=evict)
-                key = (bn, bk, warps, stages, f"g{group}", "evict" if evict else "")
+                           GROUP=group, W_EVICT=evict, W_VEC=vec)
+                key = (bn, bk, warps, stages, f"g{group}", "evict" if evict else "",
+                       f"v{vec}")
                 t = time_gemv(x, weights, cfg, key)
                 if t is None:
                     continue

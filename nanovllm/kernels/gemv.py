@@ -34,11 +34,8 @@ MAX_M = 2
 MAX_ROWS = 4  # the kernel's limit (sweeps)
 # Plain (bf16 / fp16) weights take it from layers/linear.dense_linear for up to PLAIN_MAX_M
 # rows (PLAIN 0: never). H200, Qwen3-8B's layers, µs summed cuBLAS -> GEMV: one row 108.9 ->
-# 98.9, two 110.5 -> 103.2, four 109.9 -> 123.4; its LM head 298 -> 281 (one row), 307 -> 284
-# (two). Engine, bench.py --single --num-seqs 2, tok/s at two sequences / one, cuBLAS (and
-# the skinny kernel) -> GEMV: Qwen3-8B 417 / 209 -> 455 / 231, Qwen3-0.6B 1,497 / 1,270 ->
-# 1,941 / 1,313, Qwen2.5-0.5B 2,063 / 1,602 -> 2,376 / 1,663, SmolLM2-135M 2,237 / 2,155 ->
-# 2,793 / 2,227 (small models at one row: their LM heads; the layer kernel runs the layers).
+# 98.9, two 110.5 -> 103.2, four 109.9 -> 123.4. Engine, tok/s at two sequences / one:
+# Qwen3-8B 417 / 209 -> 455 / 231, Qwen3-0.6B 1,497 / 1,270 -> 1,941 / 1,313 (PERF_NOTES, 46th).
 PLAIN = 1
 PLAIN_MAX_M = 2
 # Rows up to which a plain weight narrower than it is deep (N < K: o and down projections)
@@ -51,13 +48,14 @@ PLAIN_MAX_M = 2
 PLAIN_NARROW_MAX_M = 4
 PLAIN_NARROW_MAX_VALUES = 1 << 24
 # Rows up to which the int8 LM head copy (layers/quant/int8_head) is read here rather than by
-# the skinny kernel; 0: never. H200 (tools/gemv_sweep.py --weights int8 --layers lm_head), µs
-# skinny / GEMV with fp8's wide tiles / the best tiles: Qwen3-8B one row 187.8 / 169.2 /
-# 152.0 (GROUPED_ONE_ROW's), two rows 188.9 / 292.9 / 227.9; Qwen3-0.6B one row 50.3 / 44.9 /
-# 40.7, two 50.3 / 57.8 / 57.7. bench.py --single, one sequence, tok/s 0 / 1, two rounds:
-# 8B fp8 + int8 head 367.6 / 367.3, 367.4 / 370.2; Qwen3-0.6B bf16 + int8 head 1,317 /
-# 1,335, 1,310 / 1,359 (two rows lost in the engine: 669.9 -> 644.0 at two sequences).
+# the skinny kernel; 0: never. H200, µs skinny / GEMV (GROUPED_ONE_ROW's tiles): Qwen3-8B one
+# row 187.8 / 152.0, two 188.9 / 227.9. bench.py --single, tok/s 0 / 1: 8B fp8 + int8 head
+# 367.4 / 370.2; Qwen3-0.6B bf16 + int8 head 1,310 / 1,359 (PERF_NOTES, 47th-49th).
 INT8_HEAD_MAX_M = 1
+# fp8 weights at one row loaded ONE_ROW_W_VEC bytes a vector (0: 16) and summed as many at
+# a time: 8 gives W x's layout, so x's tile skips a shared-memory trip and 2-4 barriers an
+# iteration where warps lie along K (BLOCK_K >= 1,024). Untimed (sweeps, A/Bs).
+ONE_ROW_W_VEC = 0
 # (BLOCK_N, BLOCK_K) for the int8 head copy at one row (its scale a row and column block), by
 # K < 4096 or not: the sweep's best above.
 GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
@@ -137,13 +135,17 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
                  stride_sn, ROW_SCALED: tl.constexpr, BLOCK_SCALED: tl.constexpr,
                  GROUP_SCALED: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr,
-                 GROUP: tl.constexpr, W_EVICT: tl.constexpr, PEEL: tl.constexpr,
-                 GDC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 GROUP: tl.constexpr, W_EVICT: tl.constexpr, W_VEC: tl.constexpr,
+                 PEEL: tl.constexpr, GDC: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    offs_kw = offs_k
+    if W_VEC > 0:  # W loaded W_VEC values a vector: x's layout then (bf16, 16 B) with no
+        offs_kw = tl.max_contiguous(tl.multiple_of(offs_k, W_VEC), W_VEC)  # smem / barriers
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_kw[None, :]
     # Block scales: this program's row block (BLOCK_N divides SCALE_BN). Per-row blocks
     # (GROUP_SCALED, SCALE_BN 1: the int8 LM head copy's): each row's scale of each group.
     s_row = s_ptr + (pid * BLOCK_N // SCALE_BN) * stride_sn
@@ -200,8 +202,9 @@ def choose_config(n: int, k: int, itemsize: int = 1, rows: int = 1,
     if itemsize == 4:  # fp32 rows: twice bf16's registers a tile
         bk //= 2
     bk = min(bk, triton.next_power_of_2(k))
-    return dict(BLOCK_N=bn, BLOCK_K=bk, GROUP=min(16, bk), W_EVICT="evict_first",
-                num_warps=4, num_stages=3)
+    vec = ONE_ROW_W_VEC if rows == 1 and itemsize == 1 and not grouped else 0
+    return dict(BLOCK_N=bn, BLOCK_K=bk, GROUP=min(vec or 16, bk), W_EVICT="evict_first",
+                W_VEC=vec, num_warps=4, num_stages=3)
 
 
 def takes(m: int, block: tuple[int, int] | None) -> bool:
@@ -247,7 +250,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
         ROW_SCALED=scale is not None and block is None,
         BLOCK_SCALED=block is not None and not per_row, GROUP_SCALED=per_row, SCALE_BN=s_bn,
         SCALE_BK=s_bk, HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m,
-        GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], PEEL=bool(cfg.get("PEEL") or gdc),
+        GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], W_VEC=cfg.get("W_VEC", 0),
+        PEEL=bool(cfg.get("PEEL") or gdc),
         GDC=gdc, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl.launch_kwargs(gdc))
     return y

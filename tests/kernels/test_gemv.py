@@ -50,6 +50,15 @@ def test_first_tile_peeled_changes_nothing(kind, block, m, k):
     check(peeled, reference(x, w, s, block, b), x.dtype)
 
 
+@pytest.mark.parametrize("kind,block", [("fp8_row", None), ("fp8_block", (32, 48))])
+def test_eight_byte_w_vectors_match_reference(kind, block):
+    """W_VEC 8 (a load-width hint the interpreter ignores) with GROUP 8: the sums of eight."""
+    w, s, block = make_weight(40, 100, kind, block=block or (32, 48))
+    x = torch.randn(1, 100).to(torch.bfloat16)
+    cfg = dict(gemv.choose_config(40, 100), GROUP=8, W_VEC=8)
+    check(gemv.gemv(x, w, s, block, config=cfg), reference(x, w, s, block, None), x.dtype)
+
+
 def test_rows_with_a_stride_and_leading_dims():
     w, s, _ = make_weight(24, 64, "fp8_row")
     x = torch.randn(3, 128).to(torch.bfloat16)[:, :64]  # rows 128 apart
@@ -179,6 +188,22 @@ def test_gpu_several_rows(model, m, kind):
         w, s, block = make_weight(n, k, kind, block=(128, 128), device="cuda")
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         check(gemv.gemv(x, w, s, block), reference(x, w, s, block, None), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nk", sorted({nk for name in SHAPES
+                                       for layer, nk in linear_shapes(name).items()
+                                       if layer != "lm_head"}))
+@pytest.mark.parametrize("kind", ["fp8_row", "fp8_block"])
+def test_gpu_eight_byte_w_vectors(monkeypatch, nk, kind):
+    """ONE_ROW_W_VEC 8 (W in 8-byte vectors, eight products a group) at every model's layer
+    shapes, one row, against the reference."""
+    monkeypatch.setattr(gemv, "ONE_ROW_W_VEC", 8)
+    n, k = nk
+    assert gemv.choose_config(n, k, 1, 1)["W_VEC"] == 8
+    w, s, block = make_weight(n, k, kind, block=(128, 128), device="cuda")
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    check(gemv.gemv(x, w, s, block), reference(x, w, s, block, None), torch.bfloat16)
 
 
 @pytest.mark.gpu
