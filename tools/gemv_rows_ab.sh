@@ -31,7 +31,8 @@
 #     together with gemv.PLAIN_NARROW_MAX_M 0 / 4, alternating.
 #   pdl (~5 min): programmatic dependent launch (kernels/pdl.py, NANOVLLM_PDL) for the
 #     batch-1 chain of norm / GEMV / SiLU·mul: its GPU tests, then the 8B shape's batch 1
-#     (fp8 and bf16) with NANOVLLM_PDL 0 / 1 alternating twice, bench.py once each, and
+#     (fp8 and bf16) with NANOVLLM_PDL 0 / 1 alternating twice, bench.py (Qwen3-0.6B and the
+#     Qwen2.5-0.5B shape) once each, and
 #     the 8B fp8 token's kernel profile with it off and on.
 #   wvec (~3 min): fp8 W in 8-byte vectors at one row (gemv.ONE_ROW_W_VEC: x's tile then
 #     needs no shared-memory trip or barriers): GPU tests, the sweep, the 8B batch 1 A/B.
@@ -108,8 +109,9 @@ elif [ "${1:-sweep}" = pdl ]; then
       NANOVLLM_PDL=$on run "8B bf16 PDL=$on" -- --model-shape qwen3-8b $s
     done
   done
-  for on in 0 1; do
+  for on in 0 1; do  # large batches: the norm / RoPE / attention / SiLU launches after cuBLAS
     NANOVLLM_PDL=$on run "bench.py PDL=$on" --
+    NANOVLLM_PDL=$on run "bench.py qwen2.5-0.5b PDL=$on" -- --model-shape qwen2.5-0.5b
   done
   for on in 0 1; do  # the token's kernels and wall, per op (logs in $OUT)
     NANOVLLM_PDL=$on timeout 120 python3 tools/profile_bench.py --single \
