@@ -34,8 +34,9 @@
 #     (fp8 and bf16) with NANOVLLM_PDL 0 / 1 alternating twice, bench.py (Qwen3-0.6B and the
 #     Qwen2.5-0.5B shape) once each, and
 #     the 8B fp8 token's kernel profile with it off and on.
-#   wvec (~3 min): fp8 W in 8-byte vectors at one row (gemv.ONE_ROW_W_VEC: x's tile then
-#     needs no shared-memory trip or barriers): GPU tests, the sweep, the 8B batch 1 A/B.
+#   wvec (~5 min): fp8 W in 8-byte vectors at one row (gemv.ONE_ROW_W_VEC: x's tile then
+#     needs no shared-memory trip or barriers): the GEMV's GPU tests, the sweep, the 8B
+#     batch 1 A/B.
 #   narrow8 (~2 min): the narrow fp8 layers' one-row tile (4, 1024) / (4, 2048): the sweep,
 #     then the 8B fp8 shape's batch 1, alternating twice.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
@@ -99,8 +100,8 @@ elif [ "${1:-sweep}" = head ]; then
     done
   done
 elif [ "${1:-sweep}" = pdl ]; then
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py \
-    tests/kernels/test_gemv.py tests/kernels/test_triton_norm.py 2>&1 \
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py \
+    tests/kernels/test_triton_norm.py 2>&1 \
     | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
   s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
   for round in 1 2; do
@@ -119,8 +120,8 @@ elif [ "${1:-sweep}" = pdl ]; then
     tail -n 12 "$o/profile_8b_fp8_pdl$on.log" | tee -a "$f"
   done
 elif [ "${1:-sweep}" = wvec ]; then
-  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
-    -k eight_byte 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
+    2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
   timeout 100 python3 tools/gemv_sweep.py --weights fp8 --rows 1 --groups 16 \
     --evict evict_first --w-vec 0,8 --top 6 \
     --tiles 4x1024x4x3,8x1024x4x3,16x1024x4x3,4x2048x8x3,8x2048x8x3,16x256x4x3 2>&1 \
