@@ -29,7 +29,7 @@
 #   narrow (~3 min; run 2026-11-30, forty-ninth session: PLAIN_NARROW_MAX_M 4 since): bf16
 #     o / down projections (N < K) at three and four rows, then four sequences decoding
 #     together with gemv.PLAIN_NARROW_MAX_M 0 / 4, alternating.
-#   pdl (~5 min): programmatic dependent launch (kernels/pdl.py, NANOVLLM_PDL) for the
+#   pdl (~8 min): programmatic dependent launch (kernels/pdl.py, NANOVLLM_PDL) for the
 #     batch-1 chain of norm / GEMV / SiLU·mul: its GPU tests, then the 8B shape's batch 1
 #     (fp8 and bf16) with NANOVLLM_PDL 0 / 1 alternating twice, bench.py (Qwen3-0.6B and the
 #     Qwen2.5-0.5B shape) once each, and
