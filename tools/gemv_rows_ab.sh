@@ -39,6 +39,10 @@
 #     batch 1 A/B.
 #   narrow8 (~2 min): the narrow fp8 layers' one-row tile (4, 1024) / (4, 2048): the sweep,
 #     then the 8B fp8 shape's batch 1, alternating twice.
+#   pdlpos (~6 min): where the GEMV releases the next launch under PDL (gemv.
+#     PDL_EARLY_RELEASE 1: at its start, 0: after its K loop) against PDL off, the 8B shape's
+#     batch 1 in fp8 and bf16, alternating twice; bench.py both ways; the narrow fp8 tile
+#     (4, 1024) / (4, 2048) on the small models' batch 1.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -118,6 +122,35 @@ elif [ "${1:-sweep}" = pdl ]; then
     NANOVLLM_PDL=$on timeout 120 python3 tools/profile_bench.py --single \
       --model-shape qwen3-8b --quantization fp8 > "$o/profile_8b_fp8_pdl$on.log" 2>&1
     tail -n 12 "$o/profile_8b_fp8_pdl$on.log" | tee -a "$f"
+  done
+elif [ "${1:-sweep}" = pdlpos ]; then
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py 2>&1 \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
+  for round in 1 2; do
+    for w in fp8 bf16; do
+      q=$([ $w = fp8 ] && echo "--quantization fp8")
+      NANOVLLM_PDL=0 run "8B $w PDL=0" -- --model-shape qwen3-8b $q $s
+      for e in 1 0; do
+        NANOVLLM_PDL=1 run "8B $w PDL=1 early=$e" gemv.PDL_EARLY_RELEASE=$e -- \
+          --model-shape qwen3-8b $q $s
+      done
+    done
+  done
+  for on in 0 1; do
+    NANOVLLM_PDL=$on run "bench.py PDL=$on late" --
+    NANOVLLM_PDL=$on run "bench.py qwen2.5-0.5b PDL=$on late" -- --model-shape qwen2.5-0.5b
+  done
+  for m in qwen3-0.6b qwen2.5-0.5b; do
+    for bk in 1024 2048; do
+      r=$(timeout 90 python3 -c "import runpy, sys
+from nanovllm.kernels import gemv
+gemv.ONE_ROW[(True, 'narrow')] = (4, $bk)
+sys.argv = ['bench.py', '--model-shape', '$m', '--quantization', 'fp8', '--single',
+            '--num-seqs', '1', '--min-output-len', '16', '--max-output-len', '16']
+runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error' | tr '\n' ' ')
+      echo "[$m fp8 narrow tile 4 x $bk] $r" | tee -a "$f"
+    done
   done
 elif [ "${1:-sweep}" = wvec ]; then
   timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \

@@ -24,12 +24,12 @@ from nanovllm.kernels import pdl
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.layer_parts import epilogue
 
-# Rows of x this kernel takes for fp8 weights (fp8_gemm dispatches M <= MAX_M here); 0 turns
-# it off. H200, Qwen3-8B's layers, the four GEMMs' µs summed, skinny kernel -> GEMV: one row
-# 72.8 -> 56.4, two 73.3 -> 63.6, four 73.6 -> 92.4 (the FMAs and an accumulator a row
-# outgrow the saved bytes), so the skinny kernel keeps 3-16 rows. Engine, bench.py
-# --model-shape qwen3-8b --quantization fp8: two sequences 586 -> 650 tok/s; one row 327 ->
-# 352 with GROUP 16 and evict-first (ONE_ROW), 290 on the skinny kernel.
+# Rows of x taken for fp8 weights (fp8_gemm dispatches M <= MAX_M here); 0: off. H200,
+# Qwen3-8B's layers, the four GEMMs' µs summed, skinny kernel -> GEMV: one row 72.8 -> 56.4,
+# two 73.3 -> 63.6, four 73.6 -> 92.4 (the FMAs and an accumulator a row outgrow the saved
+# bytes), so the skinny kernel keeps 3-16 rows. Engine, bench.py --model-shape qwen3-8b
+# --quantization fp8: two sequences 586 -> 650 tok/s; one row 327 -> 352 with GROUP 16 and
+# evict-first (ONE_ROW), 290 on the skinny kernel.
 MAX_M = 2
 MAX_ROWS = 4  # the kernel's limit (sweeps)
 # Plain (bf16 / fp16) weights take it from layers/linear.dense_linear for up to PLAIN_MAX_M
@@ -52,17 +52,19 @@ PLAIN_NARROW_MAX_VALUES = 1 << 24
 # row 187.8 / 152.0, two 188.9 / 227.9. bench.py --single, tok/s 0 / 1: 8B fp8 + int8 head
 # 367.4 / 370.2; Qwen3-0.6B bf16 + int8 head 1,310 / 1,359 (PERF_NOTES, 47th-49th).
 INT8_HEAD_MAX_M = 1
-# fp8 weights at one row loaded ONE_ROW_W_VEC bytes a vector (0: 16) and summed as many at
-# a time: 8 gives W x's layout, so x's tile skips a shared-memory trip and 2-4 barriers an
-# iteration where warps lie along K (BLOCK_K >= 1,024). Untimed (sweeps, A/Bs).
+# fp8 weights at one row loaded ONE_ROW_W_VEC bytes a vector (0: 16), as many summed at a
+# time; 8: x's layout, no shared-memory trip for x. 8B fp8 batch 1, 0 / 8: 354 / 356, 354 / 355.
 ONE_ROW_W_VEC = 0
-# (BLOCK_N, BLOCK_K) for the int8 head copy at one row (its scale a row and column block), by
-# K < 4096 or not: the sweep's best above.
+# Under PDL (kernels/pdl.py) the GEMV lets the next kernel launch at its start (True) or
+# after its K loop (False). H200, 8B batch 1 tok/s, PDL off / early / late: fp8 355 / 367 /
+# 382, bf16 236 / 216 / 248 (early, waiting kernels pile up on the SMs ahead of their turn).
+PDL_EARLY_RELEASE = False
+# (BLOCK_N, BLOCK_K) for the int8 head copy at one row, by K >= 4096: the sweep's best above.
 GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
-# (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): each the
-# best of tools/gemv_sweep.py at one row and at two (H200, Qwen3-8B's layers; GROUP 16 and
-# evict-first W loads won or tied everywhere).
-ONE_ROW = {(True, "narrow"): (4, 1024), (True, "mid"): (8, 1024), (True, "wide"): (16, 256),
+# (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): the sweep's
+# best at one row and two (H200, Qwen3-8B's layers; GROUP 16, evict-first W); fp8 narrow
+# (4, 1024) -> (4, 2048): 8B batch 1 354.0 / 353.8 -> 358.1 / 358.3 tok/s.
+ONE_ROW = {(True, "narrow"): (4, 2048), (True, "mid"): (8, 1024), (True, "wide"): (16, 256),
            (False, "narrow"): (4, 1024), (False, "mid"): (8, 512), (False, "wide"): (32, 256)}
 TWO_ROWS = {(True, "narrow"): (8, 1024), (True, "mid"): (8, 1024), (True, "wide"): (32, 256),
             (False, "narrow"): (8, 1024), (False, "mid"): (8, 512), (False, "wide"): (8, 512)}
@@ -160,20 +162,21 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
     k_first = 0
     if PEEL:  # the first W tile goes out before the wait on the kernel that wrote x (PDL)
         w = _load_w(w_rows, 0, offs_k, mask_n, K, EVEN_K, W_EVICT)
-        pdl.release_next(GDC)
-        pdl.wait_previous(GDC)
+        pdl.release_next(GDC == 1)
+        pdl.wait_previous(GDC > 0)
         acc0, acc1, acc2, acc3 = _tile_sums(
             w, 0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
             s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
         k_first = BLOCK_K
     else:
-        pdl.release_next(GDC)
-        pdl.wait_previous(GDC)
+        pdl.release_next(GDC == 1)
+        pdl.wait_previous(GDC > 0)
     for k0 in range(k_first, K, BLOCK_K):
         w = _load_w(w_rows, k0, offs_k, mask_n, K, EVEN_K, W_EVICT)
         acc0, acc1, acc2, acc3 = _tile_sums(
             w, k0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
             s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
+    pdl.release_next(GDC == 2)
     # Each row: summed across K, row-scaled, biased and stored (the layer kernel's epilogue).
     epilogue(tl.sum(acc0, axis=1), offs_n, mask_n, s_ptr, b_ptr, y_ptr, ROW_SCALED, HAS_BIAS)
     if ROWS > 1:
@@ -243,7 +246,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
         while block[0] % cfg["BLOCK_N"]:  # a program's rows inside one row block
             cfg["BLOCK_N"] //= 2
     s_bn, s_bk = block if block is not None else (1, 1)
-    gdc = pdl.enabled(y)
+    gdc = pdl.enabled(y) and (1 if PDL_EARLY_RELEASE else 2)
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x2, weight, scale if scale is not None else x2, bias if bias is not None else x2, y,
         n, k, x2.stride(0), n, weight.stride(0), scale.stride(0) if block is not None else 0,
@@ -252,6 +255,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
         SCALE_BK=s_bk, HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m,
         GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], W_VEC=cfg.get("W_VEC", 0),
         PEEL=bool(cfg.get("PEEL") or gdc),
-        GDC=gdc, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl.launch_kwargs(gdc))
+        GDC=int(gdc), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **pdl.launch_kwargs(bool(gdc)))
     return y

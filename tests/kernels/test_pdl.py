@@ -32,8 +32,14 @@ def _chain(x, residual, norm_w, w1, s1, w2):
 
 
 @pytest.mark.gpu
-def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch):
+@pytest.mark.parametrize("early", [False, True])
+def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch, early):
+    """The chain with PDL, the GEMV releasing the next launch late (the default) or early,
+    gives PDL-off's bits eagerly and replayed in a CUDA graph."""
+    from nanovllm.kernels import gemv
+
     _needs_hopper()
+    monkeypatch.setattr(gemv, "PDL_EARLY_RELEASE", early)
     d, inter = 4096, 12288
     x = torch.randn(1, d, device="cuda").to(torch.bfloat16)
     residual = torch.randn(1, d, device="cuda").to(torch.bfloat16)
@@ -41,6 +47,7 @@ def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch):
     w1, s1, _ = make_weight(2 * inter, d, "fp8_row", device="cuda")
     w2, _, _ = make_weight(d, inter, "bf16", seed=1, device="cuda")
     args = (x, residual, norm_w, w1, s1, w2)
+    monkeypatch.setattr(pdl, "ON", False)
     off = _chain(*args)
     monkeypatch.setattr(pdl, "ON", True)
     assert pdl.enabled(x)
