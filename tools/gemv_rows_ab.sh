@@ -43,6 +43,8 @@
 #     PDL_EARLY_RELEASE 1: at its start, 0: after its K loop) against PDL off, the 8B shape's
 #     batch 1 in fp8 and bf16, alternating twice; bench.py both ways; the narrow fp8 tile
 #     (4, 1024) / (4, 2048) on the small models' batch 1.
+#   ratio (~3 min): issue 32's batch-1 ratio as shipped (PDL on): the 8B shape in bf16,
+#     fp8, and fp8 + the int8 LM head copy, alternating twice.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -151,6 +153,14 @@ sys.argv = ['bench.py', '--model-shape', '$m', '--quantization', 'fp8', '--singl
 runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error' | tr '\n' ' ')
       echo "[$m fp8 narrow tile 4 x $bk] $r" | tee -a "$f"
     done
+  done
+elif [ "${1:-sweep}" = ratio ]; then
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
+  for round in 1 2; do
+    run "8B bf16" -- --model-shape qwen3-8b $s
+    run "8B fp8" -- --model-shape qwen3-8b --quantization fp8 $s
+    run "8B fp8 + int8 head" -- --model-shape qwen3-8b --quantization fp8 \
+      --lm-head-quantization int8 $s
   done
 elif [ "${1:-sweep}" = wvec ]; then
   timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
