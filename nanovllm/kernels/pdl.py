@@ -37,7 +37,8 @@ ON = os.environ.get("NANOVLLM_PDL", "1") != "0" and _HAS_GDC
 
 @functools.lru_cache(maxsize=None)
 def _hopper_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # (ROCm reports its own architecture numbers through the same call: NVIDIA only)
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def enabled(t: torch.Tensor) -> bool:

@@ -15,6 +15,19 @@ def test_off_without_a_gpu(monkeypatch):
     assert pdl.launch_kwargs(False) == {} and pdl.launch_kwargs(True) == {"launch_pdl": True}
 
 
+@pytest.mark.parametrize("hip, capability, want", [
+    (None, (9, 0), True), (None, (10, 0), True), (None, (8, 9), False), ("6.2", (9, 4), False)])
+def test_nvidia_hopper_or_later_only(monkeypatch, hip, capability, want):
+    """PDL needs an NVIDIA GPU of compute capability 9.0+; ROCm's numbers do not count."""
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    pdl._hopper_or_later.cache_clear()
+    try:
+        assert pdl._hopper_or_later(0) is want
+    finally:
+        pdl._hopper_or_later.cache_clear()
+
+
 def _needs_hopper():
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs compute capability 9.0 or later")
