@@ -45,6 +45,9 @@
 #     (4, 1024) / (4, 2048) on the small models' batch 1.
 #   ratio (~3 min): issue 32's batch-1 ratio as shipped (PDL on): the 8B shape in bf16,
 #     fp8, and fp8 + the int8 LM head copy, alternating twice.
+#   skinny (~5 min): PDL for the skinny GEMM too (skinny_gemm.PDL, the fp8 layers at 3-16
+#     rows): test_pdl's GPU tests, then the 8B fp8 shape at four and sixteen sequences
+#     (256 outputs each), skinny.PDL 0 / 1 alternating twice.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -161,6 +164,18 @@ elif [ "${1:-sweep}" = ratio ]; then
     run "8B fp8" -- --model-shape qwen3-8b --quantization fp8 $s
     run "8B fp8 + int8 head" -- --model-shape qwen3-8b --quantization fp8 \
       --lm-head-quantization int8 $s
+  done
+elif [ "${1:-sweep}" = skinny ]; then
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py 2>&1 \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+  for round in 1 2; do
+    for n in 4 16; do
+      for on in 0 1; do
+        run "8B fp8 $n seqs skinny.PDL=$on" skinny.PDL=$on -- --model-shape qwen3-8b \
+          --quantization fp8 --num-seqs $n --min-input-len 16 --max-input-len 32 \
+          --min-output-len 256 --max-output-len 256
+      done
+    done
   done
 elif [ "${1:-sweep}" = wvec ]; then
   timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \

@@ -1,7 +1,7 @@
-"""Programmatic dependent launch (kernels/pdl.py): off on a CPU; on a GPU of compute
-capability 9.0+ the batch-1 chain it covers (add + RMSNorm, the GEMV, SiLU·mul) gives the
-same bits with it as without, eagerly and replayed in a CUDA graph, and an engine decoding
-through that chain gives the same greedy tokens."""
+"""Programmatic dependent launch (kernels/pdl.py): off on a CPU and on GPUs other than
+NVIDIA's 9.0+; there the decode chain it covers (add + RMSNorm, the GEMV at one row or the
+skinny GEMM at 4-16, SiLU·mul) gives the same bits with it as without, eagerly and replayed
+in a CUDA graph, and an engine decoding through that chain gives the same greedy tokens."""
 import pytest
 import torch
 
@@ -34,28 +34,33 @@ def _needs_hopper():
 
 
 def _chain(x, residual, norm_w, w1, s1, w2):
-    """A batch-1 MLP's kernels: add + norm, an fp8 GEMV (gate_up), SiLU·mul, a bf16 GEMV
-    (down), add + norm again."""
-    from nanovllm.kernels import gemv
+    """A decode MLP's kernels: add + norm, an fp8 gate_up, SiLU·mul, a bf16 down, add + norm
+    again; the GEMMs on the GEMV at one row, on the skinny kernel past two."""
+    from nanovllm.kernels import gemv, skinny_gemm
     from nanovllm.kernels.triton_norm import rms_norm, silu_and_mul
 
     h, res = rms_norm(x, norm_w, 1e-6, residual)
-    a = silu_and_mul(gemv.gemv(h, w1, s1, None))
-    return rms_norm(gemv.gemv(a, w2, None, None), norm_w, 1e-6, res)
+    if x.shape[0] <= 2:
+        a = silu_and_mul(gemv.gemv(h, w1, s1, None))
+        return rms_norm(gemv.gemv(a, w2, None, None), norm_w, 1e-6, res)
+    a = silu_and_mul(skinny_gemm.gemm(h, w1, scale=s1))
+    return rms_norm(skinny_gemm.gemm(a, w2), norm_w, 1e-6, res)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [False, True])
-def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch, early):
-    """The chain with PDL, the GEMV releasing the next launch late (the default) or early,
-    gives PDL-off's bits eagerly and replayed in a CUDA graph."""
-    from nanovllm.kernels import gemv
+@pytest.mark.parametrize("rows, early", [(1, False), (1, True), (4, False), (16, False)])
+def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch, rows, early):
+    """The chain with PDL (the GEMV releasing the next launch late, the default, or early;
+    the skinny kernel with skinny_gemm.PDL on) gives PDL-off's bits eagerly and replayed in
+    a CUDA graph."""
+    from nanovllm.kernels import gemv, skinny_gemm
 
     _needs_hopper()
     monkeypatch.setattr(gemv, "PDL_EARLY_RELEASE", early)
+    monkeypatch.setattr(skinny_gemm, "PDL", True)
     d, inter = 4096, 12288
-    x = torch.randn(1, d, device="cuda").to(torch.bfloat16)
-    residual = torch.randn(1, d, device="cuda").to(torch.bfloat16)
+    x = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
+    residual = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
     norm_w = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
     w1, s1, _ = make_weight(2 * inter, d, "fp8_row", device="cuda")
     w2, _, _ = make_weight(d, inter, "bf16", seed=1, device="cuda")
