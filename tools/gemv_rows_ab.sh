@@ -48,6 +48,9 @@
 #   skinny (~5 min): PDL for the skinny GEMM too (skinny_gemm.PDL, the fp8 layers at 3-16
 #     rows): test_pdl's GPU tests, then the 8B fp8 shape at four and sixteen sequences
 #     (256 outputs each), skinny.PDL 0 / 1 alternating twice.
+#   peel2 (~4 min): under PDL the GEMV loads two W tiles before its wait (gemv.PEEL_TILES
+#     2; registers on sm_90: fp8 40-64 -> 63-80, bf16 48-96 -> 56-127): the GEMV's GPU
+#     tests, then the 8B shape's batch 1 in fp8 and bf16, PEEL_TILES 1 / 2 alternating twice.
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -175,6 +178,16 @@ elif [ "${1:-sweep}" = skinny ]; then
           --quantization fp8 --num-seqs $n --min-input-len 16 --max-input-len 32 \
           --min-output-len 256 --max-output-len 256
       done
+    done
+  done
+elif [ "${1:-sweep}" = peel2 ]; then
+  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py 2>&1 \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
+  for round in 1 2; do
+    for p in 1 2; do
+      run "8B fp8 PEEL_TILES=$p" gemv.PEEL_TILES=$p -- --model-shape qwen3-8b --quantization fp8 $s
+      run "8B bf16 PEEL_TILES=$p" gemv.PEEL_TILES=$p -- --model-shape qwen3-8b $s
     done
   done
 elif [ "${1:-sweep}" = wvec ]; then

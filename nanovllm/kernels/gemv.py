@@ -25,40 +25,32 @@ from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.layer_parts import epilogue
 
 # Rows of x taken for fp8 weights (fp8_gemm dispatches M <= MAX_M here); 0: off. H200,
-# Qwen3-8B's layers, the four GEMMs' µs summed, skinny kernel -> GEMV: one row 72.8 -> 56.4,
-# two 73.3 -> 63.6, four 73.6 -> 92.4 (the FMAs and an accumulator a row outgrow the saved
-# bytes), so the skinny kernel keeps 3-16 rows. Engine, bench.py --model-shape qwen3-8b
-# --quantization fp8: two sequences 586 -> 650 tok/s; one row 327 -> 352 with GROUP 16 and
-# evict-first (ONE_ROW), 290 on the skinny kernel.
-MAX_M = 2
-MAX_ROWS = 4  # the kernel's limit (sweeps)
+# Qwen3-8B's four layers, µs skinny kernel -> GEMV: one row 72.8 -> 56.4, two 73.3 -> 63.6,
+# four 73.6 -> 92.4 (the FMAs outgrow the saved bytes). Engine, 8B fp8: two sequences 586 ->
+# 650 tok/s, one 290 -> 352 (PERF_NOTES, 45th-46th).
+MAX_M, MAX_ROWS = 2, 4  # (MAX_ROWS: the kernel's limit, for sweeps)
 # Plain (bf16 / fp16) weights take it from layers/linear.dense_linear for up to PLAIN_MAX_M
-# rows (PLAIN 0: never). H200, Qwen3-8B's layers, µs summed cuBLAS -> GEMV: one row 108.9 ->
-# 98.9, two 110.5 -> 103.2, four 109.9 -> 123.4. Engine, tok/s at two sequences / one:
-# Qwen3-8B 417 / 209 -> 455 / 231, Qwen3-0.6B 1,497 / 1,270 -> 1,941 / 1,313 (PERF_NOTES, 46th).
+# rows (PLAIN 0: never). H200, tok/s at two sequences / one, cuBLAS -> GEMV: Qwen3-8B 417 /
+# 209 -> 455 / 231, Qwen3-0.6B 1,497 / 1,270 -> 1,941 / 1,313 (PERF_NOTES, 46th).
 PLAIN = 1
 PLAIN_MAX_M = 2
 # Rows up to which a plain weight narrower than it is deep (N < K: o and down projections)
 # and under PLAIN_NARROW_MAX_VALUES values takes it too, past PLAIN_MAX_M; 0: no further.
-# H200, Qwen3-0.6B bf16, µs cuBLAS / GEMV at three and four rows: o 10.5 / 4.3, 12.7 / 4.6;
-# down 6.8 / 5.4, 6.8 / 5.7 (qkv and gate_up, N > K, lose: 4.9 / 6.2, 6.0 / 6.8 at three).
-# bench.py four sequences, tok/s 0 / 4, two rounds: Qwen3-0.6B 3,166 / 3,594, 3,144 / 3,583;
-# Qwen2.5-0.5B 4,114 / 4,137, 4,060 / 4,142; Qwen3-8B 841 / 787, 843 / 790 (its o at four
-# rows 12.5 cuBLAS / 16.9: the bound keeps the 8B's 2^24-value o and down on cuBLAS).
+# H200, bench.py four sequences, tok/s 0 / 4: Qwen3-0.6B 3,166 / 3,594, Qwen2.5-0.5B 4,114 /
+# 4,137; Qwen3-8B 841 / 787 (hence the bound: its o and down stay on cuBLAS; 49th).
 PLAIN_NARROW_MAX_M = 4
 PLAIN_NARROW_MAX_VALUES = 1 << 24
 # Rows up to which the int8 LM head copy (layers/quant/int8_head) is read here rather than by
-# the skinny kernel; 0: never. H200, µs skinny / GEMV (GROUPED_ONE_ROW's tiles): Qwen3-8B one
-# row 187.8 / 152.0, two 188.9 / 227.9. bench.py --single, tok/s 0 / 1: 8B fp8 + int8 head
+# the skinny kernel; 0: never. H200, bench.py --single, tok/s 0 / 1: 8B fp8 + int8 head
 # 367.4 / 370.2; Qwen3-0.6B bf16 + int8 head 1,310 / 1,359 (PERF_NOTES, 47th-49th).
 INT8_HEAD_MAX_M = 1
-# fp8 weights at one row loaded ONE_ROW_W_VEC bytes a vector (0: 16), as many summed at a
-# time; 8: x's layout, no shared-memory trip for x. 8B fp8 batch 1, 0 / 8: 354 / 356, 354 / 355.
+# fp8 W at one row in ONE_ROW_W_VEC-byte vectors (0: 16; 8B batch 1, 0 / 8: 354 / 356).
 ONE_ROW_W_VEC = 0
 # Under PDL (kernels/pdl.py) the GEMV lets the next kernel launch at its start (True) or
 # after its K loop (False). H200, 8B batch 1 tok/s, PDL off / early / late: fp8 355 / 367 /
 # 382, bf16 236 / 216 / 248 (early, waiting kernels pile up on the SMs ahead of their turn).
 PDL_EARLY_RELEASE = False
+PEEL_TILES = 1  # W tiles loaded before that wait (1 or 2; 2 built, untimed)
 # (BLOCK_N, BLOCK_K) for the int8 head copy at one row, by K >= 4096: the sweep's best above.
 GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
 # (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): the sweep's
@@ -160,14 +152,21 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
     acc2 = acc0
     acc3 = acc0
     k_first = 0
-    if PEEL:  # the first W tile goes out before the wait on the kernel that wrote x (PDL)
+    if PEEL > 0:  # the first PEEL W tiles go out before the wait on x's writer (PDL)
         w = _load_w(w_rows, 0, offs_k, mask_n, K, EVEN_K, W_EVICT)
+        if PEEL > 1:
+            w_next = _load_w(w_rows, BLOCK_K, offs_k, mask_n, K, EVEN_K, W_EVICT)
         pdl.release_next(GDC == 1)
         pdl.wait_previous(GDC > 0)
         acc0, acc1, acc2, acc3 = _tile_sums(
             w, 0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
             s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
-        k_first = BLOCK_K
+        if PEEL > 1:
+            acc0, acc1, acc2, acc3 = _tile_sums(
+                w_next, BLOCK_K, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g,
+                mask_n, K, s_row, s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS,
+                GROUP, BLOCK_N, BLOCK_K)
+        k_first = PEEL * BLOCK_K
     else:
         pdl.release_next(GDC == 1)
         pdl.wait_previous(GDC > 0)
@@ -254,7 +253,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
         BLOCK_SCALED=block is not None and not per_row, GROUP_SCALED=per_row, SCALE_BN=s_bn,
         SCALE_BK=s_bk, HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m,
         GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], W_VEC=cfg.get("W_VEC", 0),
-        PEEL=bool(cfg.get("PEEL") or gdc),
+        PEEL=min(int(cfg.get("PEEL") or (PEEL_TILES if gdc else 0)),
+                 triton.cdiv(k, cfg["BLOCK_K"])),
         GDC=int(gdc), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl.launch_kwargs(bool(gdc)))
     return y
