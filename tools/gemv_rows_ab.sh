@@ -62,6 +62,20 @@ run() {  # label, bench_with args...
     | tr '\n' ' ')
   echo "[$label] $r" | tee -a "$f"
 }
+gpu_tests() {  # seconds, test files...: their GPU tests, the summary lines into $f
+  local limit=$1; shift
+  timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+}
+narrow_tile() {  # label, model shape, BLOCK_K: fp8 batch 1 with the narrow tile (4, BLOCK_K)
+  r=$(timeout 90 python3 -c "import runpy, sys
+from nanovllm.kernels import gemv
+gemv.ONE_ROW[(True, 'narrow')] = (4, $3)
+sys.argv = ['bench.py', '--model-shape', '$2', '--quantization', 'fp8', '--single',
+            '--num-seqs', '1', '--min-output-len', '16', '--max-output-len', '16']
+runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error' | tr '\n' ' ')
+  echo "[$1] $r" | tee -a "$f"
+}
 if [ "${1:-sweep}" = tests ]; then
   # Every GPU test outside kernels/ (engines on toy models in bf16 now run their decode
   # through the GEMV), and the GEMM kernels' own; pass SMOLLM2_GGUF for the real-weight ones.
@@ -79,9 +93,7 @@ if [ "${1:-sweep}" = tests ]; then
     | tee "$o/tests_${PART:-1}.log" | grep -E "^(FAILED|ERROR)|^/.*(Error|assert)|passed|failed" \
     | tail -n 24 | tee -a "$f"
 elif [ "${1:-sweep}" = next ]; then
-  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
-    tests/layers/test_int8_head.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" \
-    | tail -n 5 | tee -a "$f"
+  gpu_tests 100 tests/kernels/test_gemv.py tests/layers/test_int8_head.py
   timeout 120 python3 tools/gemv_sweep.py --weights int8 --layers lm_head --rows 1,2 \
     --models qwen3-8b,qwen3-0.6b 2>&1 | grep -v skip | tee -a "$f"
   timeout 120 python3 tools/gemv_sweep.py --weights bf16 --rows 3,4 --models qwen3-0.6b \
@@ -112,9 +124,7 @@ elif [ "${1:-sweep}" = head ]; then
     done
   done
 elif [ "${1:-sweep}" = pdl ]; then
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py \
-    tests/kernels/test_triton_norm.py 2>&1 \
-    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+  gpu_tests 150 tests/kernels/test_pdl.py tests/kernels/test_triton_norm.py
   s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
   for round in 1 2; do
     for on in 0 1; do
@@ -132,8 +142,7 @@ elif [ "${1:-sweep}" = pdl ]; then
     tail -n 12 "$o/profile_8b_fp8_pdl$on.log" | tee -a "$f"
   done
 elif [ "${1:-sweep}" = pdlpos ]; then
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py 2>&1 \
-    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+  gpu_tests 150 tests/kernels/test_pdl.py
   s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
   for round in 1 2; do
     for w in fp8 bf16; do
@@ -151,13 +160,7 @@ elif [ "${1:-sweep}" = pdlpos ]; then
   done
   for m in qwen3-0.6b qwen2.5-0.5b; do
     for bk in 1024 2048; do
-      r=$(timeout 90 python3 -c "import runpy, sys
-from nanovllm.kernels import gemv
-gemv.ONE_ROW[(True, 'narrow')] = (4, $bk)
-sys.argv = ['bench.py', '--model-shape', '$m', '--quantization', 'fp8', '--single',
-            '--num-seqs', '1', '--min-output-len', '16', '--max-output-len', '16']
-runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error' | tr '\n' ' ')
-      echo "[$m fp8 narrow tile 4 x $bk] $r" | tee -a "$f"
+      narrow_tile "$m fp8 narrow tile 4 x $bk" $m $bk
     done
   done
 elif [ "${1:-sweep}" = ratio ]; then
@@ -169,8 +172,7 @@ elif [ "${1:-sweep}" = ratio ]; then
       --lm-head-quantization int8 $s
   done
 elif [ "${1:-sweep}" = skinny ]; then
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py 2>&1 \
-    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+  gpu_tests 150 tests/kernels/test_pdl.py
   for round in 1 2; do
     for n in 4 16; do
       for on in 0 1; do
@@ -181,8 +183,7 @@ elif [ "${1:-sweep}" = skinny ]; then
     done
   done
 elif [ "${1:-sweep}" = peel2 ]; then
-  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py 2>&1 \
-    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
+  gpu_tests 100 tests/kernels/test_pdl.py
   s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
   for round in 1 2; do
     for p in 1 2; do
@@ -191,8 +192,7 @@ elif [ "${1:-sweep}" = peel2 ]; then
     done
   done
 elif [ "${1:-sweep}" = wvec ]; then
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
-    2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
+  gpu_tests 240 tests/kernels/test_gemv.py
   timeout 100 python3 tools/gemv_sweep.py --weights fp8 --rows 1 --groups 16 \
     --evict evict_first --w-vec 0,8 --top 6 \
     --tiles 4x1024x4x3,8x1024x4x3,16x1024x4x3,4x2048x8x3,8x2048x8x3,16x256x4x3 2>&1 \
@@ -209,13 +209,7 @@ elif [ "${1:-sweep}" = narrow8 ]; then
     --tiles 4x1024x4x3,4x2048x4x3 --groups 16 --evict evict_first 2>&1 | grep -v skip \
     | tee -a "$f"
   for bk in 1024 2048 1024 2048; do
-    r=$(timeout 90 python3 -c "import runpy, sys
-from nanovllm.kernels import gemv
-gemv.ONE_ROW[(True, 'narrow')] = (4, $bk)
-sys.argv = ['bench.py', '--model-shape', 'qwen3-8b', '--quantization', 'fp8', '--single',
-            '--num-seqs', '1', '--min-output-len', '16', '--max-output-len', '16']
-runpy.run_path('bench.py', run_name='__main__')" 2>&1 | grep -E 'Single|Error' | tr '\n' ' ')
-    echo "[8B fp8 narrow tile 4 x $bk] $r" | tee -a "$f"
+    narrow_tile "8B fp8 narrow tile 4 x $bk" qwen3-8b $bk
   done
 elif [ "${1:-sweep}" = narrow ]; then
   timeout 150 python3 tools/gemv_sweep.py --weights bf16 --rows 3,4 --layers o,down \
@@ -256,8 +250,7 @@ elif [ "${1:-sweep}" = small ]; then
     done
   done
 elif [ "${1:-sweep}" = sweep ]; then
-  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 \
-    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 5 | tee -a "$f"
+  gpu_tests 120 tests/kernels/test_gemv.py
   for w in fp8 bf16; do
     timeout 200 python3 tools/gemv_sweep.py --weights $w --rows 1,2,4 2>&1 | grep -v skip \
       | tee -a "$f"
@@ -287,7 +280,6 @@ else
     r=$(timeout 90 python3 bench.py $extra 2>&1 | grep -E 'Total|Error' | tail -1)
     echo "[bench.py ${extra:-bf16}] $r" | tee -a "$f"
   done
-  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gemv.py \
-    tests/models/test_fp8_weights.py tests/models/test_architectures.py 2>&1 \
-    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 | tee -a "$f"
+  gpu_tests 170 tests/kernels/test_gemv.py tests/models/test_fp8_weights.py \
+    tests/models/test_architectures.py
 fi
