@@ -48,7 +48,7 @@ INT8_HEAD_MAX_M = 1
 ONE_ROW_W_VEC = 0
 # Under PDL (kernels/pdl.py) the GEMV lets the next kernel launch at its start (True) or
 # after its K loop (False). H200, 8B batch 1 tok/s, PDL off / early / late: fp8 355 / 367 /
-# 382, bf16 236 / 216 / 248 (early, waiting kernels pile up on the SMs ahead of their turn).
+# 382, bf16 236 / 216 / 248 (early, launched grids likely queue on SMs ahead of their turn).
 PDL_EARLY_RELEASE = False
 PEEL_TILES = 1  # W tiles loaded before that wait (1 or 2; 2 built, untimed)
 # (BLOCK_N, BLOCK_K) for the int8 head copy at one row, by K >= 4096: the sweep's best above.
