@@ -112,6 +112,22 @@ def main():
     llm.shutdown()
 
 
+def critical_path(kernels) -> tuple[dict, float]:
+    """µs each kernel name adds to the busy timeline, and the idle gaps, from (name, start,
+    end) device intervals. Under PDL a kernel's start is its launch (it may then wait for the
+    one before), so its own time overstates it; what it adds is end - max(start, the
+    previous end), which also holds without PDL."""
+    added: dict = defaultdict(float)
+    gaps, last = 0.0, None
+    for name, start, end in sorted(kernels, key=lambda k: k[2]):
+        if last is not None:
+            gaps += max(0.0, start - last)
+            start = max(start, last)
+        added[name] += max(0.0, end - start)
+        last = end if last is None else max(last, end)
+    return dict(added), gaps
+
+
 def profile_single(llm, steps: int = 64):
     """bs=1 decode: per-kernel GPU time per step next to the wall time per token."""
     one = [list(range(100, 132))]
@@ -129,6 +145,13 @@ def profile_single(llm, steps: int = 64):
     print(f"{'kernel':70s} {'calls/tok':>9} {'us/tok':>8}")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
         print(f"{e.key[:70]:70s} {e.count / steps:9.1f} {e.self_device_time_total / steps:8.1f}")
+    added, gaps = critical_path([(e.name, e.time_range.start, e.time_range.end)
+                                 for e in prof.events()
+                                 if e.device_type == torch.autograd.DeviceType.CUDA])
+    print(f"what each kernel adds after the one before ends (meaningful under PDL, where a "
+          f"kernel's own time counts its wait); idle {gaps / steps:.1f} us/tok")
+    for name, us in sorted(added.items(), key=lambda kv: -kv[1])[:20]:
+        print(f"{name[:70]:70s} {us / steps:8.1f}")
     llm.shutdown()
 
 
