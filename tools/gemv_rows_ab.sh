@@ -45,12 +45,8 @@
 #     (4, 1024) / (4, 2048) on the small models' batch 1.
 #   ratio (~3 min): issue 32's batch-1 ratio as shipped (PDL on): the 8B shape in bf16,
 #     fp8, and fp8 + the int8 LM head copy, alternating twice.
-#   skinny (~5 min): PDL for the skinny GEMM too (skinny_gemm.PDL, the fp8 layers at 3-16
-#     rows): test_pdl's GPU tests, then the 8B fp8 shape at four and sixteen sequences
-#     (256 outputs each), skinny.PDL 0 / 1 alternating twice.
-#   peel2 (~4 min): under PDL the GEMV loads two W tiles before its wait (gemv.PEEL_TILES
-#     2; registers on sm_90: fp8 40-64 -> 63-80, bf16 48-96 -> 56-127): the GEMV's GPU
-#     tests, then the 8B shape's batch 1 in fp8 and bf16, PEEL_TILES 1 / 2 alternating twice.
+#   (skinny and peel2, run 2026-11-30, PERF_NOTES fifty-second session: PDL in the skinny
+#     GEMM and two W tiles before the GEMV's wait both lost, and were removed.)
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -170,26 +166,6 @@ elif [ "${1:-sweep}" = ratio ]; then
     run "8B fp8" -- --model-shape qwen3-8b --quantization fp8 $s
     run "8B fp8 + int8 head" -- --model-shape qwen3-8b --quantization fp8 \
       --lm-head-quantization int8 $s
-  done
-elif [ "${1:-sweep}" = skinny ]; then
-  gpu_tests 150 tests/kernels/test_pdl.py
-  for round in 1 2; do
-    for n in 4 16; do
-      for on in 0 1; do
-        run "8B fp8 $n seqs skinny.PDL=$on" skinny.PDL=$on -- --model-shape qwen3-8b \
-          --quantization fp8 --num-seqs $n --min-input-len 16 --max-input-len 32 \
-          --min-output-len 256 --max-output-len 256
-      done
-    done
-  done
-elif [ "${1:-sweep}" = peel2 ]; then
-  gpu_tests 100 tests/kernels/test_pdl.py
-  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
-  for round in 1 2; do
-    for p in 1 2; do
-      run "8B fp8 PEEL_TILES=$p" gemv.PEEL_TILES=$p -- --model-shape qwen3-8b --quantization fp8 $s
-      run "8B bf16 PEEL_TILES=$p" gemv.PEEL_TILES=$p -- --model-shape qwen3-8b $s
-    done
   done
 elif [ "${1:-sweep}" = wvec ]; then
   gpu_tests 240 tests/kernels/test_gemv.py

@@ -50,7 +50,7 @@ ONE_ROW_W_VEC = 0
 # after its K loop (False). H200, 8B batch 1 tok/s, PDL off / early / late: fp8 355 / 367 /
 # 382, bf16 236 / 216 / 248 (early, launched grids likely queue on SMs ahead of their turn).
 PDL_EARLY_RELEASE = False
-PEEL_TILES = 1  # W tiles loaded before that wait (1 or 2; 2 built, untimed)
+# (Two W tiles before that wait lost: fp8 387 -> 342, bf16 245 -> 231; registers, 52nd.)
 # (BLOCK_N, BLOCK_K) for the int8 head copy at one row, by K >= 4096: the sweep's best above.
 GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
 # (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): the sweep's
@@ -152,21 +152,14 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
     acc2 = acc0
     acc3 = acc0
     k_first = 0
-    if PEEL > 0:  # the first PEEL W tiles go out before the wait on x's writer (PDL)
+    if PEEL:  # the first W tile goes out before the wait on the kernel that wrote x (PDL)
         w = _load_w(w_rows, 0, offs_k, mask_n, K, EVEN_K, W_EVICT)
-        if PEEL > 1:
-            w_next = _load_w(w_rows, BLOCK_K, offs_k, mask_n, K, EVEN_K, W_EVICT)
         pdl.release_next(GDC == 1)
         pdl.wait_previous(GDC > 0)
         acc0, acc1, acc2, acc3 = _tile_sums(
             w, 0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
             s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
-        if PEEL > 1:
-            acc0, acc1, acc2, acc3 = _tile_sums(
-                w_next, BLOCK_K, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g,
-                mask_n, K, s_row, s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS,
-                GROUP, BLOCK_N, BLOCK_K)
-        k_first = PEEL * BLOCK_K
+        k_first = BLOCK_K
     else:
         pdl.release_next(GDC == 1)
         pdl.wait_previous(GDC > 0)
@@ -253,8 +246,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
         BLOCK_SCALED=block is not None and not per_row, GROUP_SCALED=per_row, SCALE_BN=s_bn,
         SCALE_BK=s_bk, HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m,
         GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], W_VEC=cfg.get("W_VEC", 0),
-        PEEL=min(int(cfg.get("PEEL") or (PEEL_TILES if gdc else 0)),
-                 triton.cdiv(k, cfg["BLOCK_K"])),
+        PEEL=bool(cfg.get("PEEL") or gdc),
         GDC=int(gdc), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl.launch_kwargs(bool(gdc)))
     return y

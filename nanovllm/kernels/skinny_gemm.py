@@ -30,7 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels import pdl
 from nanovllm.kernels._common import INTERPRET, bits_to_bf16, dot_precision, e4m3_to_bf16
 from nanovllm.kernels.gemm_prologue import (ADD_RMS_NORM, RMS_NORM, SILU_MUL, choose_prologue,
                                             norm_row, norm_tile, rstd, silu_mul_row,
@@ -39,9 +38,6 @@ from nanovllm.kernels.skinny_config import auto_split_k, choose_config, workspac
 
 # Most rows this kernel is meant for (the callers' dispatch bound).
 MAX_M = 16
-
-# Launch with PDL (kernels/pdl.py) where it is on. Built, untimed: off until an A/B pays.
-PDL = False
 
 # Scale forms (the SCALE constexpr): no scales, one per output row, one per (row, col) block.
 NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
@@ -56,8 +52,7 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
                  SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, BITS_TO_BF16: tl.constexpr,
-                 GDC: tl.constexpr):
+                 DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, BITS_TO_BF16: tl.constexpr):
     # Program ids: M tiles fastest, so programs of one column tile run side by side and read
     # its W tile from HBM once (larger M); then column tiles; then K splits.
     pid = tl.program_id(0)
@@ -81,10 +76,6 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
         # ROW1: h^2 summed per column here and across columns once after the loop (a sum
         # across the program each K step cost a barrier each step)
         sq_cols = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    # Under PDL (kernels/pdl.py) nothing above touched memory: wait for the kernel that wrote
-    # x here, and let the next launch only after the K loop (as the GEMV does: released at
-    # the start, launched grids would queue on the SMs ahead of their turn).
-    pdl.wait_previous(GDC)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if SCALE == 2:  # this K tile lies inside one scale block: one scale per W row
@@ -123,7 +114,6 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr,
             acc += part * s[None, :]
         else:
             acc += part
-    pdl.release_next(GDC)
     if (PROLOGUE == 1 or PROLOGUE == 2) and ROW1:
         sumsq = tl.where(offs_m == 0, tl.sum(sq_cols, axis=0), 0.0)
     if SPLIT:
@@ -226,7 +216,6 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     sums = split * tiles_n * m if prologue in (RMS_NORM, ADD_RMS_NORM) else 0
     part, cnt = (workspace(x.device, split * m * n + sums, tiles_m * tiles_n) if split > 1
                  else (y, y))
-    gdc = PDL and pdl.enabled(y)
     _gemm_kernel[(tiles_m * tiles_n * split,)](
         x2, weight, scale, bias if bias is not None else x2, y, part, cnt,
         m, n, k, k_per_split, split, x2.stride(0), weight.stride(0), y.stride(0),
@@ -239,7 +228,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
         DOT_PREC=dot_precision(x.dtype), DOT_F32=INTERPRET,
         BITS_TO_BF16=cfg.get("BITS_TO_BF16", True) and bits_to_bf16(weight.dtype, x.dtype),
-        GDC=gdc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **pdl.launch_kwargs(gdc))
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     y = y.view(*x.shape[:-1], n)
     return y if res_out is None else (y, res_out)
