@@ -43,7 +43,6 @@ def _decode_partial_kernel(
     V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr, GDC: tl.constexpr,
 ):
     pdl.release_next(GDC)  # under PDL (kernels/pdl.py): o_proj's GEMV may start its loads
-    pdl.wait_previous(GDC)
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
     # Programs start in launch order, axis 0 fastest; see HEAD_FAST and `order` in
     # decode_attention for why the order matters.
@@ -59,6 +58,9 @@ def _decode_partial_kernel(
     else:
         b = r
     ctx = tl.load(ctx_ptr + b)
+    # (The row order and lengths come from the host's copies: loaded before the wait on the
+    # kernel that wrote q and this token's K / V.)
+    pdl.wait_previous(GDC)
     # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see
     # PAGE_TILE).
     split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N

@@ -17,12 +17,13 @@ from nanovllm.kernels import pdl
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, n, eps,
                      HAS_RES: tl.constexpr, GDC: tl.constexpr, BLOCK: tl.constexpr):
     # Under PDL (kernels/pdl.py): the next kernel (a GEMV) may start loading its weights now;
-    # this one reads the previous kernel's output, so it waits for it first.
+    # this one loads its own weight (no kernel writes it) before it waits for x's writer.
     pdl.release_next(GDC)
-    pdl.wait_previous(GDC)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    pdl.wait_previous(GDC)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         x += tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
@@ -35,7 +36,6 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stri
     # Normalised value rounded to the model dtype, then times the weight in fp32 and rounded
     # again: torch's `(x * rsqrt).to(dtype) * weight`.
     y = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -60,15 +60,17 @@ def _norm_rope_store_kernel(
     BLOCK_SIZE: tl.constexpr, V_TILE: tl.constexpr, ROWS_AHEAD: tl.constexpr, GDC: tl.constexpr,
 ):
     pdl.release_next(GDC)  # (kernels/pdl.py)
-    pdl.wait_previous(GDC)
     # One program per token (two with SPLIT): all its heads at once (a few KB), so a decode
     # step is one wave.
     t = tl.program_id(0)
     out_dtype = q_out_ptr.dtype.element_ty
     offs = tl.arange(0, HALF)
+    # Positions and the cos / sin table come from the host's copies, not from a kernel of the
+    # PDL chain: their two dependent loads go out before the wait on q / k / v's writer.
     pos = tl.load(pos_ptr + t).to(tl.int64)
     cos = tl.load(cos_sin_ptr + pos * stride_pos + offs)[None, :]
     sin = tl.load(cos_sin_ptr + pos * stride_pos + HALF + offs)[None, :]
+    pdl.wait_previous(GDC)
 
     # SPLIT: q in programs (t, 0), k and v in (t, 1), side by side: a small decode step's
     # kernel then lasts the longer half, not both.
