@@ -45,11 +45,12 @@
 #     (4, 1024) / (4, 2048) on the small models' batch 1.
 #   ratio (~3 min): issue 32's batch-1 ratio as shipped (PDL on): the 8B shape in bf16,
 #     fp8, and fp8 + the int8 LM head copy, alternating twice.
-#   preload (~7 min): under PDL the norm, RoPE store and decode kernels load what the host
-#     wrote (norm weight; positions and cos / sin; row order and lengths) before their wait:
-#     their GPU tests, then the tree's kernel files against OLD (a folder of the three files
-#     before: triton_norm.py, triton_rope.py, triton_decode.py), the 8B shape's batch 1 in
-#     fp8 and bf16 alternating twice, and bench.py once each.
+#   files (~7 min): the tree's kernel files against OLD, a folder of earlier versions of
+#     some of them (nanovllm/kernels/NAME for each OLD/NAME), swapped in and out: TESTS' GPU
+#     tests (default: test_pdl and the norm / RoPE / decode files), then the 8B shape's batch
+#     1 in fp8 and bf16 alternating twice, and bench.py once each. First use (as `preload`,
+#     2026-11-30, fifty-second session): the norm, RoPE store and decode kernels loading the
+#     host's inputs before their PDL wait.
 #   (skinny and peel2, run 2026-11-30, PERF_NOTES fifty-second session: PDL in the skinny
 #     GEMM and two W tiles before the GEMV's wait both lost, and were removed.)
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
@@ -164,12 +165,12 @@ elif [ "${1:-sweep}" = pdlpos ]; then
       narrow_tile "$m fp8 narrow tile 4 x $bk" $m $bk
     done
   done
-elif [ "${1:-sweep}" = preload ]; then
-  gpu_tests 200 tests/kernels/test_pdl.py tests/kernels/test_triton_norm.py \
+elif [ "${1:-sweep}" = files ]; then
+  gpu_tests 200 ${TESTS:-tests/kernels/test_pdl.py tests/kernels/test_triton_norm.py \
     tests/kernels/test_triton_rope.py tests/kernels/test_decode_rope.py \
-    tests/kernels/test_triton_attention.py
-  k=nanovllm/kernels; new=/tmp/preload_new; mkdir -p $new
-  cp $k/triton_norm.py $k/triton_rope.py $k/triton_decode.py $new/
+    tests/kernels/test_triton_attention.py}
+  k=nanovllm/kernels; new=/tmp/files_new; mkdir -p $new
+  for p in "$OLD"/*.py; do cp $k/$(basename $p) $new/; done
   s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
   for round in 1 2; do
     for tree in old new; do
