@@ -26,7 +26,8 @@ from nanovllm.kernels.torch_ref import quantize  # noqa: E402
 # name: (q heads, kv heads, head_dim, cache dtype, layers)
 MODELS = {"qwen2.5": (14, 2, 64, torch.bfloat16, 24), "smollm2": (9, 3, 64, torch.bfloat16, 30),
           "qwen3": (16, 8, 128, torch.bfloat16, 28),
-          "qwen3-fp8": (16, 8, 128, torch.float8_e4m3fn, 28)}
+          "qwen3-fp8": (16, 8, 128, torch.float8_e4m3fn, 28),
+          "qwen3-8b": (32, 8, 128, torch.bfloat16, 36)}
 BLOCK = 256
 
 
