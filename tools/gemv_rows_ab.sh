@@ -51,6 +51,11 @@
 #     1 in fp8 and bf16 alternating twice, and bench.py once each. First use (as `preload`,
 #     2026-11-30, fifty-second session): the norm, RoPE store and decode kernels loading the
 #     host's inputs before their PDL wait.
+#   minsplit (~6 min): decode_config's MIN_SPLIT_KEYS (each split at least that many keys;
+#     a row in one split writes its output directly): test_decode_splits / the decode GPU
+#     tests, tools/bench_splits.py on the 8B attention shape at batch 1 (contexts 32-600)
+#     with 0 / 128 / 256 / 512, then the 8B shape's batch 1 (bf16 cache) in fp8 and bf16 with
+#     decode.MIN_SPLIT_KEYS 0 / 256 alternating twice.
 #   (skinny and peel2, run 2026-11-30, PERF_NOTES fifty-second session: PDL in the skinny
 #     GEMM and two W tiles before the GEMV's wait both lost, and were removed.)
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
@@ -184,6 +189,23 @@ elif [ "${1:-sweep}" = files ]; then
     run "bench.py $tree" --
   done
   cp $new/*.py $k/
+elif [ "${1:-sweep}" = minsplit ]; then
+  t=tests/kernels/test_triton_attention.py
+  gpu_tests 200 tests/kernels/test_decode_splits.py "$t::test_decode_gpu" \
+    "$t::test_decode_cuda_graph"
+  for m in 0 128 256 512; do
+    timeout 60 python3 tools/bench_splits.py --models qwen3-8b --batches 1 \
+      --contexts 32 600 --splits 64 8 4 2 1 --config MIN_SPLIT_KEYS=$m 2>&1 \
+      | tail -n 2 | sed "s/^/[MIN_SPLIT_KEYS=$m] /" | tee -a "$f"
+  done
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
+  for round in 1 2; do
+    for m in 0 256; do
+      run "8B fp8 MIN_SPLIT_KEYS=$m" decode.MIN_SPLIT_KEYS=$m -- --model-shape qwen3-8b \
+        --quantization fp8 $s
+      run "8B bf16 MIN_SPLIT_KEYS=$m" decode.MIN_SPLIT_KEYS=$m -- --model-shape qwen3-8b $s
+    done
+  done
 elif [ "${1:-sweep}" = ratio ]; then
   s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
   for round in 1 2; do
