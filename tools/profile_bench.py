@@ -129,16 +129,27 @@ def critical_path(kernels) -> tuple[dict, float]:
 
 
 def profile_single(llm, steps: int = 64):
-    """bs=1 decode: per-kernel GPU time per step next to the wall time per token."""
+    """bs=1 decode: per-kernel GPU time per step (decode steps only) next to the wall time
+    per token (a whole generate)."""
     one = [list(range(100, 132))]
     llm.generate(one, SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
     sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=steps)
     t = time.perf_counter()
     llm.generate(one, sp, use_tqdm=False)
     wall = (time.perf_counter() - t) / steps
+    # The profile holds decode steps only: the prefill and the first steps run before it
+    # (an eager prefill's launch gaps and cuBLAS calls would count as the token's otherwise).
+    llm.add_request(one[0], SamplingParams(temperature=0.6, ignore_eos=True,
+                                           max_tokens=steps + 8))
+    for _ in range(4):
+        llm.step()
+    torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        llm.generate(one, sp, use_tqdm=False)
+        for _ in range(steps):
+            llm.step()
         torch.cuda.synchronize()
+    while not llm.is_finished():
+        llm.step()
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu = sum(e.self_device_time_total for e in events) / steps / 1e3
     print(f"bs=1: wall {1e3 * wall:.3f} ms/token, GPU kernels {gpu:.3f} ms/token")
