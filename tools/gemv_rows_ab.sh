@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `OUT=$OUT bash tools/gemv_rows_ab.sh MODE` on the device, MODE one of sweep, engine, small,
-# plain, tests, next, head, narrow: the GEMV (kernels/gemv.py) at one to four rows and on
-# plain weights.
+# plain, tests, next, head, narrow, pdl, pdlpos, files, minsplit, ratio, wvec, narrow8: the
+# GEMV (kernels/gemv.py) at one to four rows and on plain weights, and the batch-1 decode
+# chain around it (PDL, the decode kernel's splits).
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
 #     the small models at batch 1 with gemv.PLAIN 0 / 1 (their LM heads), alternating.
 #   small (~5 min): the small models' fp8 layers at one / two rows, the 8B bf16 LM head, and
