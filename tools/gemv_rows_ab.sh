@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `OUT=$OUT bash tools/gemv_rows_ab.sh MODE` on the device, MODE one of sweep, engine, small,
-# plain, tests, next, head, narrow, pdl, pdlpos, files, minsplit, ratio, wvec, narrow8: the
-# GEMV (kernels/gemv.py) at one to four rows and on plain weights, and the batch-1 decode
-# chain around it (PDL, the decode kernel's splits).
+# plain, tests, next, head, narrow, pdl, pdlpos, files, minsplit, gated, ratio, wvec,
+# narrow8: the GEMV (kernels/gemv.py) at one to four rows and on plain weights, and the
+# batch-1 decode chain around it (PDL, the decode kernel's splits, the gated epilogue).
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
 #     the small models at batch 1 with gemv.PLAIN 0 / 1 (their LM heads), alternating.
 #   small (~5 min): the small models' fp8 layers at one / two rows, the 8B bf16 LM head, and
@@ -57,6 +57,9 @@
 #     tests, tools/bench_splits.py on the 8B attention shape at batch 1 (contexts 32-600)
 #     with 0 / 128 / 256 / 512, then the 8B shape's batch 1 (bf16 cache) in fp8 and bf16 with
 #     decode.MIN_SPLIT_KEYS 0 / 256 alternating twice.
+#   gated (~5 min): a one-row gate_up with its SiLU-and-mul in the GEMV's epilogue
+#     (kernels/gemv_gated.py, gated.GATED): its GPU tests, then the 8B shape's batch 1 in fp8
+#     and bf16 with gated.GATED 0 / 1 alternating twice.
 #   (skinny and peel2, run 2026-11-30, PERF_NOTES fifty-second session: PDL in the skinny
 #     GEMM and two W tiles before the GEMV's wait both lost, and were removed.)
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
@@ -205,6 +208,15 @@ elif [ "${1:-sweep}" = minsplit ]; then
       run "8B fp8 MIN_SPLIT_KEYS=$m" decode.MIN_SPLIT_KEYS=$m -- --model-shape qwen3-8b \
         --quantization fp8 $s
       run "8B bf16 MIN_SPLIT_KEYS=$m" decode.MIN_SPLIT_KEYS=$m -- --model-shape qwen3-8b $s
+    done
+  done
+elif [ "${1:-sweep}" = gated ]; then
+  gpu_tests 200 tests/kernels/test_gemv_gated.py
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
+  for round in 1 2; do
+    for g in 0 1; do
+      run "8B fp8 GATED=$g" gated.GATED=$g -- --model-shape qwen3-8b --quantization fp8 $s
+      run "8B bf16 GATED=$g" gated.GATED=$g -- --model-shape qwen3-8b $s
     done
   done
 elif [ "${1:-sweep}" = ratio ]; then

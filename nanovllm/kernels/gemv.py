@@ -2,19 +2,17 @@
 cores; W in e4m3 with fp32 scales (fp8_gemm.py's first path) or plain (bf16 / fp16 / fp32,
 no scale; layers/linear.dense_linear's).
 
-A program owns BLOCK_N rows of W and walks K in BLOCK_K tiles: each tile is widened to
-fp32 (e4m3 by Triton's cvt: e4m3x2 -> f16x2 -> f32), multiplied by each row of x by plain
-FMAs and summed GROUP products at a time into that row's fp32 [BLOCK_N, BLOCK_K / GROUP]
-accumulator, summed across K once after the loop. The products are exact in fp32 (an e4m3
-value times a bf16 / fp16 / fp32 one fits 24 bits), as the tensor cores' are; only the
-summation order differs from skinny_gemm.py. Against that kernel at one row it skips the
-dot's 16-row padding of x and the register shuffles between the widening and the dot
-operands; past two rows the FMAs cost more than the dot (see MAX_M).
+A program owns BLOCK_N rows of W and walks K in BLOCK_K tiles, widened to fp32 (e4m3 by
+Triton's cvt), times each row of x by FMAs, GROUP products summed at a time into that row's
+fp32 [BLOCK_N, BLOCK_K / GROUP] accumulator, summed across K after the loop. The products are
+exact in fp32, as the tensor cores' are; only the summation order differs from
+skinny_gemm.py, whose dot pads x to 16 rows (past two rows the FMAs cost more: see MAX_M).
 
 Row scales multiply y's rows at the end. Block scales (bn x bk) multiply x's K tile instead:
 a program's rows lie in one row block (BLOCK_N divides bn), so each column's scale is one
 value for all of them (x * scale is rounded once in fp32 there, where the skinny kernel
 rounds each partial sum times its scale). No split-K: one split won on every layer measured.
+GATED (one row, gemv_gated.py): a gate_up projection's SiLU-and-mul in the epilogue.
 """
 import torch
 import triton
@@ -22,6 +20,7 @@ import triton.language as tl
 
 from nanovllm.kernels import pdl
 from nanovllm.kernels._common import INTERPRET
+from nanovllm.kernels.gemv_gated import silu_mul_epilogue
 from nanovllm.kernels.layer_parts import epilogue
 
 # Rows of x taken for fp8 weights (fp8_gemm dispatches M <= MAX_M here); 0: off. H200,
@@ -32,8 +31,7 @@ MAX_M, MAX_ROWS = 2, 4  # (MAX_ROWS: the kernel's limit, for sweeps)
 # Plain (bf16 / fp16) weights take it from layers/linear.dense_linear for up to PLAIN_MAX_M
 # rows (PLAIN 0: never). H200, tok/s at two sequences / one, cuBLAS -> GEMV: Qwen3-8B 417 /
 # 209 -> 455 / 231, Qwen3-0.6B 1,497 / 1,270 -> 1,941 / 1,313 (PERF_NOTES, 46th).
-PLAIN = 1
-PLAIN_MAX_M = 2
+PLAIN, PLAIN_MAX_M = 1, 2
 # Rows up to which a plain weight narrower than it is deep (N < K: o and down projections)
 # and under PLAIN_NARROW_MAX_VALUES values takes it too, past PLAIN_MAX_M; 0: no further.
 # H200, bench.py four sequences, tok/s 0 / 4: Qwen3-0.6B 3,166 / 3,594, Qwen2.5-0.5B 4,114 /
@@ -44,8 +42,7 @@ PLAIN_NARROW_MAX_VALUES = 1 << 24
 # the skinny kernel; 0: never. H200, bench.py --single, tok/s 0 / 1: 8B fp8 + int8 head
 # 367.4 / 370.2; Qwen3-0.6B bf16 + int8 head 1,310 / 1,359 (PERF_NOTES, 47th-49th).
 INT8_HEAD_MAX_M = 1
-# fp8 W at one row in ONE_ROW_W_VEC-byte vectors (0: 16; 8B batch 1, 0 / 8: 354 / 356).
-ONE_ROW_W_VEC = 0
+ONE_ROW_W_VEC = 0  # fp8 W at one row in vectors of this many bytes (0: 16; 8 = 16: 354 / 356)
 # Under PDL (kernels/pdl.py) the GEMV lets the next kernel launch at its start (True) or
 # after its K loop (False). H200, 8B batch 1 tok/s, PDL off / early / late: fp8 355 / 367 /
 # 382, bf16 236 / 216 / 248 (early, launched grids likely queue on SMs ahead of their turn).
@@ -131,11 +128,15 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr,
                  GROUP: tl.constexpr, W_EVICT: tl.constexpr, W_VEC: tl.constexpr,
                  PEEL: tl.constexpr, GDC: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, GATED: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
+    if GATED:  # rows gate j, up j (N + j) in turn, for BLOCK_N / 2 outputs j
+        half = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        offs_n = half + (tl.arange(0, BLOCK_N) % 2) * N
+        mask_n = half < N
+    offs_k = tl.arange(0, BLOCK_K)
     offs_kw = offs_k
     if W_VEC > 0:  # W loaded W_VEC values a vector: x's layout then (bf16, 16 B) with no
         offs_kw = tl.max_contiguous(tl.multiple_of(offs_k, W_VEC), W_VEC)  # smem / barriers
@@ -169,6 +170,10 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
             w, k0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
             s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
     pdl.release_next(GDC == 2)
+    if GATED:
+        silu_mul_epilogue(tl.sum(acc0, axis=1), offs_n, mask_n, pid, N, s_ptr, b_ptr, y_ptr,
+                          ROW_SCALED, HAS_BIAS, BLOCK_N)
+        return
     # Each row: summed across K, row-scaled, biased and stored (the layer kernel's epilogue).
     epilogue(tl.sum(acc0, axis=1), offs_n, mask_n, s_ptr, b_ptr, y_ptr, ROW_SCALED, HAS_BIAS)
     if ROWS > 1:
@@ -217,18 +222,20 @@ def takes_plain(m: int, n: int = 0, k: int = 0) -> bool:
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
          block: tuple[int, int] | None, bias: torch.Tensor | None = None,
-         config: dict | None = None) -> torch.Tensor:
+         config: dict | None = None, gated: bool = False) -> torch.Tensor:
     """x[..., K] (a few rows) @ (weight * scale)[N, K]^T (+ bias) in x's dtype; weight e4m3
     (or int8 codes) with scale fp32 per row [N] (block None) or per (bn, bk) block (bn 1:
     each row its own column blocks, the int8 head copy's), or plain with scale None.
-    config overrides choose_config's tiles (sweeps)."""
+    config overrides choose_config's tiles (sweeps); gated: see gemv_gated.py (one row)."""
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     assert 0 < m <= MAX_ROWS and weight.stride(1) == 1, (x.shape, weight.shape)
+    assert not gated or (m == 1 and block is None and n % 2 == 0), (x.shape, block)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    n_out = n // 2 if gated else n
+    y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
     per_row = block is not None and block[0] == 1
     cfg = dict(config or choose_config(n, k, weight.element_size(), m, per_row))
     if per_row:  # a group's products share one scale: GROUP divides the block
@@ -241,12 +248,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
     gdc = pdl.enabled(y) and (1 if PDL_EARLY_RELEASE else 2)
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x2, weight, scale if scale is not None else x2, bias if bias is not None else x2, y,
-        n, k, x2.stride(0), n, weight.stride(0), scale.stride(0) if block is not None else 0,
+        n_out, k, x2.stride(0), n_out, weight.stride(0),
+        scale.stride(0) if block is not None else 0,
         ROW_SCALED=scale is not None and block is None,
         BLOCK_SCALED=block is not None and not per_row, GROUP_SCALED=per_row, SCALE_BN=s_bn,
         SCALE_BK=s_bk, HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0, ROWS=m,
         GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], W_VEC=cfg.get("W_VEC", 0),
         PEEL=bool(cfg.get("PEEL") or gdc),
         GDC=int(gdc), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl.launch_kwargs(bool(gdc)))
+        num_stages=cfg["num_stages"], GATED=gated, **pdl.launch_kwargs(bool(gdc)))
     return y

@@ -145,6 +145,20 @@ class LinearBase(nn.Module):
         return gemm(x, weight, bias, scale, block, **prologue)
 
 
+    def silu_mul_matmul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of this packed gate_up projection (bias included) in one GEMV
+        launch (kernels/gemv_gated.py), or None where that path does not take the call."""
+        operands = self.gemm_operands() if x.is_cuda else None
+        if operands is None or (operands[1] is None and not skinny_gemm_enabled()):
+            return None
+        from nanovllm.kernels import gemv, gemv_gated  # CPU-only installs may have no triton
+
+        weight, scale, block = operands
+        if not gemv_gated.takes(x, weight, block):
+            return None
+        return gemv.gemv(x, weight, scale, None, self.bias, gated=True)
+
+
 class ReplicatedLinear(LinearBase):
     """The full weight on every rank."""
 

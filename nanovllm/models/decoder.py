@@ -70,7 +70,10 @@ class GatedMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        act = self.gate_up_proj.silu_mul_matmul(x)  # (one launch where the GEMV takes it)
+        if act is None:
+            act = self.act_fn(self.gate_up_proj(x))
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):
