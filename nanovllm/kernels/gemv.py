@@ -42,7 +42,7 @@ PLAIN_NARROW_MAX_VALUES = 1 << 24
 # the skinny kernel; 0: never. H200, bench.py --single, tok/s 0 / 1: 8B fp8 + int8 head
 # 367.4 / 370.2; Qwen3-0.6B bf16 + int8 head 1,310 / 1,359 (PERF_NOTES, 47th-49th).
 INT8_HEAD_MAX_M = 1
-ONE_ROW_W_VEC = 0  # fp8 W at one row in vectors of this many bytes (0: 16; 8 = 16: 354 / 356)
+ONE_ROW_W_VEC = 0  # fp8 W's vector bytes at one row (0: 16); 8B batch 1, 0 / 8: 354 / 356
 # Under PDL (kernels/pdl.py) the GEMV lets the next kernel launch at its start (True) or
 # after its K loop (False). H200, 8B batch 1 tok/s, PDL off / early / late: fp8 355 / 367 /
 # 382, bf16 236 / 216 / 248 (early, launched grids likely queue on SMs ahead of their turn).
