@@ -148,11 +148,13 @@ class LinearBase(nn.Module):
     def silu_mul_matmul(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up of this packed gate_up projection (bias included) in one GEMV
         launch (kernels/gemv_gated.py), or None where that path does not take the call."""
-        operands = self.gemm_operands() if x.is_cuda else None
-        if operands is None or (operands[1] is None and not skinny_gemm_enabled()):
+        if not x.is_cuda:
             return None
         from nanovllm.kernels import gemv, gemv_gated  # CPU-only installs may have no triton
 
+        operands = self.gemm_operands() if gemv_gated.GATED else None
+        if operands is None or (operands[1] is None and not skinny_gemm_enabled()):
+            return None
         weight, scale, block = operands
         if not gemv_gated.takes(x, weight, block):
             return None
