@@ -36,9 +36,12 @@ def new_token_of(q, k, v, positions, cos_sin_cache, q_norm, k_norm,
     qkv row each (the decoder's split of its projection), else None (the caller runs the
     unfused path). q_norm / k_norm: RMSNorm modules or None."""
     hq, hkv, hd = q.shape[1], k.shape[1], q.shape[2]
-    row = q.stride(0)
+    row = (hq + 2 * hkv) * hd
     size = q.element_size()
-    packed = (row == (hq + 2 * hkv) * hd and k.stride(0) == row and v.stride(0) == row
+    # One row's dim-0 strides are whatever view() made of a size-1 dim (q's is hq * hd
+    # there), and no row follows: only the in-row layout counts.
+    packed = ((q.shape[0] == 1 or (q.stride(0) == row and k.stride(0) == row
+                                   and v.stride(0) == row))
               and q.stride(1) == hd and k.stride(1) == hd and v.stride(1) == hd
               and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
               and k.data_ptr() == q.data_ptr() + hq * hd * size

@@ -54,14 +54,16 @@ def _case(ctx_lens, heads, kv_heads, head_dim, with_norm, dtype=torch.float32, b
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test (CPU)")
 @pytest.mark.parametrize("with_norm", [False, True])
-@pytest.mark.parametrize("heads,kv_heads,head_dim,splits", [(4, 2, 16, 1), (4, 2, 16, 3),
-                                                            (3, 1, 32, 2)])
-def test_fused_matches_rope_store_then_decode(heads, kv_heads, head_dim, splits, with_norm):
+@pytest.mark.parametrize("heads,kv_heads,head_dim,splits,lens", [
+    (4, 2, 16, 1, [1, 17, 40, 33]), (4, 2, 16, 3, [1, 17, 40, 33]),
+    (3, 1, 32, 2, [1, 17, 40, 33]), (4, 2, 16, 3, [40])])
+def test_fused_matches_rope_store_then_decode(heads, kv_heads, head_dim, splits, lens,
+                                              with_norm):
     from nanovllm.kernels.triton_decode import decode_attention
     from nanovllm.kernels.triton_rope import norm_rope_store
 
     q, k, v, pos, slots, rope, (qn, kn), (kc, vc), tables, ctx = _case(
-        [1, 17, 40, 33], heads, kv_heads, head_dim, with_norm)
+        lens, heads, kv_heads, head_dim, with_norm)
     weights = (qn.weight, kn.weight, qn.eps) if with_norm else (None, None, 0.0)
     ref_kc, ref_vc = kc.clone(), vc.clone()
     q_rot = norm_rope_store(q, k, v, pos, rope.cos_sin_cache, *weights, ref_kc, ref_vc, slots)
@@ -87,6 +89,17 @@ def test_new_token_of_wants_one_packed_row():
     assert new_token_of(q, k, v, pos, half, None, None, slots) is None
 
 
+def test_new_token_of_takes_a_single_row():
+    """Batch 1: view() gives the size-1 dim of q / k / v its own strides (q's is H * D, not
+    the row's), which must not send one row down the unfused path."""
+    q, k, v, pos, slots, rope, _, _, _, _ = _case([7], 4, 2, 16, False)
+    assert q.stride(0) == 4 * 16  # (what view() does; the row is (4 + 2 * 2) * 16 wide)
+    new = new_token_of(q, k, v, pos, rope.cos_sin_cache, None, None, slots)
+    assert new is not None and new.qkv.shape == (1, (4 + 2 * 2) * 16)
+    assert new.qkv.data_ptr() == q.data_ptr() and new.qkv.stride() == ((4 + 2 * 2) * 16, 1)
+    assert new_token_of(q, k, v.clone(), pos, rope.cos_sin_cache, None, None, slots) is None
+
+
 @on_gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -109,14 +122,15 @@ def test_gpu_engine_greedy_with_and_without_fusion(toy_models, monkeypatch, dtyp
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter test (CPU)")
-def test_attention_layer_takes_the_fused_step_for_pure_decode(monkeypatch):
+@pytest.mark.parametrize("lens", [[9, 40, 3], [40]])
+def test_attention_layer_takes_the_fused_step_for_pure_decode(monkeypatch, lens):
     """Attention.attend over TritonBackend: a pure decode step with FUSE_ROPE on gives the
     unfused path's output and caches (rows started longest first, as the engine orders them)."""
     from nanovllm.layers.attention import Attention
     from nanovllm.layers.attention_backend import TritonBackend
     from nanovllm.utils.context import reset_context, set_context
 
-    q, k, v, pos, slots, rope, (qn, kn), caches, tables, ctx = _case([9, 40, 3], 4, 2, 16, True)
+    q, k, v, pos, slots, rope, (qn, kn), caches, tables, ctx = _case(lens, 4, 2, 16, True)
     got = {}
     for fuse in (False, True):
         monkeypatch.setitem(decode_config.CONFIG, "FUSE_ROPE", fuse)
