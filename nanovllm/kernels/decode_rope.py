@@ -56,15 +56,15 @@ def new_token_of(q, k, v, positions, cos_sin_cache, q_norm, k_norm,
 
 
 @triton.jit
-def new_token(qkv_row, pos_ptr, slot_ptr, kvh, heads, g_mask, is_new, cos_sin_ptr, qw_ptr,
+def new_token(qkv_row, pos, slot_ptr, kvh, heads, g_mask, is_new, cos_sin_ptr, qw_ptr,
               kw_ptr, eps, k_cache, v_cache, stride_kslot, HQ: tl.constexpr,
               HKV: tl.constexpr, HD: tl.constexpr, QK_NORM: tl.constexpr,
               DOT_PREC: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     """kv head kvh's query rows (heads, masked by g_mask) normed and rotated in the model
     dtype (qkv_row's); where is_new, its new K (normed, rotated) and V stored at the row's
-    slot first, then a block barrier, so the split's tiles read them back from the cache."""
+    slot first, then a block barrier, so the split's tiles read them back from the cache.
+    pos: the row's position (int64; the caller loads it before its PDL wait)."""
     DTYPE: tl.constexpr = qkv_row.dtype.element_ty
-    pos = tl.load(pos_ptr).to(tl.int64)
     store_new_kv(qkv_row, kvh, is_new, True, slot_ptr, stride_kslot, pos, cos_sin_ptr, kw_ptr,
                  eps, k_cache, v_cache, None, None, None, HQ, HKV, HD, QK_NORM, DTYPE, False,
                  False, 0, False, "", 1, 0.0, 0, 0, False, DOT_PREC, BLOCK_SIZE, 0)

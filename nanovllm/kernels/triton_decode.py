@@ -59,8 +59,10 @@ def _decode_partial_kernel(
     else:
         b = r
     ctx = tl.load(ctx_ptr + b)
-    # (The row order and lengths come from the host's copies: loaded before the wait on the
-    # kernel that wrote q and this token's K / V.)
+    if FUSE:
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+    # (The row order, lengths and positions come from the host's copies: loaded before the
+    # wait on the kernel that wrote q and this token's K / V.)
     pdl.wait_previous(GDC)
     # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see
     # PAGE_TILE).
@@ -94,7 +96,7 @@ def _decode_partial_kernel(
         return
 
     if FUSE:  # q/k norms, RoPE and this token's K/V store from the qkv row (decode_rope)
-        q = new_token(qkv_ptr + b.to(tl.int64) * stride_qkv, pos_ptr + b, slot_ptr + b, kvh,
+        q = new_token(qkv_ptr + b.to(tl.int64) * stride_qkv, pos, slot_ptr + b, kvh,
                       heads, g_mask, s == n_valid - 1, cos_sin_ptr, qw_ptr, kw_ptr, eps,
                       k_cache_ptr, v_cache_ptr, stride_kslot, NUM_KV_HEADS * G, NUM_KV_HEADS,
                       HEAD_DIM, QK_NORM, DOT_PREC, BLOCK_SIZE)
