@@ -61,9 +61,6 @@ def _decode_partial_kernel(
     ctx = tl.load(ctx_ptr + b)
     if FUSE:
         pos = tl.load(pos_ptr + b).to(tl.int64)
-    # (The row order, lengths and positions come from the host's copies: loaded before the
-    # wait on the kernel that wrote q and this token's K / V.)
-    pdl.wait_previous(GDC)
     # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see
     # PAGE_TILE).
     split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -71,28 +68,32 @@ def _decode_partial_kernel(
         split_len = tl.maximum(split_len, MIN_SPLIT)
     start = s * split_len
     end = tl.minimum(start + split_len, ctx)
+    # Splits that hold keys, and those that count in (at least one, so that a row with no
+    # keys, a padding row of a captured batch, still gets its zeros written).
+    n_valid = tl.where(ctx > 0, tl.cdiv(ctx, tl.maximum(split_len, 1)), 0)
+    n_count = tl.maximum(n_valid, 1)
+    if start >= end and s >= n_count:
+        # Past the last split with keys: nothing to count in (the combine reads n_valid
+        # splits), so the many empty programs of a short context leave at once, before the
+        # PDL wait: they read only the host's row order, lengths and positions, and write
+        # nothing.
+        return
+    pdl.wait_previous(GDC)  # for the kernel that wrote q and this token's K / V
 
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     g_mask = offs_g < G
     heads = kvh * G + offs_g
     o_off = b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
-
-    # Splits that hold keys, and those that count in (at least one, so that a row with no
-    # keys, a padding row of a captured batch, still gets its zeros written).
-    n_valid = tl.where(ctx > 0, tl.cdiv(ctx, tl.maximum(split_len, 1)), 0)
-    n_count = tl.maximum(n_valid, 1)
     if start >= end:
         if DIRECT:  # only when ctx == 0 (padding rows of a captured batch): emit zeros, not garbage
             tl.store(o_ptr + o_off,
                      tl.zeros([G_PAD, HEAD_DIM], tl.float32).to(o_ptr.dtype.element_ty),
                      mask=g_mask[:, None])
-        elif s < n_count:  # ctx == 0: split 0 alone counts in, and writes the zeros
+        else:  # ctx == 0: split 0 alone counts in, and writes the zeros
             split_done(o_ptr, lse_ptr, out_ptr, cnt_ptr, b, kvh, n_valid, n_count, stride_ob,
                        stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
                        NUM_KV_HEADS, G, RED_GP, RED_CHUNK, HEAD_DIM)
-        # Past the last split with keys: nothing to count in (the combine reads n_valid
-        # splits), so the many empty programs of a short context leave at once.
         return
 
     if FUSE:  # q/k norms, RoPE and this token's K/V store from the qkv row (decode_rope)
