@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `OUT=$OUT bash tools/gemv_rows_ab.sh MODE` on the device, MODE one of sweep, engine, small,
-# plain, tests, next, head, narrow, pdl, pdlpos, files, minsplit, gated, ratio, wvec,
+# plain, tests, next, head, narrow, pdl, pdlpos, files, trees, minsplit, gated, ratio, wvec,
 # narrow8: the GEMV (kernels/gemv.py) at one to four rows and on plain weights, and the
 # batch-1 decode chain around it (PDL, the decode kernel's splits, the gated epilogue).
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
@@ -52,6 +52,9 @@
 #     1 in fp8 and bf16 alternating twice, and bench.py once each. First use (as `preload`,
 #     2026-11-30, fifty-second session): the norm, RoPE store and decode kernels loading the
 #     host's inputs before their PDL wait.
+#   trees (~4 min a round of four variants): files with several variants, TREES/NAME/ each;
+#     first use 2026-11-30 (fifty-third session): the decode early exit, batch 1 on the fused
+#     RoPE step, both, neither.
 #   minsplit (~6 min): decode_config's MIN_SPLIT_KEYS (each split at least that many keys;
 #     a row in one split writes its output directly): test_decode_splits / the decode GPU
 #     tests, tools/bench_splits.py on the 8B attention shape at batch 1 (contexts 32-600)
@@ -192,6 +195,25 @@ elif [ "${1:-sweep}" = files ]; then
     if [ $tree = old ]; then cp "$OLD"/*.py $k/; else cp $new/*.py $k/; fi
     run "bench.py $tree" --
   done
+  cp $new/*.py $k/
+elif [ "${1:-sweep}" = trees ]; then
+  # Like files with several variants: each folder under TREES holds one version of the same
+  # kernel files; ROUNDS (default 1 2; 2 runs the variants in reverse) of the 8B shape's batch
+  # 1 in fp8 and bf16 per variant, TESTS' GPU tests first when set, bench.py per BENCH variant.
+  k=nanovllm/kernels; new=/tmp/trees_new; mkdir -p $new
+  [ -n "${TESTS:-}" ] && gpu_tests 200 $TESTS
+  first=$(ls -d "$TREES"/*/ | head -n 1)
+  for p in "$first"*.py; do cp -n $k/$(basename $p) $new/; done
+  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
+  for round in ${ROUNDS:-1 2}; do
+    vs=$(ls "$TREES"); [ $round = 2 ] && vs=$(ls "$TREES" | sort -r)
+    for v in $vs; do
+      cp "$TREES/$v"/*.py $k/
+      run "8B fp8 $v" -- --model-shape qwen3-8b --quantization fp8 $s
+      run "8B bf16 $v" -- --model-shape qwen3-8b $s
+    done
+  done
+  for v in ${BENCH:-}; do cp "$TREES/$v"/*.py $k/; run "bench.py $v" --; done
   cp $new/*.py $k/
 elif [ "${1:-sweep}" = minsplit ]; then
   t=tests/kernels/test_triton_attention.py
