@@ -32,10 +32,10 @@ def test_gated_is_gemv_then_silu_mul(kind, xdtype, half, k, bias):
 
 
 def test_takes_only_one_row_without_blocks(monkeypatch):
-    """Off by default; on, only one row, row scales or 16-bit weights, an even row count."""
+    """Only on a GPU, one row, row scales or 16-bit weights, an even row count; off, never."""
     w = torch.zeros(8, 16, dtype=torch.bfloat16)
     x = torch.zeros(1, 16, dtype=torch.bfloat16)
-    assert not gemv_gated.takes(x, w, None)  # GATED off (and no GPU here)
+    assert not gemv_gated.takes(x, w, None)  # no GPU here
     monkeypatch.setattr(gemv_gated, "GATED", 1)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     assert gemv_gated.takes(x, w, None)
@@ -43,6 +43,8 @@ def test_takes_only_one_row_without_blocks(monkeypatch):
     assert not gemv_gated.takes(x, w, (128, 128))
     assert not gemv_gated.takes(x, torch.zeros(7, 16, dtype=torch.bfloat16), None)
     assert not gemv_gated.takes(x, w.float(), None)
+    monkeypatch.setattr(gemv_gated, "GATED", 0)
+    assert not gemv_gated.takes(x, w, None)
 
 
 @pytest.mark.gpu
