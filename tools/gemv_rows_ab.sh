@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `OUT=$OUT bash tools/gemv_rows_ab.sh MODE` on the device, MODE one of sweep, engine, small,
-# plain, tests, next, head, narrow, pdl, pdlpos, files, trees, minsplit, gated, ratio, wvec,
+# plain, tests, next, head, narrow, pdl, pdlpos, files, trees, gated, ratio, wvec,
 # narrow8: the GEMV (kernels/gemv.py) at one to four rows and on plain weights, and the
 # batch-1 decode chain around it (PDL, the decode kernel's splits, the gated epilogue).
 #   sweep (~6 min): its GPU tests; tools/gemv_sweep.py, fp8 and bf16 weights, rows 1 / 2 / 4;
@@ -55,16 +55,12 @@
 #   trees (~4 min a round of four variants): files with several variants, TREES/NAME/ each;
 #     first use 2026-11-30 (fifty-third session): the decode early exit, batch 1 on the fused
 #     RoPE step, both, neither.
-#   minsplit (~6 min): decode_config's MIN_SPLIT_KEYS (each split at least that many keys;
-#     a row in one split writes its output directly): test_decode_splits / the decode GPU
-#     tests, tools/bench_splits.py on the 8B attention shape at batch 1 (contexts 32-600)
-#     with 0 / 128 / 256 / 512, then the 8B shape's batch 1 (bf16 cache) in fp8 and bf16 with
-#     decode.MIN_SPLIT_KEYS 0 / 256 alternating twice.
 #   gated (~5 min): a one-row gate_up with its SiLU-and-mul in the GEMV's epilogue
 #     (kernels/gemv_gated.py, gated.GATED): its GPU tests, then the 8B shape's batch 1 in fp8
 #     and bf16 with gated.GATED 0 / 1 alternating twice.
 #   (skinny and peel2, run 2026-11-30, PERF_NOTES fifty-second session: PDL in the skinny
-#     GEMM and two W tiles before the GEMV's wait both lost, and were removed.)
+#     GEMM and two W tiles before the GEMV's wait both lost, and were removed; so did
+#     minsplit, fifty-third session: decode splits of at least 256 keys, 405 -> 391 tok/s.)
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
@@ -215,23 +211,6 @@ elif [ "${1:-sweep}" = trees ]; then
   done
   for v in ${BENCH:-}; do cp "$TREES/$v"/*.py $k/; run "bench.py $v" --; done
   cp $new/*.py $k/
-elif [ "${1:-sweep}" = minsplit ]; then
-  t=tests/kernels/test_triton_attention.py
-  gpu_tests 200 tests/kernels/test_decode_splits.py "$t::test_decode_gpu" \
-    "$t::test_decode_cuda_graph"
-  for m in 0 128 256 512; do
-    timeout 60 python3 tools/bench_splits.py --models qwen3-8b --batches 1 \
-      --contexts 32 600 --splits 64 8 4 2 1 --config MIN_SPLIT_KEYS=$m 2>&1 \
-      | tail -n 2 | sed "s/^/[MIN_SPLIT_KEYS=$m] /" | tee -a "$f"
-  done
-  s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"
-  for round in 1 2; do
-    for m in 0 256; do
-      run "8B fp8 MIN_SPLIT_KEYS=$m" decode.MIN_SPLIT_KEYS=$m -- --model-shape qwen3-8b \
-        --quantization fp8 $s
-      run "8B bf16 MIN_SPLIT_KEYS=$m" decode.MIN_SPLIT_KEYS=$m -- --model-shape qwen3-8b $s
-    done
-  done
 elif [ "${1:-sweep}" = gated ]; then
   gpu_tests 200 tests/kernels/test_gemv_gated.py
   s="--single --num-seqs 1 --min-output-len 16 --max-output-len 16"

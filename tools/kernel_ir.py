@@ -40,14 +40,14 @@ CACHE_PTR = {"bf16": "*bf16", "fp8": "*fp8e4nv", "int8": "*i8"}
 
 def compile_decode(cache: str, stages: int, warps: int = 4, v_words: bool = False,
                    v_tile: int = 0, v_last: int = 0, fuse: bool = False, splits: int = 1,
-                   gdc: bool = False, min_split: int = 0):
+                   gdc: bool = False):
     """The compiled kernel at bench.py's shapes (16 / 8 heads of 128, block 256, 64-key
     tiles, one split unless `splits`, the engine's launch order); fuse: with decode_rope's
-    prologue (Qwen3's q/k norms); gdc: under PDL; min_split: MIN_SPLIT_KEYS."""
+    prologue (Qwen3's q/k norms); gdc: under PDL."""
     fn = triton_decode._decode_partial_kernel
     const = dict(NUM_SPLITS=splits, NUM_KV_HEADS=8, G=2, G_PAD=16, RED_GP=2, RED_CHUNK=16,
                  HEAD_DIM=128, BLOCK_SIZE=256, BLOCK_N=64, PAGE_TILE=True, USE_DOT=True,
-                 DIRECT=splits == 1, MIN_SPLIT=min_split,
+                 DIRECT=splits == 1,
                  DOT_PREC="tf32", KV_FP8=cache == "fp8", FP16_DOT=cache == "fp8",
                  KV_INT8=cache == "int8", INT8_F16=False, PV_F32=False, HEAD_FAST=True,
                  ORDERED=True, V_WORDS=v_words and cache == "fp8", V_TILE=v_tile,

@@ -21,12 +21,7 @@ MAX_SPLITS = 64
 # The interpreter uses 16-key tiles so tiny test contexts still span several tiles.
 CONFIG = dict(BLOCK_N=16 if INTERPRET else 64, num_warps=4, num_stages=2 if INTERPRET else 3,
               USE_DOT=True, WAVES=2, HEAD_FAST=True, LPT=True,
-              SHORT_ROW_STAGES=2 if INTERPRET else 5, TWO_SPLITS_BELOW=4, FUSE_ROPE=True,
-              MIN_SPLIT_KEYS=0)
-# MIN_SPLIT_KEYS: each split takes at least this many keys (rounded up to whole tiles; 0:
-# off), and a row whose keys then fit one split writes its output directly (no partials, no
-# combine). For batch 1 at short contexts, where 64 splits of one tile each pay an atomic
-# and a combine for a few hundred keys. Built, untimed.
+              SHORT_ROW_STAGES=2 if INTERPRET else 5, TWO_SPLITS_BELOW=4, FUSE_ROPE=True)
 # FUSE_ROPE: a pure decode step over a 16-bit cache norms and rotates q/k and stores this
 # step's K/V inside the decode kernel (kernels/decode_rope.py), not in a triton_rope launch
 # before it. H200 bench.py, off / on alternating: Qwen2.5-0.5B shape 65,385 / 71,277 and

@@ -41,7 +41,6 @@ def _decode_partial_kernel(
     INT8_F16: tl.constexpr, PV_F32: tl.constexpr,
     HEAD_FAST: tl.constexpr, ORDERED: tl.constexpr, V_WORDS: tl.constexpr, V_TILE: tl.constexpr,
     V_LAST: tl.constexpr, FUSE: tl.constexpr, QK_NORM: tl.constexpr, GDC: tl.constexpr,
-    MIN_SPLIT: tl.constexpr,
 ):
     pdl.release_next(GDC)  # under PDL (kernels/pdl.py): o_proj's GEMV may start its loads
     # Program = (sequence, kv head, split): all G query heads of the kv head share each K/V tile.
@@ -64,8 +63,6 @@ def _decode_partial_kernel(
     # Split length rounded up to whole tiles so tiles never straddle splits (and pages, see
     # PAGE_TILE).
     split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    if MIN_SPLIT > 0:  # (a multiple of BLOCK_N: decode_config's MIN_SPLIT_KEYS)
-        split_len = tl.maximum(split_len, MIN_SPLIT)
     start = s * split_len
     end = tl.minimum(start + split_len, ctx)
     # Splits that hold keys, and those that count in (at least one, so that a row with no
@@ -129,10 +126,6 @@ def _decode_partial_kernel(
         out = out * tl.load(v_scale_ptr + kvh)
     if DIRECT:
         tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
-    elif MIN_SPLIT > 0 and n_valid == 1:  # the one split with keys: the output itself (the
-        # combine of one split would give the same bits)
-        tl.store(out_ptr + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
         tl.store(o_ptr + o_off, out, mask=g_mask[:, None])
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, m_i + tl.log2(l_i), mask=g_mask)
@@ -234,7 +227,6 @@ def decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, num
         PV_F32=kv_int8 and not fp16_dot and q.dtype == torch.float16,
         HEAD_FAST=head_fast, ORDERED=order is not None, V_WORDS=v_words, V_TILE=v_tile,
         V_LAST=cfg.get("V_LAST", 0), **kernel_args(new, q), GDC=gdc,
-        MIN_SPLIT=triton.cdiv(cfg.get("MIN_SPLIT_KEYS", 0), block_n) * block_n,
         num_warps=cfg["num_warps"], num_stages=stages, **pdl.launch_kwargs(gdc),
     )
     return o

@@ -187,8 +187,7 @@ GPU_TOL = 1e-2
 # Tile configs the benchmark may pick from: every one is checked for correctness here.
 DECODE_CFGS = [dict(BLOCK_N=64, num_warps=4, num_stages=3),
                dict(BLOCK_N=128, num_warps=4, num_stages=2),
-               dict(BLOCK_N=32, num_warps=4, num_stages=3),
-               dict(BLOCK_N=64, num_warps=4, num_stages=3, MIN_SPLIT_KEYS=256)]
+               dict(BLOCK_N=32, num_warps=4, num_stages=3)]
 PREFILL_CFGS = [dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),  # CONFIG (long)
                 dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),    # SHORT_CONFIG
                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)]
