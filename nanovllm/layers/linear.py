@@ -144,16 +144,17 @@ class LinearBase(nn.Module):
         weight, scale, block = self.gemm_operands()
         return gemm(x, weight, bias, scale, block, **prologue)
 
-
     def silu_mul_matmul(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up of this packed gate_up projection (bias included) in one GEMV
         launch (kernels/gemv_gated.py), or None where that path does not take the call."""
-        if not x.is_cuda:
+        if not x.is_cuda or x.numel() != x.shape[-1]:  # (one row only: prefill leaves here)
             return None
         from nanovllm.kernels import gemv, gemv_gated  # CPU-only installs may have no triton
 
         operands = self.gemm_operands() if gemv_gated.GATED else None
-        if operands is None or (operands[1] is None and not skinny_gemm_enabled()):
+        # Plain weights take it only where they would take the GEMV ungated (dense_linear).
+        if operands is None or (operands[1] is None
+                                and not (skinny_gemm_enabled() and gemv.PLAIN)):
             return None
         weight, scale, block = operands
         if not gemv_gated.takes(x, weight, block):
