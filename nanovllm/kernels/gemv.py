@@ -21,6 +21,7 @@ import triton.language as tl
 from nanovllm.kernels import pdl
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.gemv_gated import silu_mul_epilogue
+from nanovllm.kernels.gemv_tiles import load_w, tile_sums
 from nanovllm.kernels.layer_parts import epilogue
 
 # Rows of x taken for fp8 weights (fp8_gemm dispatches M <= MAX_M here); 0: off. H200,
@@ -47,7 +48,9 @@ ONE_ROW_W_VEC = 0  # fp8 W's vector bytes at one row (0: 16); 8B batch 1, 0 / 8:
 # after its K loop (False). H200, 8B batch 1 tok/s, PDL off / early / late: fp8 355 / 367 /
 # 382, bf16 236 / 216 / 248 (early, launched grids likely queue on SMs ahead of their turn).
 PDL_EARLY_RELEASE = False
-# (Two W tiles before that wait lost: fp8 387 -> 342, bf16 245 -> 231; registers, 52nd.)
+# (Two W tiles before that wait lost: fp8 387 -> 342, bf16 245 -> 231; registers, 52nd. So
+# did each row's later tiles asked into L2 there, 2 / 8 KB a row: fp8 405.7 -> 359.7 / 340.0,
+# bf16 256.2 -> 234.9 / 216.4, H200 8B batch 1, 54th; prefetch.global.L2, no registers.)
 # (BLOCK_N, BLOCK_K) for the int8 head copy at one row, by K >= 4096: the sweep's best above.
 GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
 # (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): the sweep's
@@ -57,68 +60,6 @@ ONE_ROW = {(True, "narrow"): (4, 2048), (True, "mid"): (8, 1024), (True, "wide")
            (False, "narrow"): (4, 1024), (False, "mid"): (8, 512), (False, "wide"): (32, 256)}
 TWO_ROWS = {(True, "narrow"): (8, 1024), (True, "mid"): (8, 1024), (True, "wide"): (32, 256),
             (False, "narrow"): (8, 1024), (False, "mid"): (8, 512), (False, "wide"): (8, 512)}
-
-
-@triton.jit
-def _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, scale_g, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr,
-                  BLOCK_SCALED: tl.constexpr, GROUP_SCALED: tl.constexpr):
-    """One row of x's K tile times the widened W tile, GROUP adjacent products summed (in
-    each thread's registers: a smaller accumulator, so fewer registers a program), and
-    scaled per group where each row has its own column blocks."""
-    if EVEN_K:
-        x = tl.load(x_ptr + k0 + offs_k).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    if BLOCK_SCALED:
-        x *= scale_k
-    p = w * x[None, :]
-    if GROUP > 1:
-        p = tl.sum(tl.reshape(p, [BLOCK_N, BLOCK_K // GROUP, GROUP]), 2)
-    if GROUP_SCALED:
-        p *= scale_g
-    return p
-
-
-@triton.jit
-def _load_w(w_rows, k0, offs_k, mask_n, K, EVEN_K: tl.constexpr, W_EVICT: tl.constexpr):
-    """W's tile at k0. W is read once: evict-first keeps x (read by every program) in L2."""
-    if EVEN_K:
-        return tl.load(w_rows + k0, mask=mask_n[:, None], other=0.0, eviction_policy=W_EVICT)
-    return tl.load(w_rows + k0, mask=mask_n[:, None] & (k0 + offs_k < K)[None, :], other=0.0,
-                   eviction_policy=W_EVICT)
-
-
-@triton.jit
-def _tile_sums(w, k0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K,
-               s_row, s_groups, BLOCK_SCALED: tl.constexpr, GROUP_SCALED: tl.constexpr,
-               SCALE_BK: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr,
-               GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """W's loaded tile at k0, widened and scaled, times each row of x, into its accumulator."""
-    mask_k = k0 + offs_k < K
-    if w.dtype == tl.int8:  # 1.5 * 2^23 + c is exact: an add, not a quarter-rate I2F
-        w = (w.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
-    else:
-        w = w.to(tl.float32)
-    scale_k = 1.0
-    if BLOCK_SCALED:
-        scale_k = tl.load(s_row + (k0 + offs_k) // SCALE_BK, mask=mask_k, other=0.0)
-    scale_g = 1.0
-    if GROUP_SCALED:
-        scale_g = tl.load(s_groups + (k0 + offs_g[None, :]) // SCALE_BK,
-                          mask=mask_n[:, None] & (k0 + offs_g[None, :] < K), other=0.0)
-    acc0 += _row_products(w, x_ptr, k0, offs_k, mask_k, scale_k, scale_g, BLOCK_N, BLOCK_K,
-                          GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
-    if ROWS > 1:
-        acc1 += _row_products(w, x_ptr + stride_xm, k0, offs_k, mask_k, scale_k, scale_g,
-                              BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
-    if ROWS > 2:
-        acc2 += _row_products(w, x_ptr + 2 * stride_xm, k0, offs_k, mask_k, scale_k, scale_g,
-                              BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
-    if ROWS > 3:
-        acc3 += _row_products(w, x_ptr + 3 * stride_xm, k0, offs_k, mask_k, scale_k, scale_g,
-                              BLOCK_N, BLOCK_K, GROUP, EVEN_K, BLOCK_SCALED, GROUP_SCALED)
-    return acc0, acc1, acc2, acc3
 
 
 @triton.jit
@@ -154,10 +95,10 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
     acc3 = acc0
     k_first = 0
     if PEEL:  # the first W tile goes out before the wait on the kernel that wrote x (PDL)
-        w = _load_w(w_rows, 0, offs_k, mask_n, K, EVEN_K, W_EVICT)
+        w = load_w(w_rows, 0, offs_k, mask_n, K, EVEN_K, W_EVICT)
         pdl.release_next(GDC == 1)
         pdl.wait_previous(GDC > 0)
-        acc0, acc1, acc2, acc3 = _tile_sums(
+        acc0, acc1, acc2, acc3 = tile_sums(
             w, 0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
             s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
         k_first = BLOCK_K
@@ -165,8 +106,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_ym, 
         pdl.release_next(GDC == 1)
         pdl.wait_previous(GDC > 0)
     for k0 in range(k_first, K, BLOCK_K):
-        w = _load_w(w_rows, k0, offs_k, mask_n, K, EVEN_K, W_EVICT)
-        acc0, acc1, acc2, acc3 = _tile_sums(
+        w = load_w(w_rows, k0, offs_k, mask_n, K, EVEN_K, W_EVICT)
+        acc0, acc1, acc2, acc3 = tile_sums(
             w, k0, acc0, acc1, acc2, acc3, x_ptr, stride_xm, offs_k, offs_g, mask_n, K, s_row,
             s_groups, BLOCK_SCALED, GROUP_SCALED, SCALE_BK, EVEN_K, ROWS, GROUP, BLOCK_N, BLOCK_K)
     pdl.release_next(GDC == 2)
