@@ -140,3 +140,44 @@ def test_gpu_fp32_teacher_forced_logprobs_within_1e_3_of_hf(smollm2_path):
     theirs = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].cpu()
     assert (ours - theirs).abs().max() <= 1e-3
     assert reply["text"] == "The capital of France is Paris." and reply["finish_reason"] == "stop"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,quantization,layer_kernel,mean_bound,max_bound", [
+    ("float32", None, "0", 1e-4, 1e-3), ("bfloat16", None, "0", 0.06, 0.5),
+    ("bfloat16", "fp8", "0", 0.2, 1.0), ("bfloat16", None, "", 0.06, 0.5),
+    ("bfloat16", "fp8", "", 0.2, 1.0)])
+def test_gpu_batch1_decode_logprobs_near_hf(smollm2_path, monkeypatch, dtype, quantization,
+                                            layer_kernel, mean_bound, max_bound):
+    """One sequence decoding greedily with CUDA graphs (the launch-per-op chain when
+    NANOVLLM_LAYER_KERNEL=0: the one-row GEMVs, the gated gate_up, the fused RoPE step, PDL;
+    else the one-launch layer kernel): each generated token's logprob against HF fp32 over
+    the same tokens. fp8: weights quantized at load, so the bounds hold the fp8 error too."""
+    from transformers import AutoModelForCausalLM
+
+    from nanovllm.models import one_launch
+
+    monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", layer_kernel)
+    one_launch.layer_kernel_mode.cache_clear()
+    try:
+        llm = LLM(smollm2_path, dtype=dtype, quantization=quantization,
+                  gpu_memory_utilization=0.3, max_model_len=1024)
+        sp = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, logprobs=0)
+        out = llm.generate(TEXT, sp, use_tqdm=False)[0]
+        llm.shutdown()
+    finally:
+        one_launch.layer_kernel_mode.cache_clear()
+    gen = out.outputs[0].token_ids
+    ids = out.prompt_token_ids + gen
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
+        dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids], device="cuda")).logits[0].float(), -1)
+    start = len(out.prompt_token_ids) - 1  # the row that predicts the first generated token
+    theirs = ref[torch.arange(start, len(ids) - 1), torch.tensor(gen)].cpu()
+    ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, gen)])
+    err = (ours - theirs).abs()
+    print(f"batch-1 decode {dtype} {quantization} layer_kernel={layer_kernel!r}: "
+          f"mean |dlogprob| {err.mean():.6f} max {err.max():.6f} over {len(gen)} tokens")
+    assert len(gen) == 48 and err.mean() <= mean_bound and err.max() <= max_bound
