@@ -61,7 +61,9 @@
 #   (skinny and peel2, run 2026-11-30, PERF_NOTES fifty-second session: PDL in the skinny
 #     GEMM and two W tiles before the GEMV's wait both lost, and were removed; so did
 #     minsplit, fifty-third session: decode splits of at least 256 keys, 405 -> 391 tok/s;
-#     and ahead, fifty-fourth: W's later tiles asked into L2 before the wait, 405.7 -> 359.7.)
+#     and ahead, fifty-fourth: W's later tiles asked into L2 before the wait, 405.7 -> 359.7;
+#     late, same session: the norm releasing the next launch before its store 401 -> 394,
+#     decode attention after its key loop 401.4 -> 402.2, within the spread.)
 #   engine (~9 min): the Qwen3-8B shape, 2 sequences then one (bench.py --single), bf16 and
 #     fp8 weights, the GEMV up to one row or two (gemv.PLAIN_MAX_M / gemv.MAX_M) and bf16 on
 #     cuBLAS, two rounds; bench.py bf16 and fp8; the GEMV's, fp8 and architectures' GPU tests.
