@@ -48,9 +48,11 @@ ONE_ROW_W_VEC = 0  # fp8 W's vector bytes at one row (0: 16); 8B batch 1, 0 / 8:
 # after its K loop (False). H200, 8B batch 1 tok/s, PDL off / early / late: fp8 355 / 367 /
 # 382, bf16 236 / 216 / 248 (early, launched grids likely queue on SMs ahead of their turn).
 PDL_EARLY_RELEASE = False
-# (Two W tiles before that wait lost: fp8 387 -> 342, bf16 245 -> 231; registers, 52nd. So
-# did each row's later tiles asked into L2 there, 2 / 8 KB a row: fp8 405.7 -> 359.7 / 340.0,
-# bf16 256.2 -> 234.9 / 216.4, H200 8B batch 1, 54th; prefetch.global.L2, no registers.)
+# Before its wait the GEMV loads its first W tile (PEEL). H200 8B batch 1, tok/s: that tile
+# after the wait instead, fp8 405.1 -> 402.6, bf16 256.6 -> 253.0 (54th); two tiles before it,
+# fp8 387 -> 342, bf16 245 -> 231 (registers, 52nd); the rest of each row asked into L2 there
+# (prefetch.global.L2, 2 / 8 KB a row), fp8 405.7 -> 359.7 / 340.0, bf16 256.2 -> 234.9 /
+# 216.4 (54th): early traffic slows the latency-bound kernel still running.
 # (BLOCK_N, BLOCK_K) for the int8 head copy at one row, by K >= 4096: the sweep's best above.
 GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
 # (BLOCK_N, BLOCK_K) by (fp8 weights?, width: n <= 4096 "narrow", >= 16384 "wide"): the sweep's
