@@ -20,12 +20,13 @@ def _logits(path, on: bool, monkeypatch, calls: list, caches: list | None = None
             tokens: tuple[int, int] | None = None, **engine) -> torch.Tensor:
     """Teacher-forced logits of a 24-token context (8 prefilled, then batch-1 decode steps
     over contexts that cross a cache block and span two key splits); the KV cache after
-    them appended to `caches` when given. On the CPU 20 tokens, 12 prefilled: the decode
-    steps (contexts 13-20) still cross the block and span two splits, in half the
-    interpreter's time. tokens: (context, prefilled) instead."""
+    them appended to `caches` when given. On the CPU 19 tokens, 14 prefilled: the four
+    decode steps (contexts 15-18) still cross the 16-key block, two of them with a key in
+    a second split, in a fifth of the interpreter's time. tokens: (context, prefilled)
+    instead."""
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", "1" if on else "0")
     one_launch.layer_kernel_mode.cache_clear()
-    n, prefill = tokens or ((20, 12) if engine.get("device") == "cpu" else (24, 8))
+    n, prefill = tokens or ((19, 14) if engine.get("device") == "cpu" else (24, 8))
     llm = LLM(path, **engine)
     try:
         layers = llm.clients[0].core.executor.runner.model.model.layers
