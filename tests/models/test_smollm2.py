@@ -120,24 +120,36 @@ def test_a_second_start_reads_no_gguf_metadata(smol, smollm2_path, monkeypatch):
     assert load_tokenizer(smollm2_path).encode(TEXT) == llm.tokenizer.encode(TEXT)
 
 
-@pytest.mark.gpu
-def test_gpu_fp32_teacher_forced_logprobs_within_1e_3_of_hf(smollm2_path):
-    # The GPU path (Triton attention, CUDA graphs) on real weights, fp32 on both sides.
+@pytest.fixture(scope="module")
+def hf_cuda_logprobs(smollm2_path):
+    """ids -> HF's fp32 log-softmax rows over them [len(ids), vocab] (on the CPU), from the
+    same GGUF loaded once onto the GPU."""
     from transformers import AutoModelForCausalLM
 
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
+        dtype=torch.float32).cuda().eval()
+
+    def logprobs(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids], device="cuda")).logits[0].float()
+        return torch.log_softmax(logits, -1).cpu()
+
+    return logprobs
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_teacher_forced_logprobs_within_1e_3_of_hf(smollm2_path, hf_cuda_logprobs):
+    # The GPU path (Triton attention, CUDA graphs) on real weights, fp32 on both sides.
     llm = LLM(smollm2_path, dtype="float32", gpu_memory_utilization=0.3, max_model_len=1024)
     out = llm.generate(TEXT, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
     reply = llm.chat([{"role": "user", "content": QUESTIONS[0]}],
                      SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
     llm.shutdown()
     ids = out.prompt_token_ids
-    hf = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
-        dtype=torch.float32).cuda().eval()
-    with torch.no_grad():
-        ref = torch.log_softmax(hf(torch.tensor([ids], device="cuda")).logits[0].float(), -1)
+    ref = hf_cuda_logprobs(ids)
     ours = torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))])
-    theirs = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].cpu()
+    theirs = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
     assert (ours - theirs).abs().max() <= 1e-3
     assert reply["text"] == "The capital of France is Paris." and reply["finish_reason"] == "stop"
 
@@ -147,14 +159,12 @@ def test_gpu_fp32_teacher_forced_logprobs_within_1e_3_of_hf(smollm2_path):
     ("float32", None, "0", 1e-4, 1e-3), ("bfloat16", None, "0", 0.06, 0.5),
     ("bfloat16", "fp8", "0", 0.2, 1.0), ("bfloat16", None, "", 0.06, 0.5),
     ("bfloat16", "fp8", "", 0.2, 1.0)])
-def test_gpu_batch1_decode_logprobs_near_hf(smollm2_path, monkeypatch, dtype, quantization,
-                                            layer_kernel, mean_bound, max_bound):
+def test_gpu_batch1_decode_logprobs_near_hf(smollm2_path, hf_cuda_logprobs, monkeypatch, dtype,
+                                            quantization, layer_kernel, mean_bound, max_bound):
     """One sequence decoding greedily with CUDA graphs (the launch-per-op chain when
     NANOVLLM_LAYER_KERNEL=0: the one-row GEMVs, the gated gate_up, the fused RoPE step, PDL;
     else the one-launch layer kernel): each generated token's logprob against HF fp32 over
     the same tokens. fp8: weights quantized at load, so the bounds hold the fp8 error too."""
-    from transformers import AutoModelForCausalLM
-
     from nanovllm.models import one_launch
 
     monkeypatch.setenv("NANOVLLM_LAYER_KERNEL", layer_kernel)
@@ -169,13 +179,9 @@ def test_gpu_batch1_decode_logprobs_near_hf(smollm2_path, monkeypatch, dtype, qu
         one_launch.layer_kernel_mode.cache_clear()
     gen = out.outputs[0].token_ids
     ids = out.prompt_token_ids + gen
-    hf = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
-        dtype=torch.float32).cuda().eval()
-    with torch.no_grad():
-        ref = torch.log_softmax(hf(torch.tensor([ids], device="cuda")).logits[0].float(), -1)
+    ref = hf_cuda_logprobs(ids)
     start = len(out.prompt_token_ids) - 1  # the row that predicts the first generated token
-    theirs = ref[torch.arange(start, len(ids) - 1), torch.tensor(gen)].cpu()
+    theirs = ref[torch.arange(start, len(ids) - 1), torch.tensor(gen)]
     ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, gen)])
     err = (ours - theirs).abs()
     print(f"batch-1 decode {dtype} {quantization} layer_kernel={layer_kernel!r}: "
