@@ -228,7 +228,6 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
         DOT_PREC=dot_precision(x.dtype), DOT_F32=INTERPRET,
         BITS_TO_BF16=cfg.get("BITS_TO_BF16", True) and bits_to_bf16(weight.dtype, x.dtype),
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     y = y.view(*x.shape[:-1], n)
     return y if res_out is None else (y, res_out)
