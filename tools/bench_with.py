@@ -6,7 +6,7 @@ Each override is TABLE.KEY=INT: `decode`, `fp8` or `int8` (kernels/decode_config
 CONFIG_FP8, CONFIG_INT8), `layer` (kernels/layer_config.py), `rope` (kernels/triton_rope.py's
 module-level knobs, e.g. rope.FEEDBACK_ROWS_AHEAD=2), `sample` (kernels/triton_sample.py's,
 e.g. sample.TWO_LEVEL_FROM=0), `gemv` (kernels/gemv.py's, e.g. gemv.MAX_M=1) or `gated`
-(kernels/gemv_gated.py's, gated.GATED=1); the value
+(kernels/gemv_gated.py's, gated.GATED=1) or `tma` (kernels/tma_gemm.py's, tma.ON=0); the value
 takes the type of the one it replaces. What follows
 `--` goes to bench.py as is.
 """
@@ -18,12 +18,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nanovllm.kernels import (decode_config, gemv, gemv_gated, layer_config,  # noqa: E402
-                              triton_rope, triton_sample)
+                              tma_gemm, triton_rope, triton_sample)
 
 TABLES = {"decode": decode_config.CONFIG, "fp8": decode_config.CONFIG_FP8,
           "int8": decode_config.CONFIG_INT8, "layer": layer_config.CONFIG,
           "rope": vars(triton_rope), "sample": vars(triton_sample), "gemv": vars(gemv),
-          "gated": vars(gemv_gated)}
+          "gated": vars(gemv_gated), "tma": vars(tma_gemm)}
 
 
 def main():

@@ -64,10 +64,11 @@ def skinny_gemm_enabled() -> bool:
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """x @ weight.T (+ bias) for a plain (unquantized) weight: F.linear, or on a GPU the skinny
     Triton GEMM or the GEMV (kernels/gemv.takes_plain: one or two rows, four for small o / down
-    projections) when x has few rows and the shape is one where it was measured faster."""
+    projections) when x has few rows and the shape is one where it was measured faster, and
+    the TMA GEMM (kernels/tma_gemm.py) at batched-decode sizes, 17-256 rows."""
     if x.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and skinny_gemm_enabled():
         # Imported here: CPU-only installs may have no triton.
-        from nanovllm.kernels import gemv
+        from nanovllm.kernels import gemv, tma_gemm
         from nanovllm.kernels.skinny_config import beats_cublas
         from nanovllm.kernels.skinny_gemm import MAX_M, gemm
 
@@ -76,6 +77,8 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
             return gemv.gemv(x, weight, None, None, bias)
         if x.numel() <= MAX_M * k and beats_cublas(weight.shape[0], k):
             return gemm(x, weight, bias)
+        if tma_gemm.takes(x, weight):
+            return tma_gemm.tma_gemm(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
@@ -145,11 +148,18 @@ class LinearBase(nn.Module):
         return gemm(x, weight, bias, scale, block, **prologue)
 
     def silu_mul_matmul(self, x: torch.Tensor) -> torch.Tensor | None:
-        """silu(gate) * up of this packed gate_up projection (bias included) in one GEMV
-        launch (kernels/gemv_gated.py), or None where that path does not take the call."""
-        if not x.is_cuda or x.numel() != x.shape[-1]:  # (one row only: prefill leaves here)
+        """silu(gate) * up of this packed gate_up projection (bias included) in one launch:
+        the GEMV's at one row (kernels/gemv_gated.py), the TMA GEMM's at 17-256 rows
+        (kernels/tma_gemm.py); None where neither takes the call."""
+        if not x.is_cuda:
             return None
-        from nanovllm.kernels import gemv, gemv_gated  # CPU-only installs may have no triton
+        from nanovllm.kernels import gemv, gemv_gated, tma_gemm  # (CPU installs: no triton)
+
+        if (self.quant_method is None and skinny_gemm_enabled()
+                and tma_gemm.takes(x, self.weight, gated=True)):
+            return tma_gemm.tma_gemm(x, self.weight, self.bias, gated=True)
+        if x.numel() != x.shape[-1]:  # (one row only past here: prefill leaves)
+            return None
 
         operands = self.gemm_operands() if gemv_gated.GATED else None
         # Plain weights take it only where they would take the GEMV ungated (dense_linear).
