@@ -144,8 +144,8 @@ def takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
             and weight.dtype == x.dtype and weight.is_contiguous()
             and (k * x.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0
             and (not gated or weight.shape[0] % 2 == 0)
-            and torch.cuda.get_device_capability(x.device)[0] >= 9
-            and choose_config(m, n, k, gated) is not None)
+            and choose_config(m, n, k, gated) is not None  # (before the device query)
+            and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
 def tma_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
