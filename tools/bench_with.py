@@ -18,12 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nanovllm.kernels import (decode_config, gemv, gemv_gated, layer_config,  # noqa: E402
-                              tma_gemm, triton_rope, triton_sample)
+                              tma_config, tma_gemm, triton_rope,
+                              triton_sample)
 
 TABLES = {"decode": decode_config.CONFIG, "fp8": decode_config.CONFIG_FP8,
           "int8": decode_config.CONFIG_INT8, "layer": layer_config.CONFIG,
           "rope": vars(triton_rope), "sample": vars(triton_sample), "gemv": vars(gemv),
-          "gated": vars(gemv_gated), "tma": vars(tma_gemm)}
+          "gated": vars(gemv_gated), "tma": vars(tma_gemm), "tma_cfg": vars(tma_config)}
 
 
 def main():

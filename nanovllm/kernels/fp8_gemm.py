@@ -9,7 +9,9 @@ which beats the skinny kernel there; gemv.MAX_M = 0 turns it off):
 - 16 < M < DEQUANT_FROM_M (batched decode, short prefills): the same kernel with taller row
   tiles and a grid over M (W read once per row-tile wave, mostly from L2). Off for now: the
   first version was slower than the next path at every M measured (see DEQUANT_FROM_M).
-- M >= DEQUANT_FROM_M (prefills and batched decode), by NANOVLLM_FP8_PREFILL:
+- 17-256 rows where tma_gemm.py takes the call (wide layers, the gated gate_up, and o / down
+  split for the norm after them, layers/split_k.py): TMA tiles dequantized in registers.
+- M >= DEQUANT_FROM_M otherwise (prefills and batched decode), by NANOVLLM_FP8_PREFILL:
   "dequant" (default): one Triton pass writes the dequantized weight in x's dtype, then
   cuBLAS; the extra weight traffic is small beside the matmul, and the result is the
   reference's to the bit (dequantize, round to x's dtype, F.linear).
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from nanovllm.kernels import gemv
+from nanovllm.kernels import gemv, tma_gemm
 from nanovllm.kernels._common import INTERPRET
 from nanovllm.kernels.fp8_w8a8 import GROUP, rowwise_gemm, w8a8_gemm
 from nanovllm.kernels.skinny_gemm import BLOCK_SCALE, MAX_M, ROW_SCALE, gemm
@@ -104,6 +106,10 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         return gemv.gemv(x, weight, scale, block, bias)
     if m <= MAX_M:
         return gemm(x, weight, bias, scale, block)
+    if tma_gemm.takes(x, weight, scale=scale, block=block):  # 17-256 rows (tma_gemm.py)
+        # (the bias rounded as the dequantize + F.linear path below rounds it)
+        bias = bias.to(x.dtype) if bias is not None else None
+        return tma_gemm.tma_gemm(x, weight, bias, scale=scale, block=block)
     if m >= DEQUANT_FROM_M:
         path = prefill_path()
         # Row-wise _scaled_mm writes bf16 only (torch's CUTLASS kernel); others take W8A8.

@@ -1,26 +1,28 @@
-"""GEMM for batched decode (17-256 rows) on plain 16-bit weights, its tiles brought in by
-Hopper's tensor memory accelerator (TMA): y = x @ W^T (+ bias), or gated, silu(x @ gate^T) *
-(x @ up^T) for a packed gate_up weight, so the SiLU-and-mul needs no launch of its own.
+"""GEMM for batched decode (17-256 rows), its tiles brought in by Hopper's tensor memory
+accelerator (TMA): y = x @ W^T (+ bias), or gated, silu(x @ gate^T) * (x @ up^T) for a packed
+gate_up weight, so the SiLU-and-mul needs no launch of its own. W is 16-bit, or e4m3 with fp32
+row or block scales (fp8 weights): each W tile is dequantized in registers as the reference
+does it (value * scale, rounded to x's dtype), then fed to the tensor cores.
 
-At these sizes a layer's matmul is latency, not bytes or FLOPs (Qwen2.5-0.5B's o_proj, 1.6 MB,
-takes cuBLAS 4.4 us at 64 rows). The skinny kernel's pointer loads with taller tiles lost to
-cuBLAS by 1.5-3 us a call (PERF_NOTES, forty-second session); the same dot over descriptor
-loads (`TensorDescriptor`: one async copy a tile, no address math a thread) matches it
-(fifty-fifth). So the engine takes it where it saves a launch: the gated gate_up (H200,
-bench.py alternating, tok/s: Qwen2.5-0.5B shape 70,388 -> 73,120 mean of three, Qwen3-0.6B
-26,703 -> 26,897 of two). Narrow layers (o, down) would need K split across programs: each
-parks its fp32 partial and counts in, and the last sums them in split order (the same bits
-every call, as skinny_gemm's split-K), which costs ~2.5 us, so they stay on cuBLAS (PLAIN).
+At these sizes a matmul is latency, not bytes or FLOPs; descriptor loads (one async copy a
+tile, no address math a thread) tie cuBLAS where pointer loads lost by 1.5-3 us (PERF_NOTES,
+forty-second and fifty-fifth sessions). So the engine takes it where it saves a launch or a
+pass over the weight:
+- the gated gate_up (SiLU-and-mul in the epilogue; bf16 on the measured shapes, GATED_TILES);
+- narrow layers (o, down) with K split across programs, each split leaving its fp32 partial
+  sum; the residual-add RMSNorm after them adds the partials in split order as it loads them
+  (layers/split_k.py), so the split costs no reduce launch and gives the same bits every call;
+- fp8 weights, whose other path past 16 rows writes a dequantized copy for cuBLAS.
 
-CUDA-graph safe like skinny_gemm: the grid and buffers depend only on shapes; the descriptors
-hold the tensors' addresses, which a captured graph keeps.
+CUDA-graph safe: the grid and buffers depend only on shapes; the descriptors hold the tensors'
+addresses, which a captured graph keeps.
 """
 import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels import tma_config
 from nanovllm.kernels._common import INTERPRET, dot_precision
-from nanovllm.kernels.skinny_config import workspace
 
 try:  # (a Triton without host-side descriptors: the path stays off)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -30,48 +32,62 @@ except ImportError:
 # Rows this path takes (above the skinny kernel's 16), and whether it runs at all (0: cuBLAS).
 MIN_M, MAX_M = 17, 256
 ON = 1
-NUM_SMS = 132  # H100 / H200: only used to size splits
+# Scale modes (skinny_gemm's values): none, one per output row, one per (bn, bk) block.
+NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
 
 
 @triton.jit
-def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, part_ptr, cnt_ptr, M, N, K, k_per_split,
-                     stride_ym, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-                     SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, M, N, K, k_per_split,
+                     stride_ym, stride_sn, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                     SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                     PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, STAGES: tl.constexpr, DOT_PREC: tl.constexpr):
     # Row tiles fastest: the programs of one column tile run side by side and share its W.
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % tiles_m
     pid_n = pid // tiles_m
-    pid_k = tl.program_id(1)
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+    k_start = tl.program_id(1) * k_per_split
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = acc
-    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
+    s_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    s_up = s_gate
+    if SCALE == 1:  # row scales, loaded once
+        s_gate = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
+        if GATED:
+            s_up = tl.load(s_ptr + N + offs_n, mask=n_mask, other=0.0)
+    for k in tl.range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K,
+                      num_stages=STAGES):
         x = x_desc.load([pid_m * BLOCK_M, k])  # rows and columns past the tensor read as 0
-        acc = tl.dot(x, w_desc.load([pid_n * BLOCK_N, k]).T, acc, input_precision=DOT_PREC)
+        if SCALE == 2:  # a K tile lies inside one scale block (BLOCK_K divides SCALE_BK)
+            s_gate = tl.load(s_ptr + (offs_n // SCALE_BN) * stride_sn + k // SCALE_BK,
+                             mask=n_mask, other=0.0)
+        w = _dequant(w_desc.load([pid_n * BLOCK_N, k]), s_gate, x.dtype, SCALE)
+        acc = tl.dot(x, w.T, acc, input_precision=DOT_PREC)
         if GATED:  # the up rows of the same outputs, N rows further down
-            acc_up = tl.dot(x, w_desc.load([N + pid_n * BLOCK_N, k]).T, acc_up,
-                            input_precision=DOT_PREC)
+            if SCALE == 2:
+                s_up = tl.load(s_ptr + ((N + offs_n) // SCALE_BN) * stride_sn + k // SCALE_BK,
+                               mask=n_mask, other=0.0)
+            u = _dequant(w_desc.load([N + pid_n * BLOCK_N, k]), s_up, x.dtype, SCALE)
+            acc_up = tl.dot(x, u.T, acc_up, input_precision=DOT_PREC)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    if SPLIT > 1:
-        tile = part_ptr + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(tile + pid_k * M * N, acc, mask=mask)
-        # acq_rel: each split's partial is stored before its increment, and the last split
-        # loads after its own, so it sees them all.
-        cnt = cnt_ptr + pid
-        if tl.atomic_add(cnt, 1, sem="acq_rel") == SPLIT - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for sp in range(SPLIT):  # split order: the same sum on every call
-                acc += tl.load(tile + sp * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            _store(acc, acc_up, y_ptr, b_ptr, offs_m, offs_n, mask, N, stride_ym, HAS_BIAS,
-                   GATED)
-            tl.atomic_xchg(cnt, 0)  # ready for the next call (and the next graph replay)
+    mask = (offs_m < M)[:, None] & n_mask[None, :]
+    if PARTS:  # this split's fp32 partial: the caller adds them in split order
+        part = y_ptr + tl.program_id(1).to(tl.int64) * M * N
+        tl.store(part + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
     else:
         _store(acc, acc_up, y_ptr, b_ptr, offs_m, offs_n, mask, N, stride_ym, HAS_BIAS, GATED)
+
+
+@triton.jit
+def _dequant(w, scale, dtype: tl.constexpr, SCALE: tl.constexpr):
+    """A W tile in x's dtype: 16-bit as loaded; e4m3 times its rows' scales in fp32, rounded
+    once (what fp8_gemm.dequantize writes for cuBLAS)."""
+    if SCALE == 0:
+        return w
+    return (w.to(tl.float32) * scale[:, None]).to(dtype)
 
 
 @triton.jit
@@ -94,85 +110,91 @@ def _store(acc, acc_up, y_ptr, b_ptr, offs_m, offs_n, mask, N, stride_ym,
              acc.to(dtype), mask=mask)
 
 
-# (outputs, K) of a gated gate_up -> {most rows: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES)}, from a
-# sweep against cuBLAS + the SiLU-and-mul launch (H200, PERF_NOTES fifty-fifth session): only
-# where it won; other shapes and rows stay on cuBLAS. Qwen2.5-0.5B, us at 32 / 64 / 128 / 256
-# rows: 7.95 / 8.05 / 9.47 / 12.43 against 8.72 / 8.96 / 9.62 / 13.15; Qwen3-0.6B 7.11 /
-# 6.97 / 7.59 against 7.21 / 7.41 / 7.63 (9.47 against 9.36 at 256: cuBLAS).
-GATED_TILES = {(4864, 896): {64: (64, 64, 128, 4), 128: (64, 32, 64, 4), 256: (64, 64, 64, 3)},
-               (3072, 1024): {64: (64, 32, 128, 4), 128: (64, 64, 128, 4)}}
-# Ungated calls matched cuBLAS at best (qkv, o), and narrow ones (o, down) need split K,
-# whose ordered sum costs ~2.5 us: off (PLAIN 1 runs them on choose_config's rule).
-PLAIN = 0
-
-
-def choose_config(m: int, n: int, k: int, gated: bool = False) -> dict | None:
-    """Tiles and K splits for an [m, k] @ [n, k]^T call (n: outputs; gated: a tile's n
-    columns are read twice, gate and up), or None where cuBLAS is faster (GATED_TILES,
-    PLAIN)."""
-    if INTERPRET:
-        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT=2 if k >= 64 and not gated else 1,
-                    STAGES=1, num_warps=4)
-    if gated:
-        rows = [r for r in sorted(GATED_TILES.get((n, k), {})) if m <= r]
-        if not rows:
-            return None
-        bm, bn, bk, stages = GATED_TILES[(n, k)][rows[0]]
-        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=1, STAGES=stages, num_warps=4)
-    return default_config(m, n, k) if PLAIN else None
-
-
-def default_config(m: int, n: int, k: int, gated: bool = False) -> dict:
-    """A rule for any shape: 64-row tiles, 128-wide K steps, 4 stages; 32 columns on narrow
-    layers; K split until about one program an SM (never gated)."""
-    block_n = 32 if n <= 2048 or gated else 128
-    tiles = triton.cdiv(m, 64) * triton.cdiv(n, block_n)
-    split = 1
-    while not gated and split < 4 and tiles * split * 2 <= NUM_SMS and k >= split * 1024:
-        split *= 2
-    return dict(BLOCK_M=64, BLOCK_N=block_n, BLOCK_K=128, SPLIT=split, STAGES=4, num_warps=4)
-
-
-def takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
+def takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
+          scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
+          split: bool = False) -> bool:
     """Whether tma_gemm runs this call: ON, MIN_M..MAX_M rows of a 16-bit x on a Hopper-or-
-    later GPU, a contiguous weight of x's dtype, rows 16-byte aligned (TMA's rule)."""
+    later GPU, a contiguous weight of x's dtype (or e4m3 with scales: row, or blocks of
+    128-column multiples), rows 16-byte aligned (TMA's rule), and a config (tma_config)."""
     k = x.shape[-1]
     m = x.numel() // max(k, 1)
     n = weight.shape[0] // 2 if gated else weight.shape[0]
+    fp8 = scale is not None
     return (bool(ON) and TensorDescriptor is not None and x.is_cuda and not INTERPRET
             and MIN_M <= m <= MAX_M and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and weight.is_contiguous()
-            and (k * x.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0
+            and (weight.dtype == torch.float8_e4m3fn if fp8 else weight.dtype == x.dtype)
+            and (block is None or block[1] % 128 == 0) and weight.is_contiguous()
+            and (k * weight.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0
             and (not gated or weight.shape[0] % 2 == 0)
-            and choose_config(m, n, k, gated) is not None  # (before the device query)
+            and tma_config.choose_config(m, n, k, gated, fp8, split) is not None  # (first)
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
 def tma_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-             gated: bool = False, config: dict | None = None) -> torch.Tensor:
+             gated: bool = False, config: dict | None = None,
+             scale: torch.Tensor | None = None,
+             block: tuple[int, int] | None = None) -> torch.Tensor:
     """x[..., K] @ weight[N, K]^T (+ bias) in x's dtype; gated: weight packs gate and up
-    ([2I, K]) and the result is silu(gate) * up, [..., I]. config overrides choose_config
-    (default_config where that names cuBLAS: direct calls, tests, sweeps)."""
+    ([2I, K]) and the result is silu(gate) * up, [..., I]; scale / block: an e4m3 weight's
+    row ([N]) or block scales. config overrides choose_config (default_config where that
+    names another path: direct calls, tests, sweeps); a split config's partials are added
+    here, in split order."""
     k = x.shape[-1]
     n = weight.shape[0] // 2 if gated else weight.shape[0]
+    m = x.numel() // k
+    cfg = dict(config or tma_config.choose_config(m, n, k, gated, scale is not None)
+               or tma_config.default_config(m, n, k, gated))
+    if cfg["SPLIT"] > 1:
+        assert not gated and bias is None, cfg
+        parts = tma_partials(x, weight, scale, block, cfg)
+        y = parts[0]
+        for part in parts[1:]:
+            y = y + part
+        return y.to(x.dtype).view(*x.shape[:-1], n)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _launch(x, weight, y, bias, scale, block, cfg, gated, parts=False)
+    return y.view(*x.shape[:-1], n)
+
+
+def tma_partials(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                 block: tuple[int, int] | None, config: dict | None = None) -> torch.Tensor:
+    """x @ weight^T as fp32 partial sums over config's K splits, [SPLIT, M, N] (no bias):
+    their sum in split order is the product (layers/split_k.py)."""
+    k = x.shape[-1]
+    m, n = x.numel() // k, weight.shape[0]
+    cfg = config or tma_config.choose_config(m, n, k, False, scale is not None, split=True)
+    # (as many partials as splits that get columns: a short K may leave fewer)
+    parts = torch.empty(_splits(k, cfg), m, n, dtype=torch.float32, device=x.device)
+    _launch(x, weight, parts, None, scale, block, cfg, False, parts=True)
+    return parts
+
+
+def _splits(k: int, cfg: dict) -> int:
+    return triton.cdiv(k, _k_per_split(k, cfg))
+
+
+def _k_per_split(k: int, cfg: dict) -> int:
+    return triton.cdiv(triton.cdiv(k, cfg["SPLIT"]), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+
+
+def _launch(x, weight, y, bias, scale, block, cfg, gated, parts):
+    """One launch into y: [M, N] in x's dtype, or (parts) fp32 partials [splits, M, N]."""
+    k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if not x2.is_contiguous() or x2.data_ptr() % 16:
         x2 = x2.contiguous()
-    m = x2.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    m, n = x2.shape[0], weight.shape[0] // 2 if gated else weight.shape[0]
     if m == 0:
-        return y.view(*x.shape[:-1], n)
-    cfg = dict(config or choose_config(m, n, k, gated) or default_config(m, n, k, gated))
-    bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT"]
-    assert not (gated and split > 1), cfg
-    k_per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
-    split = triton.cdiv(k, k_per_split)
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    part, cnt = workspace(x.device, split * m * n, tiles) if split > 1 else (y, y)
-    _tma_gemm_kernel[(tiles, split)](
+        return
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    mode = NO_SCALE if scale is None else ROW_SCALE if block is None else BLOCK_SCALE
+    s_bn, s_bk = block or (1, 1)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), _splits(k, cfg) if parts else 1)
+    _tma_gemm_kernel[grid](
         TensorDescriptor.from_tensor(x2, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
-        y, bias if bias is not None else y, part, cnt, m, n, k, k_per_split, y.stride(0),
-        HAS_BIAS=bias is not None, GATED=gated, SPLIT=split, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, STAGES=cfg["STAGES"], DOT_PREC=dot_precision(x.dtype),
-        num_warps=cfg["num_warps"])
-    return y.view(*x.shape[:-1], n)
+        y, bias if bias is not None else y, scale if scale is not None else y, m, n, k,
+        _k_per_split(k, cfg) if parts else k, y.stride(0),
+        scale.stride(0) if mode == BLOCK_SCALE else 0,
+        HAS_BIAS=bias is not None, GATED=gated, SCALE=mode, SCALE_BN=s_bn, SCALE_BK=s_bk,
+        PARTS=parts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg["STAGES"],
+        DOT_PREC=dot_precision(x.dtype), num_warps=cfg["num_warps"])

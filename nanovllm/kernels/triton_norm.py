@@ -14,8 +14,9 @@ from nanovllm.kernels import pdl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, n, eps,
-                     HAS_RES: tl.constexpr, GDC: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_s,
+                     n, eps, HAS_RES: tl.constexpr, PARTS: tl.constexpr, GDC: tl.constexpr,
+                     BLOCK: tl.constexpr):
     # Under PDL (kernels/pdl.py): the next kernel (a GEMV) may start loading its weights now;
     # this one loads its own weight (no kernel writes it) before it waits for x's writer.
     pdl.release_next(GDC)
@@ -25,6 +26,10 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stri
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     pdl.wait_previous(GDC)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if PARTS > 0:  # x is a split-K matmul's fp32 partials: added in split order, then rounded
+        for s in tl.static_range(1, PARTS):  # as the unsplit matmul rounds its output
+            x += tl.load(x_ptr + s * stride_s + row * stride_x + offs, mask=mask, other=0.0)
+        x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
     if HAS_RES:
         x += tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
         # The new residual is the sum rounded to the model dtype; the norm reads that rounded
@@ -40,14 +45,20 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stri
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None):
+             residual: torch.Tensor | None = None, dtype: torch.dtype | None = None):
     """norm(x) * weight over the last dim; with a residual: (norm(x + residual) * weight,
-    x + residual), both in x's dtype."""
-    n = x.shape[-1]
+    x + residual), both in x's dtype. dtype given: x is fp32 partial sums [S, rows, n] (a
+    split-K matmul's, layers/split_k.py) whose in-order sum, rounded to dtype, is the input."""
+    n, parts = x.shape[-1], 0
+    if dtype is None:
+        dtype = x.dtype
+    else:  # the kernel reads the first partial here, each next one a partial's size on
+        assert x.is_contiguous()
+        parts, x = x.shape[0], x[0]
     x2 = x.reshape(-1, n)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else out
     r2 = residual.reshape(-1, n) if residual is not None else x2
     if r2.stride(1) != 1:
@@ -55,8 +66,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     rows = x2.shape[0]
     if rows:
         block, gdc = triton.next_power_of_2(n), pdl.enabled(out)
-        _rms_norm_kernel[(rows,)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), n,
-                                  eps, HAS_RES=residual is not None, GDC=gdc, BLOCK=block,
+        _rms_norm_kernel[(rows,)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0),
+                                  x2.numel(), n, eps, HAS_RES=residual is not None,
+                                  PARTS=parts, GDC=gdc, BLOCK=block,
                                   num_warps=min(max(block // 256, 1), 16),
                                   **pdl.launch_kwargs(gdc))
     return out if residual is None else (out, res_out)

@@ -2,6 +2,8 @@
 import torch
 from torch import nn
 
+from nanovllm.layers.split_k import SplitSum
+
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
@@ -25,7 +27,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor | SplitSum, residual: torch.Tensor | None = None):
+        """norm(x), or with a residual (norm(x + residual), x + residual); x may be a split
+        matmul's partials (layers/split_k.py), added here."""
+        if isinstance(x, SplitSum):  # (only made on a GPU, where Triton is)
+            from nanovllm.kernels.triton_norm import rms_norm
+
+            return rms_norm(x.parts, self.weight, self.eps, residual, dtype=x.dtype)
         if x.is_cuda:  # one Triton launch instead of ~10 small ops (host time: see the kernel);
             # imported here because CPU-only installs may have no triton
             from nanovllm.kernels.triton_norm import rms_norm

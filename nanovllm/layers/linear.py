@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.utils.dist import tp_rank, tp_size
+from nanovllm.layers import split_k
 from nanovllm.layers.weights import check_weight_shape
 
 
@@ -155,13 +156,14 @@ class LinearBase(nn.Module):
             return None
         from nanovllm.kernels import gemv, gemv_gated, tma_gemm  # (CPU installs: no triton)
 
-        if (self.quant_method is None and skinny_gemm_enabled()
-                and tma_gemm.takes(x, self.weight, gated=True)):
-            return tma_gemm.tma_gemm(x, self.weight, self.bias, gated=True)
-        if x.numel() != x.shape[-1]:  # (one row only past here: prefill leaves)
+        operands = self.gemm_operands()  # (plain: only where the skinny GEMM may run)
+        if operands is not None and (operands[1] is not None or skinny_gemm_enabled()):
+            weight, scale, block = operands
+            if tma_gemm.takes(x, weight, gated=True, scale=scale, block=block):
+                return tma_gemm.tma_gemm(x, weight, self.bias, gated=True, scale=scale,
+                                         block=block)
+        if x.numel() != x.shape[-1] or not gemv_gated.GATED:  # (one row only past here)
             return None
-
-        operands = self.gemm_operands() if gemv_gated.GATED else None
         # Plain weights take it only where they would take the GEMV ungated (dense_linear).
         if operands is None or (operands[1] is None
                                 and not (skinny_gemm_enabled() and gemv.PLAIN)):
@@ -230,6 +232,9 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial products summed with an all-reduce."""
 
+    # Set by a block whose next op is an RMSNorm: forward may then return a SplitSum.
+    split_ok = False
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  quant_method=None):
         super().__init__(out_features, _divide(in_features, tp_size()), bias, quant_method)
@@ -243,6 +248,11 @@ class RowParallelLinear(LinearBase):
         itself (prologue_matmul)."""
         # The bias is not split; rank 0 alone adds it.
         bias = self.bias if self.tp_rank == 0 else None
+        if (act is None and self.split_ok and self.tp_size == 1
+                and (self.quant_method is not None or skinny_gemm_enabled())):
+            parts = split_k.matmul(self, x)  # (K split, the norm adds: layers/split_k.py)
+            if parts is not None:
+                return parts
         y = self.matmul(x, bias) if act is None else self.prologue_matmul(x, bias, act=act)
         if self.tp_size > 1:
             dist.all_reduce(y)

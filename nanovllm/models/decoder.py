@@ -85,6 +85,12 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # o_proj and down_proj feed an RMSNorm (this block's, the next block's or the final
+        # one), so they may leave split-K partials for it to add (layers/split_k.py).
+        if isinstance(self_attn, DecoderAttention):
+            self_attn.o_proj.split_ok = True
+        if isinstance(mlp, GatedMLP):
+            mlp.down_proj.split_ok = True
         # Whether decode steps fold the norms and SiLU-and-mul into the matmuls that follow
         # them (forward_fused): the dense blocks, with weights the skinny GEMM takes.
         self.fusable = (fused_prologues_enabled() and isinstance(self_attn, DecoderAttention)
@@ -144,7 +150,7 @@ def fused_rows(x: torch.Tensor) -> bool:
     """Whether a step's hidden states x go through the fused path: a GPU and few rows."""
     from nanovllm.kernels.skinny_gemm import MAX_M
 
-    return x.is_cuda and x.numel() <= MAX_M * x.shape[-1]
+    return isinstance(x, torch.Tensor) and x.is_cuda and x.numel() <= MAX_M * x.shape[-1]
 
 
 class DecoderModel(nn.Module):

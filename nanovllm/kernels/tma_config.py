@@ -1,0 +1,77 @@
+"""Tiles and K splits for kernels/tma_gemm.py, by call: measured tables where they exist (the
+H200 sweeps in PERF_NOTES, fifty-fifth and fifty-sixth sessions), rules elsewhere, and None
+where another path (cuBLAS, dequantize + cuBLAS) was faster. Module level so tools/bench_with.py
+and tests can override them."""
+from nanovllm.kernels._common import INTERPRET
+
+# (outputs, K) of a gated gate_up -> {most rows: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES)}, from a
+# sweep against cuBLAS + the SiLU-and-mul launch (H200, PERF_NOTES fifty-fifth session): only
+# where it won; other shapes and rows stay on cuBLAS. Qwen2.5-0.5B, us at 32 / 64 / 128 / 256
+# rows: 7.95 / 8.05 / 9.47 / 12.43 against 8.72 / 8.96 / 9.62 / 13.15; Qwen3-0.6B 7.11 /
+# 6.97 / 7.59 against 7.21 / 7.41 / 7.63 (9.47 against 9.36 at 256: cuBLAS).
+GATED_TILES = {(4864, 896): {64: (64, 64, 128, 4), 128: (64, 32, 64, 4), 256: (64, 64, 64, 3)},
+               (3072, 1024): {64: (64, 32, 128, 4), 128: (64, 64, 128, 4)}}
+# Split K, whose partials the next RMSNorm adds. H200, the fifty-sixth session's probe (GEMM +
+# the norm, us; cuBLAS + the norm in brackets), Qwen3-0.6B o / down at 64 rows 5.86 (7.01) /
+# 6.44 (8.04), at 256 7.26 (7.88) / 8.58 (9.29); Qwen2.5-0.5B down at 192 rows 10.68 (10.01).
+# Ungated unsplit 16-bit calls only tie cuBLAS: PLAIN 0 leaves them there.
+SPLIT_ROWS, MIN_SPLIT_K, MAX_SPLIT_K = 512, 128, 1536
+PLAIN = 0
+# Switches for A/B runs: split calls (0: cuBLAS or dequantize + cuBLAS), fp8 weights.
+SPLIT, FP8 = 1, 1
+# fp8 weights: {gated: {most rows: (BLOCK_M, BLOCK_N, STAGES)}}, the fifty-sixth session's
+# best on the H200 (Qwen3-0.6B qkv, gate_up); gated past 128 rows and narrow ungated layers
+# unsplit (N <= 2048) lose to dequantize + cuBLAS (+ SiLU-and-mul): not taken.
+FP8_TILES = {False: {32: (32, 16, 4), 64: (64, 32, 4), 256: (64, 64, 4)},
+             True: {64: (64, 32, 3), 128: (64, 16, 3)}}
+
+
+def choose_config(m: int, n: int, k: int, gated: bool = False, fp8: bool = False,
+                  split: bool = False) -> dict | None:
+    """Tiles and K splits for an [m, k] @ [n, k]^T call (n: outputs; gated: a tile's n
+    columns are read twice, gate and up; fp8: e4m3 weights; split: the caller adds the
+    partials, a SplitSum), or None where this path is not the faster one."""
+    if INTERPRET:
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT=2 if split and k >= 32 else 1,
+                    STAGES=1, num_warps=4)
+    if split:
+        return split_config(m, n, k, fp8) if SPLIT else None
+    if fp8:
+        if not FP8:
+            return None
+        rows = [r for r in sorted(FP8_TILES[gated]) if m <= r]
+        if not rows or not gated and n <= 2048:
+            return None
+        bm, bn, stages = FP8_TILES[gated][rows[0]]
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT=1, STAGES=stages, num_warps=4)
+    if gated:
+        rows = [r for r in sorted(GATED_TILES.get((n, k), {})) if m <= r]
+        if not rows:
+            return None
+        bm, bn, bk, stages = GATED_TILES[(n, k)][rows[0]]
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=1, STAGES=stages, num_warps=4)
+    return default_config(m, n, k) if PLAIN else None
+
+
+def split_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
+    """Split-K tiles for a narrow layer (n <= 2048): 64 rows, 32 columns (64 past 128 rows),
+    K split in up to 8 while the partials stay small (splits x rows <= SPLIT_ROWS: the norm
+    reads them all back) and each split keeps MIN_SPLIT_K columns; None where no split fits,
+    or (16-bit weights) where a split's K loop stays longer than MAX_SPLIT_K (cuBLAS's own
+    split-K is faster there)."""
+    if n > 2048:  # (wide layers fill the GPU unsplit; not measured split)
+        return None
+    split = 1
+    while split < 8 and (split * 2) * m <= SPLIT_ROWS and k >= split * 2 * MIN_SPLIT_K:
+        split *= 2
+    if split == 1 or (not fp8 and k > split * MAX_SPLIT_K):
+        return None
+    return dict(BLOCK_M=64, BLOCK_N=32 if m <= 128 else 64, BLOCK_K=128, SPLIT=split,
+                STAGES=4, num_warps=4)
+
+
+def default_config(m: int, n: int, k: int, gated: bool = False) -> dict:
+    """A rule for any shape without a split: 64-row tiles, 128-wide K steps, 4 stages; 32
+    columns on narrow layers (and gated ones)."""
+    block_n = 32 if n <= 2048 or gated else 128
+    return dict(BLOCK_M=64, BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, STAGES=4, num_warps=4)
