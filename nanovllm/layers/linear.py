@@ -12,9 +12,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.utils.dist import tp_rank, tp_size
 from nanovllm.layers import split_k
 from nanovllm.layers.weights import check_weight_shape
+from nanovllm.utils.dist import tp_rank, tp_size
 
 
 def _divide(a: int, b: int) -> int:
