@@ -18,13 +18,6 @@ class SplitSum(NamedTuple):
     parts: torch.Tensor
     dtype: torch.dtype
 
-    def total(self) -> torch.Tensor:
-        """The product itself (for consumers other than the RMSNorm)."""
-        y = self.parts[0]
-        for part in self.parts[1:]:
-            y = y + part
-        return y.to(self.dtype)
-
 
 def matmul(layer, x: torch.Tensor) -> SplitSum | None:
     """layer's x @ W^T as a SplitSum where the TMA GEMM splits it (kernels/tma_gemm.py:

@@ -25,9 +25,7 @@ def _check(device, dtype):
     for splits in (1, 2, 3, 8):
         parts = _parts(splits, 6, n, device, seed=splits)
         s = SplitSum(parts, dtype)
-        total = s.total()
-        assert total.dtype == dtype
-        assert torch.equal(total, sum(parts[1:], parts[0]).to(dtype))
+        total = sum(parts[1:], parts[0]).to(dtype)  # in split order, rounded once
         residual = torch.randn(6, n).to(device=device, dtype=dtype)
         got, got_res = norm(s, residual)
         want, want_res = norm(total, residual)
