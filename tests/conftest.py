@@ -52,6 +52,17 @@ def smollm2_path():
 
 
 @pytest.fixture(scope="session")
+def wide_toy(tmp_path_factory):
+    """A 2-layer random Qwen3 with Qwen3-0.6B's layer shapes: the TMA GEMM's split, fp8 and
+    W8A8 paths take its layers (the small toys' are too narrow for fp8)."""
+    from nanovllm.utils.toy import save_random_qwen3
+
+    return save_random_qwen3(str(tmp_path_factory.mktemp("wide")), num_attention_heads=16,
+                             num_key_value_heads=8, head_dim=128, hidden_size=1024,
+                             intermediate_size=3072, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="session")
 def toy_models(tmp_path_factory):
     """Random-weight Qwen3 checkpoints of several shapes, written by transformers."""
     from nanovllm.utils.toy import save_random_qwen3

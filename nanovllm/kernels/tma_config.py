@@ -2,6 +2,8 @@
 H200 sweeps in PERF_NOTES, fifty-fifth and fifty-sixth sessions), rules elsewhere, and None
 where another path (cuBLAS, dequantize + cuBLAS) was faster. Module level so tools/bench_with.py
 and tests can override them."""
+import os
+
 from nanovllm.kernels._common import INTERPRET
 
 # (outputs, K) of a gated gate_up -> {most rows: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES)}, from a
@@ -19,11 +21,31 @@ SPLIT_ROWS, MIN_SPLIT_K, MAX_SPLIT_K = 512, 128, 1536
 PLAIN = 0
 # Switches for A/B runs: split calls (0: cuBLAS or dequantize + cuBLAS), fp8 weights.
 SPLIT, FP8 = 1, 1
+# qkv and gate_up of fp8 weights with their input quantized by the norm before them (W8A8,
+# layers/fp8_rows.py); NANOVLLM_FP8_W8A8=0 keeps bf16 activations (the reference's numerics).
+_W8A8 = os.environ.get("NANOVLLM_FP8_W8A8", "1")
+if _W8A8 not in ("0", "1"):
+    raise ValueError(f"NANOVLLM_FP8_W8A8={_W8A8!r}: use 1 (fp8 weights' qkv and gate_up take "
+                     "e4m3 activations at 17-256 rows) or 0 (bf16 activations)")
+W8A8 = int(_W8A8)
 # fp8 weights: {gated: {most rows: (BLOCK_M, BLOCK_N, STAGES)}}, the fifty-sixth session's
 # best on the H200 (Qwen3-0.6B qkv, gate_up); gated past 128 rows and narrow ungated layers
 # unsplit (N <= 2048) lose to dequantize + cuBLAS (+ SiLU-and-mul): not taken.
 FP8_TILES = {False: {32: (32, 16, 4), 64: (64, 32, 4), 256: (64, 64, 4)},
              True: {64: (64, 32, 3), 128: (64, 16, 3)}}
+
+
+def w8a8_config(m: int, n: int, k: int, gated: bool = False) -> dict | None:
+    """Tiles for e4m3 activations against e4m3 weights (W8A8; layers/fp8_rows.py), or None
+    with W8A8 off. H200, the fifty-seventh session's probe: 64-row tiles, 4 stages; 32 columns
+    up to 128 rows, 64 past (the 8B's gate_up best at 3 stages there)."""
+    if INTERPRET:
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, SPLIT=1, STAGES=1, num_warps=4)
+    if not W8A8:
+        return None
+    wide = m > 128
+    return dict(BLOCK_M=64, BLOCK_N=64 if wide else 32, BLOCK_K=128, SPLIT=1,
+                STAGES=3 if gated and wide else 4, num_warps=4)
 
 
 def choose_config(m: int, n: int, k: int, gated: bool = False, fp8: bool = False,

@@ -37,8 +37,9 @@ NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
 
 
 @triton.jit
-def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, M, N, K, k_per_split,
+def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per_split,
                      stride_ym, stride_sn, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                     XSCALE: tl.constexpr,
                      SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                      PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, STAGES: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -64,21 +65,42 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, M, N, K, k_per_split,
         if SCALE == 2:  # a K tile lies inside one scale block (BLOCK_K divides SCALE_BK)
             s_gate = tl.load(s_ptr + (offs_n // SCALE_BN) * stride_sn + k // SCALE_BK,
                              mask=n_mask, other=0.0)
-        w = _dequant(w_desc.load([pid_n * BLOCK_N, k]), s_gate, x.dtype, SCALE)
-        acc = tl.dot(x, w.T, acc, input_precision=DOT_PREC)
+        w = w_desc.load([pid_n * BLOCK_N, k])
+        if XSCALE:  # e4m3 x e4m3 dots, scales at the end
+            acc = _dot_e4m3(x, w, acc, BLOCK_K)
+        else:
+            w = _dequant(w, s_gate, x.dtype, SCALE)
+            acc = tl.dot(x, w.T, acc, input_precision=DOT_PREC)
         if GATED:  # the up rows of the same outputs, N rows further down
             if SCALE == 2:
                 s_up = tl.load(s_ptr + ((N + offs_n) // SCALE_BN) * stride_sn + k // SCALE_BK,
                                mask=n_mask, other=0.0)
-            u = _dequant(w_desc.load([N + pid_n * BLOCK_N, k]), s_up, x.dtype, SCALE)
-            acc_up = tl.dot(x, u.T, acc_up, input_precision=DOT_PREC)
+            u = w_desc.load([N + pid_n * BLOCK_N, k])
+            if XSCALE:
+                acc_up = _dot_e4m3(x, u, acc_up, BLOCK_K)
+            else:
+                u = _dequant(u, s_up, x.dtype, SCALE)
+                acc_up = tl.dot(x, u.T, acc_up, input_precision=DOT_PREC)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if XSCALE:  # x is e4m3 rows times their scales: the exact products' sum, scaled twice
+        xs = tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
+        acc = acc * s_gate[None, :] * xs
+        acc_up = acc_up * s_up[None, :] * xs
     mask = (offs_m < M)[:, None] & n_mask[None, :]
     if PARTS:  # this split's fp32 partial: the caller adds them in split order
         part = y_ptr + tl.program_id(1).to(tl.int64) * M * N
         tl.store(part + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
     else:
         _store(acc, acc_up, y_ptr, b_ptr, offs_m, offs_n, mask, N, stride_ym, HAS_BIAS, GATED)
+
+
+@triton.jit
+def _dot_e4m3(x, w, acc, BLOCK_K: tl.constexpr):
+    """acc + x @ w^T on e4m3 tiles. Hopper's fp8 MMAs add into an accumulator narrower than
+    fp32; adding each K tile's product into acc in full fp32 (what cuBLAS does without fast
+    accumulation, and DeepSeek-V3's promotion every 128) keeps long K exact enough (K = 4096:
+    PERF_NOTES, fifty-seventh session)."""
+    return tl.dot(x, w.T, acc, max_num_imprecise_acc=BLOCK_K)
 
 
 @triton.jit
@@ -130,6 +152,38 @@ def takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
+def takes_w8a8(m: int, k: int, weight: torch.Tensor, scale: torch.Tensor | None,
+               block: tuple[int, int] | None, gated: bool = False) -> bool:
+    """Whether w8a8_gemm runs m rows of K e4m3 activations (a norm's, layers/fp8_rows.py)
+    against this weight: ON, e4m3 with row scales on a Hopper-or-later GPU, K 16-byte
+    aligned, and a config (tma_config.w8a8_config)."""
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    return (bool(ON) and TensorDescriptor is not None and weight.is_cuda and not INTERPRET
+            and MIN_M <= m <= MAX_M and weight.dtype == torch.float8_e4m3fn
+            and scale is not None and block is None and weight.is_contiguous()
+            and k % 16 == 0 and weight.data_ptr() % 16 == 0
+            and (not gated or weight.shape[0] % 2 == 0)
+            and tma_config.w8a8_config(m, n, k, gated) is not None
+            and torch.cuda.get_device_capability(weight.device)[0] >= 9)
+
+
+def w8a8_gemm(values: torch.Tensor, scales: torch.Tensor, weight: torch.Tensor,
+              scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+              gated: bool = False, config: dict | None = None) -> torch.Tensor:
+    """(values * scales[:, None]) @ (weight * scale[:, None])^T (+ bias) in dtype, [M, N]:
+    values e4m3 [M, K] with fp32 row scales [M], weight e4m3 [N, K] with row scales [N];
+    gated as tma_gemm. The dots run on e4m3 (no widening); each output is the fp32 sum of
+    exact products, times both scales, rounded once."""
+    m, k = values.shape
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    cfg = config or tma_config.w8a8_config(m, n, k, gated) or tma_config.default_config(
+        m, n, k, gated)
+    y = torch.empty(m, n, dtype=dtype, device=values.device)
+    bias = bias.to(dtype) if bias is not None else None  # (rounded as fp8_gemm rounds it)
+    _launch(values, weight, y, bias, scale, None, cfg, gated, parts=False, xs=scales)
+    return y
+
+
 def tma_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
              gated: bool = False, config: dict | None = None,
              scale: torch.Tensor | None = None,
@@ -177,8 +231,9 @@ def _k_per_split(k: int, cfg: dict) -> int:
     return triton.cdiv(triton.cdiv(k, cfg["SPLIT"]), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
 
 
-def _launch(x, weight, y, bias, scale, block, cfg, gated, parts):
-    """One launch into y: [M, N] in x's dtype, or (parts) fp32 partials [splits, M, N]."""
+def _launch(x, weight, y, bias, scale, block, cfg, gated, parts, xs=None):
+    """One launch into y: [M, N] in x's dtype (or y's, for e4m3 x with row scales xs), or
+    (parts) fp32 partials [splits, M, N]."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if not x2.is_contiguous() or x2.data_ptr() % 16:
@@ -192,9 +247,10 @@ def _launch(x, weight, y, bias, scale, block, cfg, gated, parts):
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), _splits(k, cfg) if parts else 1)
     _tma_gemm_kernel[grid](
         TensorDescriptor.from_tensor(x2, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
-        y, bias if bias is not None else y, scale if scale is not None else y, m, n, k,
+        y, bias if bias is not None else y, scale if scale is not None else y,
+        xs if xs is not None else y, m, n, k,
         _k_per_split(k, cfg) if parts else k, y.stride(0),
         scale.stride(0) if mode == BLOCK_SCALE else 0,
-        HAS_BIAS=bias is not None, GATED=gated, SCALE=mode, SCALE_BN=s_bn, SCALE_BK=s_bk,
-        PARTS=parts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg["STAGES"],
-        DOT_PREC=dot_precision(x.dtype), num_warps=cfg["num_warps"])
+        HAS_BIAS=bias is not None, GATED=gated, XSCALE=xs is not None, SCALE=mode,
+        SCALE_BN=s_bn, SCALE_BK=s_bk, PARTS=parts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        STAGES=cfg["STAGES"], DOT_PREC=dot_precision(x.dtype), num_warps=cfg["num_warps"])

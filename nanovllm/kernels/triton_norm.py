@@ -11,15 +11,20 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels import pdl
+from nanovllm.kernels._common import fp8_meta, quantize_fp8
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_s,
-                     n, eps, HAS_RES: tl.constexpr, PARTS: tl.constexpr, GDC: tl.constexpr,
-                     BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, s_ptr, stride_x, stride_r,
+                     stride_s, n, eps, HAS_RES: tl.constexpr, PARTS: tl.constexpr,
+                     GDC: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+                     FMAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+                     SOFT: tl.constexpr):
     # Under PDL (kernels/pdl.py): the next kernel (a GEMV) may start loading its weights now;
     # this one loads its own weight (no kernel writes it) before it waits for x's writer.
     pdl.release_next(GDC)
+    # The model dtype: QUANT's output is e4m3, and then res_out is a model-dtype tensor.
+    dtype = res_out_ptr.dtype.element_ty if QUANT else out_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -29,7 +34,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stri
     if PARTS > 0:  # x is a split-K matmul's fp32 partials: added in split order, then rounded
         for s in tl.static_range(1, PARTS):  # as the unsplit matmul rounds its output
             x += tl.load(x_ptr + s * stride_s + row * stride_x + offs, mask=mask, other=0.0)
-        x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
+        x = x.to(dtype).to(tl.float32)
     if HAS_RES:
         x += tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
         # The new residual is the sum rounded to the model dtype; the norm reads that rounded
@@ -40,15 +45,31 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stri
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
     # Normalised value rounded to the model dtype, then times the weight in fp32 and rounded
     # again: torch's `(x * rsqrt).to(dtype) * weight`.
-    y = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * n + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = (x * inv).to(dtype).to(tl.float32)
+    y = (y * w).to(dtype)
+    if QUANT:  # the rounded output to e4m3 with one scale a row (layers/fp8_rows.py)
+        y = y.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FMAX, 1.1754943508222875e-38)
+        # Times the scale's reciprocal (rounded once), not divided: a division a value cost
+        # 0.5-1.2 us a launch (H200). |y| * inv stays within FMAX's rounding range.
+        y = y * tl.div_rn(1.0, scale)
+        if SOFT:  # (the interpreter's cast mis-rounds: _common.quantize_fp8)
+            y = quantize_fp8(y, 1.0, out_ptr.dtype.element_ty, FMAX, MANT, BIAS, SOFT)
+        else:
+            y = y.to(out_ptr.dtype.element_ty)
+        tl.store(s_ptr + row, scale)
+    tl.store(out_ptr + row * n + offs, y, mask=mask)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None, dtype: torch.dtype | None = None):
+             residual: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+             quantize: bool = False):
     """norm(x) * weight over the last dim; with a residual: (norm(x + residual) * weight,
     x + residual), both in x's dtype. dtype given: x is fp32 partial sums [S, rows, n] (a
-    split-K matmul's, layers/split_k.py) whose in-order sum, rounded to dtype, is the input."""
+    split-K matmul's, layers/split_k.py) whose in-order sum, rounded to dtype, is the input.
+    quantize: the norm comes as (e4m3 values [rows, n], fp32 scales [rows]) of the rounded
+    output y: scale = max |y| / 448 (fp8_w8a8.quantize_tokens's), values y * (1 / scale)
+    rounded to nearest (layers/fp8_rows.py)."""
     n, parts = x.shape[-1], 0
     if dtype is None:
         dtype = x.dtype
@@ -58,19 +79,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     x2 = x.reshape(-1, n)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    res_out = torch.empty_like(out) if residual is not None else out
+    rows = x2.shape[0]
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn if quantize else dtype, device=x.device)
+    if residual is not None:
+        res_out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    elif quantize:  # (only its dtype is read: the model's)
+        res_out = x2 if x2.dtype == dtype else torch.empty(1, dtype=dtype, device=x.device)
+    else:
+        res_out = out
+    scales = torch.empty(rows if quantize else 0, dtype=torch.float32, device=x.device)
     r2 = residual.reshape(-1, n) if residual is not None else x2
     if r2.stride(1) != 1:
         r2 = r2.contiguous()
-    rows = x2.shape[0]
     if rows:
         block, gdc = triton.next_power_of_2(n), pdl.enabled(out)
-        _rms_norm_kernel[(rows,)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0),
-                                  x2.numel(), n, eps, HAS_RES=residual is not None,
-                                  PARTS=parts, GDC=gdc, BLOCK=block,
+        meta = fp8_meta(torch.float8_e4m3fn)
+        # (the interpreter stores fp8 bit patterns: see _common.quantize_fp8)
+        dst = out.view(torch.uint8) if quantize and meta["SOFT"] else out
+        _rms_norm_kernel[(rows,)](x2, r2, weight, dst, res_out, scales, x2.stride(0),
+                                  r2.stride(0), x2.numel(), n, eps,
+                                  HAS_RES=residual is not None, PARTS=parts, GDC=gdc,
+                                  BLOCK=block, QUANT=quantize, FMAX=meta["FMAX"],
+                                  MANT=meta["MANT"], BIAS=meta["BIAS"], SOFT=meta["SOFT"],
                                   num_warps=min(max(block // 256, 1), 16),
                                   **pdl.launch_kwargs(gdc))
+    if quantize:
+        out = (out.view(-1, n), scales)
     return out if residual is None else (out, res_out)
 
 

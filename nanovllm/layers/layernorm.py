@@ -2,6 +2,7 @@
 import torch
 from torch import nn
 
+from nanovllm.layers.fp8_rows import Fp8Rows
 from nanovllm.layers.split_k import SplitSum
 
 
@@ -27,13 +28,22 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
-    def forward(self, x: torch.Tensor | SplitSum, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor | SplitSum, residual: torch.Tensor | None = None,
+                quantize: bool = False):
         """norm(x), or with a residual (norm(x + residual), x + residual); x may be a split
-        matmul's partials (layers/split_k.py), added here."""
-        if isinstance(x, SplitSum):  # (only made on a GPU, where Triton is)
+        matmul's partials (layers/split_k.py), added here. quantize (on a GPU): the norm comes
+        as Fp8Rows for an fp8 matmul (layers/fp8_rows.py)."""
+        if isinstance(x, SplitSum) or quantize:  # (only on a GPU, where Triton is)
             from nanovllm.kernels.triton_norm import rms_norm
 
-            return rms_norm(x.parts, self.weight, self.eps, residual, dtype=x.dtype)
+            parts = isinstance(x, SplitSum)
+            out = rms_norm(x.parts if parts else x, self.weight, self.eps, residual,
+                           dtype=x.dtype if parts else None, quantize=quantize)
+            if not quantize:
+                return out
+            (values, scales), dtype = (out[0] if residual is not None else out), x.dtype
+            rows = Fp8Rows(values, scales, dtype)
+            return rows if residual is None else (rows, out[1])
         if x.is_cuda:  # one Triton launch instead of ~10 small ops (host time: see the kernel);
             # imported here because CPU-only installs may have no triton
             from nanovllm.kernels.triton_norm import rms_norm

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from nanovllm.config import ModelConfig
+from nanovllm.layers import fp8_rows
 from nanovllm.layers.activation import SiluAndMul
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
@@ -42,7 +43,9 @@ class DecoderAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor | fp8_rows.Fp8Rows):
+        if isinstance(x, fp8_rows.Fp8Rows):  # (the norm quantized it: layers/fp8_rows.py)
+            return self.attend(positions, fp8_rows.matmul(self.qkv_proj, x))
         return self.attend(positions, self.qkv_proj(x))
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
@@ -69,7 +72,9 @@ class GatedMLP(nn.Module):
                                            quant_method=linear_method(cfg, prefix, ["down_proj"]))
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | fp8_rows.Fp8Rows) -> torch.Tensor:
+        if isinstance(x, fp8_rows.Fp8Rows):  # (the norm quantized it: layers/fp8_rows.py)
+            return self.down_proj(fp8_rows.matmul(self.gate_up_proj, x, gated=True))
         act = self.gate_up_proj.silu_mul_matmul(x)  # (one launch where the GEMV takes it)
         if act is None:
             act = self.act_fn(self.gate_up_proj(x))
@@ -91,6 +96,10 @@ class DecoderLayer(nn.Module):
             self_attn.o_proj.split_ok = True
         if isinstance(mlp, GatedMLP):
             mlp.down_proj.split_ok = True
+        # Whether the norms may hand qkv_proj and gate_up_proj e4m3 rows (fp8 weights:
+        # layers/fp8_rows.py); both consume their norm's output and nothing else does.
+        self.fp8_in = (isinstance(self_attn, DecoderAttention) and isinstance(mlp, GatedMLP)
+                       and self_attn.qkv_proj.quant_method is not None)
         # Whether decode steps fold the norms and SiLU-and-mul into the matmuls that follow
         # them (forward_fused): the dense blocks, with weights the skinny GEMM takes.
         self.fusable = (fused_prologues_enabled() and isinstance(self_attn, DecoderAttention)
@@ -106,13 +115,15 @@ class DecoderLayer(nn.Module):
     def forward(self, positions, x, residual):
         if self.fusable and fused_rows(x):
             return self.forward_fused(positions, x, residual)
+        quantize = self.fp8_in and fp8_rows.takes(self.self_attn.qkv_proj, x)
         if residual is None:
             residual = x
-            x = self.input_layernorm(x)
+            x = self.input_layernorm(x, quantize=quantize)
         else:
-            x, residual = self.input_layernorm(x, residual)
+            x, residual = self.input_layernorm(x, residual, quantize=quantize)
         x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
+        quantize = self.fp8_in and fp8_rows.takes(self.mlp.gate_up_proj, x, gated=True)
+        x, residual = self.post_attention_layernorm(x, residual, quantize=quantize)
         return self.mlp(x), residual
 
     def forward_fused(self, positions, x, residual):

@@ -147,9 +147,12 @@ def test_gpu_greedy_parity_with_switch(switch, monkeypatch, smollm2_path, plain)
 @pytest.mark.gpu
 def test_gpu_fp8_layers_take_the_kernels(monkeypatch, smollm2_path):
     """quantization='fp8' on a GPU: the Triton kernels, not the reference; teacher-forced
-    log-probs of real text within 0.05 (mean) of the dequantizing reference's."""
+    log-probs of real text within 0.05 (mean) of the dequantizing reference's with bf16
+    activations everywhere, and within 0.1 with the norm's e4m3 rows on (their prefill's
+    qkv and gate_up take them: layers/fp8_rows.py; measured in PERF_NOTES, fifty-seventh
+    session)."""
     from nanovllm import LLM, SamplingParams
-    from nanovllm.kernels import fp8_gemm
+    from nanovllm.kernels import fp8_gemm, tma_config
     from nanovllm.layers.quant.fp8 import dequantize
     from tests.models.test_smollm2 import TEXT
 
@@ -166,6 +169,8 @@ def test_gpu_fp8_layers_take_the_kernels(monkeypatch, smollm2_path):
     calls = []
     real = fp8_gemm.fp8_gemm
     monkeypatch.setattr(fp8_gemm, "fp8_gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ours_w8a8 = logprobs()
+    monkeypatch.setattr(tma_config, "W8A8", 0)
     ours = logprobs()
     assert calls
 
@@ -174,4 +179,7 @@ def test_gpu_fp8_layers_take_the_kernels(monkeypatch, smollm2_path):
 
     monkeypatch.setattr(fp8_gemm, "fp8_gemm", reference)
     ref = logprobs()
+    print(f"mean |delta| against the reference: {(ours - ref).abs().mean():.4f}, with "
+          f"e4m3 rows {(ours_w8a8 - ref).abs().mean():.4f}")
     assert (ours - ref).abs().mean() < 0.05
+    assert (ours_w8a8 - ref).abs().mean() < 0.1
