@@ -1,18 +1,17 @@
 """GEMM for batched decode (17-256 rows), its tiles brought in by Hopper's tensor memory
 accelerator (TMA): y = x @ W^T (+ bias), or gated, silu(x @ gate^T) * (x @ up^T) for a packed
-gate_up weight, so the SiLU-and-mul needs no launch of its own. W is 16-bit, or e4m3 with fp32
-row or block scales (fp8 weights): each W tile is dequantized in registers as the reference
-does it (value * scale, rounded to x's dtype), then fed to the tensor cores.
+gate_up weight (no SiLU-and-mul launch). W is 16-bit, or e4m3 with fp32 row or block scales:
+each W tile is dequantized in registers as the reference does it (value * scale, rounded to
+x's dtype), or, for e4m3 x (W8A8: a norm's rows, layers/fp8_rows.py), fed to the tensor
+cores as loaded, both sides' scales applied to the fp32 sums.
 
 At these sizes a matmul is latency, not bytes or FLOPs; descriptor loads (one async copy a
 tile, no address math a thread) tie cuBLAS where pointer loads lost by 1.5-3 us (PERF_NOTES,
 forty-second and fifty-fifth sessions). So the engine takes it where it saves a launch or a
-pass over the weight:
-- the gated gate_up (SiLU-and-mul in the epilogue; bf16 on the measured shapes, GATED_TILES);
-- narrow layers (o, down) with K split across programs, each split leaving its fp32 partial
-  sum; the residual-add RMSNorm after them adds the partials in split order as it loads them
-  (layers/split_k.py), so the split costs no reduce launch and gives the same bits every call;
-- fp8 weights, whose other path past 16 rows writes a dequantized copy for cuBLAS.
+pass over the weight: the gated gate_up (bf16 on the measured shapes, GATED_TILES); narrow
+layers (o, down) with K split across programs, each split's fp32 partial added in split order
+by the residual-add RMSNorm after them (layers/split_k.py: no reduce launch, the same bits
+every call); fp8 weights, whose other path past 16 rows writes a dequantized copy for cuBLAS.
 
 CUDA-graph safe: the grid and buffers depend only on shapes; the descriptors hold the tensors'
 addresses, which a captured graph keeps.
@@ -66,8 +65,8 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
             s_gate = tl.load(s_ptr + (offs_n // SCALE_BN) * stride_sn + k // SCALE_BK,
                              mask=n_mask, other=0.0)
         w = w_desc.load([pid_n * BLOCK_N, k])
-        if XSCALE:  # e4m3 x e4m3 dots, scales at the end
-            acc = _dot_e4m3(x, w, acc, BLOCK_K)
+        if XSCALE:  # e4m3 x e4m3 dots; row scales at the end, block scales a K tile
+            acc = _dot_e4m3(x, w, acc, s_gate, BLOCK_K, SCALE)
         else:
             w = _dequant(w, s_gate, x.dtype, SCALE)
             acc = tl.dot(x, w.T, acc, input_precision=DOT_PREC)
@@ -77,15 +76,18 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
                                mask=n_mask, other=0.0)
             u = w_desc.load([N + pid_n * BLOCK_N, k])
             if XSCALE:
-                acc_up = _dot_e4m3(x, u, acc_up, BLOCK_K)
+                acc_up = _dot_e4m3(x, u, acc_up, s_up, BLOCK_K, SCALE)
             else:
                 u = _dequant(u, s_up, x.dtype, SCALE)
                 acc_up = tl.dot(x, u.T, acc_up, input_precision=DOT_PREC)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if XSCALE:  # x is e4m3 rows times their scales: the exact products' sum, scaled twice
         xs = tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
-        acc = acc * s_gate[None, :] * xs
-        acc_up = acc_up * s_up[None, :] * xs
+        if SCALE == 1:
+            acc = acc * s_gate[None, :]
+            acc_up = acc_up * s_up[None, :]
+        acc = acc * xs
+        acc_up = acc_up * xs
     mask = (offs_m < M)[:, None] & n_mask[None, :]
     if PARTS:  # this split's fp32 partial: the caller adds them in split order
         part = y_ptr + tl.program_id(1).to(tl.int64) * M * N
@@ -95,11 +97,13 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
 
 
 @triton.jit
-def _dot_e4m3(x, w, acc, BLOCK_K: tl.constexpr):
-    """acc + x @ w^T on e4m3 tiles. Hopper's fp8 MMAs add into an accumulator narrower than
-    fp32; adding each K tile's product into acc in full fp32 (what cuBLAS does without fast
-    accumulation, and DeepSeek-V3's promotion every 128) keeps long K exact enough (K = 4096:
-    PERF_NOTES, fifty-seventh session)."""
+def _dot_e4m3(x, w, acc, scale, BLOCK_K: tl.constexpr, SCALE: tl.constexpr):
+    """acc + x @ w^T on e4m3 tiles (block scales: times this K tile's scale of each column).
+    Hopper's fp8 MMAs add into an accumulator narrower than fp32; adding each K tile's product
+    into acc in full fp32 (as cuBLAS without fast accumulation, DeepSeek-V3's promotion every
+    128) keeps long K exact enough (K = 4096: PERF_NOTES, fifty-seventh session)."""
+    if SCALE == 2:
+        return acc + tl.dot(x, w.T) * scale[None, :]
     return tl.dot(x, w.T, acc, max_num_imprecise_acc=BLOCK_K)
 
 
@@ -154,13 +158,14 @@ def takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
 
 def takes_w8a8(m: int, k: int, weight: torch.Tensor, scale: torch.Tensor | None,
                block: tuple[int, int] | None, gated: bool = False) -> bool:
-    """Whether w8a8_gemm runs m rows of K e4m3 activations (a norm's, layers/fp8_rows.py)
-    against this weight: ON, e4m3 with row scales on a Hopper-or-later GPU, K 16-byte
-    aligned, and a config (tma_config.w8a8_config)."""
+    """Whether w8a8_gemm runs m rows of K e4m3 activations (layers/fp8_rows.py) against this
+    weight: ON, e4m3 with row scales (or, under tma_config.W8A8_BLOCKS, 128-multiple blocks)
+    on a Hopper-or-later GPU, K 16-byte aligned, and a config (tma_config.w8a8_config)."""
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     return (bool(ON) and TensorDescriptor is not None and weight.is_cuda and not INTERPRET
             and MIN_M <= m <= MAX_M and weight.dtype == torch.float8_e4m3fn
-            and scale is not None and block is None and weight.is_contiguous()
+            and scale is not None and weight.is_contiguous()
+            and (block is None or tma_config.W8A8_BLOCKS and block[1] % 128 == 0)
             and k % 16 == 0 and weight.data_ptr() % 16 == 0
             and (not gated or weight.shape[0] % 2 == 0)
             and tma_config.w8a8_config(m, n, k, gated) is not None
@@ -169,18 +174,19 @@ def takes_w8a8(m: int, k: int, weight: torch.Tensor, scale: torch.Tensor | None,
 
 def w8a8_gemm(values: torch.Tensor, scales: torch.Tensor, weight: torch.Tensor,
               scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
-              gated: bool = False, config: dict | None = None) -> torch.Tensor:
-    """(values * scales[:, None]) @ (weight * scale[:, None])^T (+ bias) in dtype, [M, N]:
-    values e4m3 [M, K] with fp32 row scales [M], weight e4m3 [N, K] with row scales [N];
-    gated as tma_gemm. The dots run on e4m3 (no widening); each output is the fp32 sum of
-    exact products, times both scales, rounded once."""
+              gated: bool = False, config: dict | None = None,
+              block: tuple[int, int] | None = None) -> torch.Tensor:
+    """(values * scales[:, None]) @ (weight * scale)^T (+ bias) in dtype, [M, N]: values
+    e4m3 [M, K] with fp32 row scales [M], weight e4m3 [N, K] with row scales [N] (block None)
+    or (bn, bk) block scales; gated as tma_gemm. The dots run on e4m3 (no widening); each
+    output is the fp32 sum of exact products, times both scales, rounded once."""
     m, k = values.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     cfg = config or tma_config.w8a8_config(m, n, k, gated) or tma_config.default_config(
         m, n, k, gated)
     y = torch.empty(m, n, dtype=dtype, device=values.device)
     bias = bias.to(dtype) if bias is not None else None  # (rounded as fp8_gemm rounds it)
-    _launch(values, weight, y, bias, scale, None, cfg, gated, parts=False, xs=scales)
+    _launch(values, weight, y, bias, scale, block, cfg, gated, parts=False, xs=scales)
     return y
 
 
@@ -201,10 +207,7 @@ def tma_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     if cfg["SPLIT"] > 1:
         assert not gated and bias is None, cfg
         parts = tma_partials(x, weight, scale, block, cfg)
-        y = parts[0]
-        for part in parts[1:]:
-            y = y + part
-        return y.to(x.dtype).view(*x.shape[:-1], n)
+        return sum(parts[1:], parts[0]).to(x.dtype).view(*x.shape[:-1], n)  # (in order)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _launch(x, weight, y, bias, scale, block, cfg, gated, parts=False)
     return y.view(*x.shape[:-1], n)
@@ -248,8 +251,7 @@ def _launch(x, weight, y, bias, scale, block, cfg, gated, parts, xs=None):
     _tma_gemm_kernel[grid](
         TensorDescriptor.from_tensor(x2, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         y, bias if bias is not None else y, scale if scale is not None else y,
-        xs if xs is not None else y, m, n, k,
-        _k_per_split(k, cfg) if parts else k, y.stride(0),
+        xs if xs is not None else y, m, n, k, _k_per_split(k, cfg) if parts else k, y.stride(0),
         scale.stride(0) if mode == BLOCK_SCALE else 0,
         HAS_BIAS=bias is not None, GATED=gated, XSCALE=xs is not None, SCALE=mode,
         SCALE_BN=s_bn, SCALE_BK=s_bk, PARTS=parts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

@@ -27,8 +27,8 @@ class Fp8Rows(NamedTuple):
 
 def takes(layer, x: torch.Tensor | SplitSum, gated: bool = False) -> bool:
     """Whether the norm of x (a hidden state or a split matmul's partials) should hand layer
-    (the fp8 qkv or gate_up projection after it) Fp8Rows: fp8 row-scaled weights on a GPU
-    where the TMA GEMM takes that many rows (kernels/tma_gemm.takes_w8a8)."""
+    (the fp8 qkv or gate_up projection after it) Fp8Rows: fp8 weights whose scales and row
+    count the TMA GEMM takes on this GPU (kernels/tma_gemm.takes_w8a8)."""
     t = x.parts[0] if isinstance(x, SplitSum) else x
     if not t.is_cuda or layer.quant_method is None:
         return False
@@ -46,6 +46,6 @@ def matmul(layer, rows: Fp8Rows, gated: bool = False) -> torch.Tensor:
     """layer's product of the activation rows (gated: silu(gate) * up), bias included."""
     from nanovllm.kernels import tma_gemm
 
-    weight, scale, _ = layer.gemm_operands()
+    weight, scale, block = layer.gemm_operands()
     return tma_gemm.w8a8_gemm(rows.values, rows.scales, weight, scale, layer.bias, rows.dtype,
-                              gated=gated)
+                              gated=gated, block=block)

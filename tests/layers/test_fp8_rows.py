@@ -96,6 +96,29 @@ def test_w8a8_gemm_matches_dequantized_interpreter(m, n, k, gated, bias):
     _check_gemm(m, n, k, "cpu", torch.float32, gated, bias, 1e-5)
 
 
+def _check_block_gemm(m, n, k, device, dtype, gated, block, tol):
+    from nanovllm.kernels import tma_gemm
+    from nanovllm.kernels.triton_norm import silu_and_mul
+    from nanovllm.layers.quant.fp8 import dequantize
+
+    xq, xs, w, _, _ = _operands(m, n, k, device)
+    g = torch.Generator().manual_seed(m)
+    s = (torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 0.01 + 0.005)
+    s = s.to(device)
+    y = tma_gemm.w8a8_gemm(xq, xs, w, s, None, dtype, gated=gated, block=block)
+    want = (xq.double() * xs.double()[:, None]) @ dequantize(w, s, block).double().T
+    want = silu_and_mul(want.to(dtype)).double() if gated else want
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() < tol
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter test (CPU)")
+@pytest.mark.parametrize("gated", [False, True])
+def test_w8a8_gemm_block_scales_interpreter(gated):
+    """Block-scaled weights (tma_config.W8A8_BLOCKS): each K tile's product times its
+    blocks' scales, then the rows' scales."""
+    _check_block_gemm(20, 64, 96, "cpu", torch.float32, gated, (16, 32), 1e-5)
+
+
 def test_decoder_hands_rows_to_qkv_and_gate_up_only(monkeypatch):
     """DecoderAttention and GatedMLP take Fp8Rows through fp8_rows.matmul (gated for
     gate_up; down_proj gets a tensor); plain layers never ask; nothing quantizes on a CPU."""
@@ -145,6 +168,17 @@ def test_gpu_w8a8_gemm_matches_dequantized(n, k, gated, m):
     1e-2 (gate, up, silu and the product each rounded: ~4.3 roundings of 2^-9 at worst)."""
     _gpu()
     _check_gemm(m, n, k, "cuda", torch.bfloat16, gated, n == 1152, 1e-2 if gated else 4e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,gated", [(4096, 1024, False), (6144, 1024, True),
+                                       (6144, 4096, False), (24576, 4096, True)])
+@pytest.mark.parametrize("m", [17, 129, 256])
+def test_gpu_w8a8_gemm_block_scales(n, k, gated, m):
+    """128 x 128 blocks (Qwen's *-FP8 checkpoints), the tolerances above."""
+    _gpu()
+    _check_block_gemm(m, n, k, "cuda", torch.bfloat16, gated, (128, 128),
+                      1e-2 if gated else 4e-3)
 
 
 @pytest.mark.gpu
