@@ -51,7 +51,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, s_ptr, stride_
         y = y.to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FMAX, 1.1754943508222875e-38)
         # Times the scale's reciprocal (rounded once), not divided: a division a value cost
-        # 0.5-1.2 us a launch (H200). |y| * inv stays within FMAX's rounding range.
+        # 0.5-1.2 us a launch (H200). The largest |y| times it rounds to FMAX, not past it.
         y = y * tl.div_rn(1.0, scale)
         if SOFT:  # (the interpreter's cast mis-rounds: _common.quantize_fp8)
             y = quantize_fp8(y, 1.0, out_ptr.dtype.element_ty, FMAX, MANT, BIAS, SOFT)
