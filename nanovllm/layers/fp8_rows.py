@@ -32,14 +32,17 @@ def takes(layer, x: torch.Tensor | SplitSum, gated: bool = False) -> bool:
     t = x.parts[0] if isinstance(x, SplitSum) else x
     if not t.is_cuda or layer.quant_method is None:
         return False
+    from nanovllm.kernels import tma_gemm  # (CPU-only installs may have no triton)
+
+    k = t.shape[-1]
+    m = t.numel() // k
+    if not tma_gemm.MIN_M <= m <= tma_gemm.MAX_M:  # (first: prefills skip the lookups)
+        return False
     operands = layer.gemm_operands()
     if operands is None or operands[1] is None:
         return False
-    from nanovllm.kernels import tma_gemm  # (CPU-only installs may have no triton)
-
     weight, scale, block = operands
-    k = t.shape[-1]
-    return tma_gemm.takes_w8a8(t.numel() // k, k, weight, scale, block, gated)
+    return tma_gemm.takes_w8a8(m, k, weight, scale, block, gated)
 
 
 def matmul(layer, rows: Fp8Rows, gated: bool = False) -> torch.Tensor:
