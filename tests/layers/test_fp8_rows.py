@@ -200,15 +200,22 @@ def test_gpu_w8a8_graph_replay_equals_eager():
 
 
 @pytest.mark.gpu
-def test_gpu_engine_with_and_without_w8a8(wide_toy, monkeypatch):
-    """The fp8 wide toy (Qwen3-0.6B's layer shapes), teacher-forced prompt logprobs of four
-    60-token prompts (one prefill of 240 rows: the TMA GEMM's range), the norm's e4m3 rows off
-    and on: the run takes them, and the logprobs move by the activations' rounding only
-    (2x what the H200 measured; random weights magnify it: SmolLM2's real ones move 0.069,
+@pytest.mark.parametrize("fmt", ["rows", "block"])
+def test_gpu_engine_with_and_without_w8a8(wide_toy, fmt, tmp_path, monkeypatch):
+    """The fp8 wide toy (Qwen3-0.6B's layer shapes; rows: quantized at load, block: a
+    128 x 128 block-scaled checkpoint), teacher-forced prompt logprobs of four 60-token
+    prompts (one prefill of 240 rows: the TMA GEMM's range), the norm's e4m3 rows off and on:
+    the run takes them, and the logprobs move by the activations' rounding only (2x what the
+    H200 measured; random weights magnify it: SmolLM2's real ones move 0.069,
     test_linear_dispatch's fp8 test)."""
     _gpu()
     from nanovllm import LLM, SamplingParams
     from nanovllm.kernels import tma_config
+    from tests.support.fp8_checkpoints import write_fp8
+
+    path, quantization = wide_toy, "fp8"
+    if fmt == "block":
+        path, quantization = write_fp8(wide_toy, str(tmp_path / "block"), "block"), None
 
     calls = []
     real = fp8_rows.matmul
@@ -219,7 +226,7 @@ def test_gpu_engine_with_and_without_w8a8(wide_toy, monkeypatch):
     lps = {}
     for on in (0, 1):
         monkeypatch.setattr(tma_config, "W8A8", on)
-        llm = LLM(wide_toy, device="cuda", dtype="bfloat16", quantization="fp8",
+        llm = LLM(path, device="cuda", dtype="bfloat16", quantization=quantization,
                   num_kvcache_blocks=256, max_model_len=1024)
         try:
             outs = llm.generate(prompts, sp, use_tqdm=False)
@@ -229,7 +236,7 @@ def test_gpu_engine_with_and_without_w8a8(wide_toy, monkeypatch):
                                 zip(outs, prompts) for i in range(1, len(ids))])
         assert bool(calls) == bool(on)
     delta = (lps[1] - lps[0]).abs()
-    print(f"W8A8 prompt logprobs: mean |delta| {delta.mean():.4f} max {delta.max():.4f}")
+    print(f"W8A8 prompt logprobs ({fmt}): mean |delta| {delta.mean():.4f} max {delta.max():.4f}")
     assert delta.mean() <= 0.3 and delta.max() <= 1.0  # (measured 0.15 / 0.47)
 
 
