@@ -1,9 +1,8 @@
 """GEMM for batched decode (17-256 rows), its tiles brought in by Hopper's tensor memory
 accelerator (TMA): y = x @ W^T (+ bias), or gated, silu(x @ gate^T) * (x @ up^T) for a packed
 gate_up weight (no SiLU-and-mul launch). W is 16-bit, or e4m3 with fp32 row or block scales:
-each W tile is dequantized in registers as the reference does it (value * scale, rounded to
-x's dtype), or, for e4m3 x (W8A8: a norm's rows, layers/fp8_rows.py), fed to the tensor
-cores as loaded, both sides' scales applied to the fp32 sums.
+each W tile dequantized in registers as the reference does it (value * scale, rounded to x's
+dtype), or, for e4m3 x (W8A8, layers/fp8_rows.py), fed to the tensor cores as loaded.
 
 At these sizes a matmul is latency, not bytes or FLOPs; descriptor loads (one async copy a
 tile, no address math a thread) tie cuBLAS where pointer loads lost by 1.5-3 us (PERF_NOTES,
@@ -13,14 +12,13 @@ layers (o, down) with K split across programs, each split's fp32 partial added i
 by the residual-add RMSNorm after them (layers/split_k.py: no reduce launch, the same bits
 every call); fp8 weights, whose other path past 16 rows writes a dequantized copy for cuBLAS.
 
-CUDA-graph safe: the grid and buffers depend only on shapes; the descriptors hold the tensors'
-addresses, which a captured graph keeps.
+CUDA-graph safe: grid and buffers depend only on shapes; descriptors hold the addresses.
 """
 import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels import tma_config
+from nanovllm.kernels import pdl, tma_config
 from nanovllm.kernels._common import INTERPRET, dot_precision
 
 try:  # (a Triton without host-side descriptors: the path stays off)
@@ -31,6 +29,9 @@ except ImportError:
 # Rows this path takes (above the skinny kernel's 16), and whether it runs at all (0: cuBLAS).
 MIN_M, MAX_M = 17, 256
 ON = 1
+# Under PDL (kernels/pdl.py; 0: plain launches) the next kernel launches at this one's start
+# and this one waits only before its K loop: H200 bench.py +1.4%, Qwen2.5 shape +1.5%.
+PDL = 1
 # Scale modes (skinny_gemm's values): none, one per output row, one per (bn, bk) block.
 NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
 
@@ -38,10 +39,11 @@ NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
 @triton.jit
 def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per_split,
                      stride_ym, stride_sn, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-                     XSCALE: tl.constexpr,
-                     SCALE: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-                     PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, STAGES: tl.constexpr, DOT_PREC: tl.constexpr):
+                     XSCALE: tl.constexpr, SCALE: tl.constexpr, SCALE_BN: tl.constexpr,
+                     SCALE_BK: tl.constexpr, PARTS: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                     DOT_PREC: tl.constexpr, GDC: tl.constexpr):
+    pdl.release_next(GDC)
     # Row tiles fastest: the programs of one column tile run side by side and share its W.
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -58,6 +60,7 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
         s_gate = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
         if GATED:
             s_up = tl.load(s_ptr + N + offs_n, mask=n_mask, other=0.0)
+    pdl.wait_previous(GDC)  # (the scales are weights: loaded before it)
     for k in tl.range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K,
                       num_stages=STAGES):
         x = x_desc.load([pid_m * BLOCK_M, k])  # rows and columns past the tensor read as 0
@@ -98,10 +101,9 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
 
 @triton.jit
 def _dot_e4m3(x, w, acc, scale, BLOCK_K: tl.constexpr, SCALE: tl.constexpr):
-    """acc + x @ w^T on e4m3 tiles (block scales: times this K tile's scale of each column).
-    Hopper's fp8 MMAs add into an accumulator narrower than fp32; adding each K tile's product
-    into acc in full fp32 (as cuBLAS without fast accumulation, DeepSeek-V3's promotion every
-    128) keeps long K exact enough (K = 4096: PERF_NOTES, fifty-seventh session)."""
+    """acc + x @ w^T on e4m3 tiles (block scales: times this K tile's scale of each column),
+    each K tile's product added in full fp32: Hopper's fp8 MMAs accumulate narrower (cuBLAS
+    without fast accumulation does this too; K = 4096: PERF_NOTES, fifty-seventh session)."""
     if SCALE == 2:
         return acc + tl.dot(x, w.T) * scale[None, :]
     return tl.dot(x, w.T, acc, max_num_imprecise_acc=BLOCK_K)
@@ -191,8 +193,7 @@ def w8a8_gemm(values: torch.Tensor, scales: torch.Tensor, weight: torch.Tensor,
 
 
 def tma_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-             gated: bool = False, config: dict | None = None,
-             scale: torch.Tensor | None = None,
+             gated: bool = False, config: dict | None = None, scale: torch.Tensor | None = None,
              block: tuple[int, int] | None = None) -> torch.Tensor:
     """x[..., K] @ weight[N, K]^T (+ bias) in x's dtype; gated: weight packs gate and up
     ([2I, K]) and the result is silu(gate) * up, [..., I]; scale / block: an e4m3 weight's
@@ -220,13 +221,12 @@ def tma_partials(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | No
     k = x.shape[-1]
     m, n = x.numel() // k, weight.shape[0]
     cfg = config or tma_config.choose_config(m, n, k, False, scale is not None, split=True)
-    # (as many partials as splits that get columns: a short K may leave fewer)
     parts = torch.empty(_splits(k, cfg), m, n, dtype=torch.float32, device=x.device)
     _launch(x, weight, parts, None, scale, block, cfg, False, parts=True)
     return parts
 
 
-def _splits(k: int, cfg: dict) -> int:
+def _splits(k: int, cfg: dict) -> int:  # (the partials' count: a split may get no columns)
     return triton.cdiv(k, _k_per_split(k, cfg))
 
 
@@ -248,6 +248,7 @@ def _launch(x, weight, y, bias, scale, block, cfg, gated, parts, xs=None):
     mode = NO_SCALE if scale is None else ROW_SCALE if block is None else BLOCK_SCALE
     s_bn, s_bk = block or (1, 1)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), _splits(k, cfg) if parts else 1)
+    gdc = bool(PDL) and pdl.enabled(y)
     _tma_gemm_kernel[grid](
         TensorDescriptor.from_tensor(x2, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         y, bias if bias is not None else y, scale if scale is not None else y,
@@ -255,4 +256,5 @@ def _launch(x, weight, y, bias, scale, block, cfg, gated, parts, xs=None):
         scale.stride(0) if mode == BLOCK_SCALE else 0,
         HAS_BIAS=bias is not None, GATED=gated, XSCALE=xs is not None, SCALE=mode,
         SCALE_BN=s_bn, SCALE_BK=s_bk, PARTS=parts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        STAGES=cfg["STAGES"], DOT_PREC=dot_precision(x.dtype), num_warps=cfg["num_warps"])
+        STAGES=cfg["STAGES"], DOT_PREC=dot_precision(x.dtype), GDC=gdc,
+        num_warps=cfg["num_warps"], **pdl.launch_kwargs(gdc))

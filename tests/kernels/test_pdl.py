@@ -1,7 +1,8 @@
 """Programmatic dependent launch (kernels/pdl.py): off on a CPU and on GPUs other than
 NVIDIA's 9.0+; there the decode chain it covers (add + RMSNorm, the GEMV at one row or the
-skinny GEMM at 4-16, SiLU·mul) gives the same bits with it as without, eagerly and replayed
-in a CUDA graph, and an engine decoding through that chain gives the same greedy tokens."""
+skinny GEMM at 4-16, SiLU·mul; the TMA GEMM past 16) gives the same bits with it as
+without, eagerly and replayed in a CUDA graph, and an engine decoding through that chain
+gives the same greedy tokens."""
 import pytest
 import torch
 
@@ -72,6 +73,48 @@ def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch, rows, early):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         replayed = _chain(*args)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for want, got_eager, got_graph in zip(off, eager, replayed):
+        assert torch.equal(got_eager, want) and torch.equal(got_graph, want)
+
+
+def _tma_chain(x, residual, norm_w, w1, s1, w2):
+    """Batched decode's MLP on the TMA GEMM (17-256 rows): add + norm writing e4m3 rows, the
+    W8A8 gated gate_up, the bf16 down as split-K partials, their sum in the next add + norm."""
+    from nanovllm.kernels import tma_config, tma_gemm
+    from nanovllm.kernels.triton_norm import rms_norm
+
+    m, inter = x.shape[0], w2.shape[1]
+    (values, scales), res = rms_norm(x, norm_w, 1e-6, residual, quantize=True)
+    a = tma_gemm.w8a8_gemm(values, scales, w1, s1, None, x.dtype, gated=True,
+                           config=tma_config.default_config(m, inter, x.shape[1], True))
+    split = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT=2, STAGES=4, num_warps=4)
+    parts = tma_gemm.tma_partials(a, w2, None, None, split)
+    return (a, *rms_norm(parts, norm_w, 1e-6, res, dtype=x.dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [64, 200])
+def test_gpu_tma_chain_same_bits_eager_and_in_a_graph(monkeypatch, rows):
+    """The TMA GEMM under PDL (tma_gemm.PDL: waiting only before its K loop, releasing the
+    next launch at its start) between PDL norms: PDL-off's bits, eagerly and in a graph."""
+    _needs_hopper()
+    d, inter = 1024, 3072
+    x = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
+    residual = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
+    norm_w = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
+    w1, s1, _ = make_weight(2 * inter, d, "fp8_row", device="cuda")
+    w2, _, _ = make_weight(d, inter, "bf16", seed=1, device="cuda")
+    args = (x, residual, norm_w, w1, s1, w2)
+    monkeypatch.setattr(pdl, "ON", False)
+    off = _tma_chain(*args)
+    monkeypatch.setattr(pdl, "ON", True)
+    eager = _tma_chain(*args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = _tma_chain(*args)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
