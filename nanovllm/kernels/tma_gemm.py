@@ -29,8 +29,8 @@ except ImportError:
 # Rows this path takes (above the skinny kernel's 16), and whether it runs at all (0: cuBLAS).
 MIN_M, MAX_M = 17, 256
 ON = 1
-# Under PDL (kernels/pdl.py; 0: plain launches) the next kernel launches at this one's start
-# and this one waits only before its K loop: H200 bench.py +1.4%, Qwen2.5 shape +1.5%.
+# Under PDL (kernels/pdl.py; 0: plain launches) this waits only before its K loop and lets
+# the next kernel launch at its start (1; H200 bench.py +1.4%) or after its K loop (2).
 PDL = 1
 # Scale modes (skinny_gemm's values): none, one per output row, one per (bn, bk) block.
 NO_SCALE, ROW_SCALE, BLOCK_SCALE = 0, 1, 2
@@ -43,12 +43,10 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
                      SCALE_BK: tl.constexpr, PARTS: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                      DOT_PREC: tl.constexpr, GDC: tl.constexpr):
-    pdl.release_next(GDC)
+    pdl.release_next(GDC == 1)
     # Row tiles fastest: the programs of one column tile run side by side and share its W.
     pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    pid_m = pid % tiles_m
-    pid_n = pid // tiles_m
+    pid_m, pid_n = pid % tl.cdiv(M, BLOCK_M), pid // tl.cdiv(M, BLOCK_M)
     k_start = tl.program_id(1) * k_per_split
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -60,7 +58,7 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
         s_gate = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
         if GATED:
             s_up = tl.load(s_ptr + N + offs_n, mask=n_mask, other=0.0)
-    pdl.wait_previous(GDC)  # (the scales are weights: loaded before it)
+    pdl.wait_previous(GDC > 0)  # (the scales are weights: loaded before it)
     for k in tl.range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K,
                       num_stages=STAGES):
         x = x_desc.load([pid_m * BLOCK_M, k])  # rows and columns past the tensor read as 0
@@ -83,6 +81,7 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
             else:
                 u = _dequant(u, s_up, x.dtype, SCALE)
                 acc_up = tl.dot(x, u.T, acc_up, input_precision=DOT_PREC)
+    pdl.release_next(GDC == 2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if XSCALE:  # x is e4m3 rows times their scales: the exact products' sum, scaled twice
         xs = tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
@@ -248,7 +247,7 @@ def _launch(x, weight, y, bias, scale, block, cfg, gated, parts, xs=None):
     mode = NO_SCALE if scale is None else ROW_SCALE if block is None else BLOCK_SCALE
     s_bn, s_bk = block or (1, 1)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), _splits(k, cfg) if parts else 1)
-    gdc = bool(PDL) and pdl.enabled(y)
+    gdc = PDL if pdl.enabled(y) else 0
     _tma_gemm_kernel[grid](
         TensorDescriptor.from_tensor(x2, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         y, bias if bias is not None else y, scale if scale is not None else y,

@@ -96,11 +96,15 @@ def _tma_chain(x, residual, norm_w, w1, s1, w2):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [64, 200])
-def test_gpu_tma_chain_same_bits_eager_and_in_a_graph(monkeypatch, rows):
-    """The TMA GEMM under PDL (tma_gemm.PDL: waiting only before its K loop, releasing the
-    next launch at its start) between PDL norms: PDL-off's bits, eagerly and in a graph."""
+@pytest.mark.parametrize("rows, release", [(64, 1), (200, 1), (200, 2)])
+def test_gpu_tma_chain_same_bits_eager_and_in_a_graph(monkeypatch, rows, release):
+    """The TMA GEMM under PDL (waiting only before its K loop, releasing the next launch at
+    its start, 1, or after its K loop, 2: tma_gemm.PDL) between PDL norms: PDL-off's bits,
+    eagerly and in a graph."""
+    from nanovllm.kernels import tma_gemm
+
     _needs_hopper()
+    monkeypatch.setattr(tma_gemm, "PDL", release)
     d, inter = 1024, 3072
     x = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
     residual = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
