@@ -48,6 +48,30 @@ def _chain(x, residual, norm_w, w1, s1, w2):
     return rms_norm(skinny_gemm.gemm(a, w2), norm_w, 1e-6, res)
 
 
+def _same_bits_with_pdl(monkeypatch, chain, rows, d, inter):
+    """chain's outputs on random inputs (an fp8 gate_up, a bf16 down) with PDL on, eagerly
+    and replayed in a CUDA graph, equal PDL-off's bit for bit."""
+    x = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
+    residual = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
+    norm_w = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
+    w1, s1, _ = make_weight(2 * inter, d, "fp8_row", device="cuda")
+    w2, _, _ = make_weight(d, inter, "bf16", seed=1, device="cuda")
+    args = (x, residual, norm_w, w1, s1, w2)
+    monkeypatch.setattr(pdl, "ON", False)
+    off = chain(*args)
+    monkeypatch.setattr(pdl, "ON", True)
+    assert pdl.enabled(x)
+    eager = chain(*args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = chain(*args)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for want, got_eager, got_graph in zip(off, eager, replayed):
+        assert torch.equal(got_eager, want) and torch.equal(got_graph, want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows, early", [(1, False), (1, True), (4, False), (16, False)])
 def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch, rows, early):
@@ -58,26 +82,7 @@ def test_gpu_chain_same_bits_eager_and_in_a_graph(monkeypatch, rows, early):
 
     _needs_hopper()
     monkeypatch.setattr(gemv, "PDL_EARLY_RELEASE", early)
-    d, inter = 4096, 12288
-    x = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
-    residual = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
-    norm_w = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
-    w1, s1, _ = make_weight(2 * inter, d, "fp8_row", device="cuda")
-    w2, _, _ = make_weight(d, inter, "bf16", seed=1, device="cuda")
-    args = (x, residual, norm_w, w1, s1, w2)
-    monkeypatch.setattr(pdl, "ON", False)
-    off = _chain(*args)
-    monkeypatch.setattr(pdl, "ON", True)
-    assert pdl.enabled(x)
-    eager = _chain(*args)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = _chain(*args)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    for want, got_eager, got_graph in zip(off, eager, replayed):
-        assert torch.equal(got_eager, want) and torch.equal(got_graph, want)
+    _same_bits_with_pdl(monkeypatch, _chain, rows, 4096, 12288)
 
 
 def _tma_chain(x, residual, norm_w, w1, s1, w2):
@@ -105,25 +110,7 @@ def test_gpu_tma_chain_same_bits_eager_and_in_a_graph(monkeypatch, rows, release
 
     _needs_hopper()
     monkeypatch.setattr(tma_gemm, "PDL", release)
-    d, inter = 1024, 3072
-    x = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
-    residual = torch.randn(rows, d, device="cuda").to(torch.bfloat16)
-    norm_w = (torch.rand(d, device="cuda") + 0.5).to(torch.bfloat16)
-    w1, s1, _ = make_weight(2 * inter, d, "fp8_row", device="cuda")
-    w2, _, _ = make_weight(d, inter, "bf16", seed=1, device="cuda")
-    args = (x, residual, norm_w, w1, s1, w2)
-    monkeypatch.setattr(pdl, "ON", False)
-    off = _tma_chain(*args)
-    monkeypatch.setattr(pdl, "ON", True)
-    eager = _tma_chain(*args)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = _tma_chain(*args)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    for want, got_eager, got_graph in zip(off, eager, replayed):
-        assert torch.equal(got_eager, want) and torch.equal(got_graph, want)
+    _same_bits_with_pdl(monkeypatch, _tma_chain, rows, 1024, 3072)
 
 
 @pytest.mark.gpu
