@@ -225,7 +225,7 @@ def tma_partials(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | No
     return parts
 
 
-def _splits(k: int, cfg: dict) -> int:  # (the partials' count: a split may get no columns)
+def _splits(k: int, cfg: dict) -> int:  # (splits that get columns: a short K leaves fewer)
     return triton.cdiv(k, _k_per_split(k, cfg))
 
 
