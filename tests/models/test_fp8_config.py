@@ -100,6 +100,21 @@ def test_block_shards_off_block_boundaries_are_refused(monkeypatch, rank):
         linear.RowParallelLinear(320, 192, quant_method=Fp8LinearMethod(scheme, "o"))
 
 
+def test_packed_parts_off_block_boundaries_name_the_model_not_tp(monkeypatch):
+    # SmolLM2's shape at TP = 1: q is 9 heads x 64 = 576 rows, so k starts mid-block in the
+    # packed qkv; no tensor_parallel_size helps, so the error must not suggest one.
+    from nanovllm.layers.quant.fp8 import Fp8LinearMethod
+
+    scheme = parse_quantization_config(BLOCK)
+    monkeypatch.setattr(linear, "tp_size", lambda: 1)
+    monkeypatch.setattr(linear, "tp_rank", lambda: 0)
+    with pytest.raises(ValueError, match=r"self_attn \(k\): .*starts at row 576.*"
+                                         r"quantization='fp8'") as e:
+        linear.QKVParallelLinear(576, 64, 9, 3,
+                                 quant_method=Fp8LinearMethod(scheme, "layers.0.self_attn"))
+    assert "tensor_parallel_size" not in str(e.value)
+
+
 def test_tp_split_off_block_boundaries_is_refused_up_front(tmp_path):
     # k/v: 2 heads x 64 = 128 rows, 64 per rank at TP=2: half a 128 block.
     path = write_config_dir(tmp_path / "m", quantization_config=BLOCK, num_attention_heads=4,

@@ -49,6 +49,13 @@ def check_block_placement(p: Placement, block: tuple[int, int], prefix: str, sha
     b = block[p.dim]
     if p.src % b or p.dst % b or (p.size % b and p.src + p.size != p.full):
         part = "" if shard is None else f" ({shard})"
+        if p.size == p.full:  # (the whole part on this rank: its packing, not the split)
+            raise ValueError(
+                f"{prefix}{part}: block-wise fp8 packs this layer's parts into one matmul, and "
+                f"this part starts at row {p.dst}, not a multiple of the {b}-wide scale blocks: "
+                "this model's sizes (heads x head_dim, intermediate_size) do not fit the "
+                "checkpoint's weight_block_size; use a per-channel fp8 checkpoint, or "
+                "quantization='fp8' on the bf16 one")
         raise ValueError(
             f"{prefix}{part}: block-wise fp8 needs every tensor-parallel shard on a {b}-wide "
             f"block boundary, but this rank's slice is [{p.src}, {p.src + p.size}) of "
