@@ -1,7 +1,10 @@
 """Where does bench.py's time go? Per-phase step timing plus a kernel profile of decode steps.
 
-    python tools/profile_bench.py [--num-seqs 256] [--kv-cache-dtype fp8_e4m3]
+    python tools/profile_bench.py [--num-seqs 256] [--kv-cache-dtype fp8_e4m3] [--small 128]
     python tools/profile_bench.py --single --model-shape qwen3-8b --quantization fp8
+
+Each kernel table is followed by what each kernel adds to the GPU's busy time after the one
+before it ends (critical_path): under PDL a kernel's own time includes its wait.
 """
 import argparse
 import time
@@ -28,6 +31,8 @@ def main():
     ap.add_argument("--model-shape", default="qwen3-0.6b", help="a shape from "
                     "nanovllm/utils/model_shapes.py (random weights), e.g. qwen3-8b")
     ap.add_argument("--quantization", default=None, help="e.g. fp8 (weights quantized at load)")
+    ap.add_argument("--small", type=int, default=8,
+                    help="also profile one decode step once this few sequences are left")
     args = ap.parse_args()
     llm = LLM(dummy_model_dir(args.model_shape), load_format="dummy",
               kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
@@ -64,8 +69,9 @@ def main():
                     seqs, is_prefill = sched.schedule()
                 torch.cuda.synchronize()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+            print_added(prof, args.profile_steps, "step")
             prof_done = True
-        if not is_prefill and not small_done and len(seqs) <= 8:
+        if not is_prefill and not small_done and len(seqs) <= args.small:
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -73,6 +79,7 @@ def main():
                 torch.cuda.synchronize()
             print(f"one decode step at batch {len(seqs)}:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+            print_added(prof, 1, "step")
             small_done = True
             sched.on_result(sched.on_launch(seqs), ids)
             continue
@@ -128,6 +135,19 @@ def critical_path(kernels) -> tuple[dict, float]:
     return dict(added), gaps
 
 
+def print_added(prof, steps: int, unit: str) -> None:
+    """The profile's kernels by what each adds to the busy timeline (critical_path), per
+    step, with the idle gaps."""
+    added, gaps = critical_path([(e.name, e.time_range.start, e.time_range.end)
+                                 for e in prof.events()
+                                 if e.device_type == torch.autograd.DeviceType.CUDA])
+    print(f"what each kernel adds after the one before ends (meaningful under PDL, where a "
+          f"kernel's own time counts its wait); busy {sum(added.values()) / steps:.1f}, "
+          f"idle {gaps / steps:.1f} us/{unit}")
+    for name, us in sorted(added.items(), key=lambda kv: -kv[1])[:20]:
+        print(f"{name[:70]:70s} {us / steps:8.1f}")
+
+
 def profile_single(llm, steps: int = 64):
     """bs=1 decode: per-kernel GPU time per step (decode steps only) next to the wall time
     per token (a whole generate)."""
@@ -156,13 +176,7 @@ def profile_single(llm, steps: int = 64):
     print(f"{'kernel':70s} {'calls/tok':>9} {'us/tok':>8}")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
         print(f"{e.key[:70]:70s} {e.count / steps:9.1f} {e.self_device_time_total / steps:8.1f}")
-    added, gaps = critical_path([(e.name, e.time_range.start, e.time_range.end)
-                                 for e in prof.events()
-                                 if e.device_type == torch.autograd.DeviceType.CUDA])
-    print(f"what each kernel adds after the one before ends (meaningful under PDL, where a "
-          f"kernel's own time counts its wait); idle {gaps / steps:.1f} us/tok")
-    for name, us in sorted(added.items(), key=lambda kv: -kv[1])[:20]:
-        print(f"{name[:70]:70s} {us / steps:8.1f}")
+    print_added(prof, steps, "tok")
     llm.shutdown()
 
 
