@@ -1,6 +1,7 @@
 """Where does bench.py's time go? Per-phase step timing plus a kernel profile of decode steps.
 
     python tools/profile_bench.py [--num-seqs 256] [--kv-cache-dtype fp8_e4m3] [--small 128]
+        [--prefill]
     python tools/profile_bench.py --single --model-shape qwen3-8b --quantization fp8
 
 Each kernel table is followed by what each kernel adds to the GPU's busy time after the one
@@ -33,6 +34,7 @@ def main():
     ap.add_argument("--quantization", default=None, help="e.g. fp8 (weights quantized at load)")
     ap.add_argument("--small", type=int, default=8,
                     help="also profile one decode step once this few sequences are left")
+    ap.add_argument("--prefill", action="store_true", help="also profile the second prefill step")
     args = ap.parse_args()
     llm = LLM(dummy_model_dir(args.model_shape), load_format="dummy",
               kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
@@ -51,6 +53,7 @@ def main():
     totals = defaultdict(float)
     counts = defaultdict(int)
     prof_done = small_done = False
+    prefills = 0
     buckets = {b: [0, 0.0, 0] for b in BUCKETS}
     t_all = time.perf_counter()
     while not sched.is_finished():
@@ -71,16 +74,11 @@ def main():
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
             print_added(prof, args.profile_steps, "step")
             prof_done = True
-        if not is_prefill and not small_done and len(seqs) <= args.small:
-            torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
-                ids = executor.launch(seqs, is_prefill).result()
-                torch.cuda.synchronize()
-            print(f"one decode step at batch {len(seqs)}:")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
-            print_added(prof, 1, "step")
-            small_done = True
+        prefills += is_prefill
+        small = not is_prefill and not small_done and len(seqs) <= args.small
+        if small or (args.prefill and is_prefill and prefills == 2):
+            ids = profile_step(executor, seqs, is_prefill)
+            small_done = small_done or small
             sched.on_result(sched.on_launch(seqs), ids)
             continue
         ctx = sum(len(s) for s in seqs)
@@ -133,6 +131,22 @@ def critical_path(kernels) -> tuple[dict, float]:
         added[name] += max(0.0, end - start)
         last = end if last is None else max(last, end)
     return dict(added), gaps
+
+
+def profile_step(executor, seqs, is_prefill: bool):
+    """Run one step under the profiler; print its kernel table and what each kernel adds.
+    Returns the step's sampled ids."""
+    tokens = sum(s.num_scheduled_tokens for s in seqs)  # (read before the launch)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ids = executor.launch(seqs, is_prefill).result()
+        torch.cuda.synchronize()
+    print(f"one {'prefill' if is_prefill else 'decode'} step, {len(seqs)} sequences, "
+          f"{tokens} tokens:")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=16))
+    print_added(prof, 1, "step")
+    return ids
 
 
 def print_added(prof, steps: int, unit: str) -> None:
