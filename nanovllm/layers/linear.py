@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.layers import split_k
+from nanovllm.layers import fp8_rows, split_k
 from nanovllm.layers.weights import check_weight_shape
 from nanovllm.utils.dist import tp_rank, tp_size
 
@@ -243,17 +243,18 @@ class RowParallelLinear(LinearBase):
         n = self.in_features
         return Placement(1, n * self.tp_size, self.tp_rank * n, 0, n)
 
-    def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
-        """With act="silu_mul", x is a packed gate_up whose SiLU-and-mul the matmul applies
-        itself (prologue_matmul)."""
+    def forward(self, x: torch.Tensor | fp8_rows.Fp8Rows, act: str | None = None) -> torch.Tensor:
+        """act="silu_mul": x is a packed gate_up whose SiLU-and-mul the matmul applies itself
+        (prologue_matmul); Fp8Rows: e4m3 activation rows (layers/fp8_rows.py)."""
         # The bias is not split; rank 0 alone adds it.
-        bias = self.bias if self.tp_rank == 0 else None
-        if (act is None and self.split_ok and self.tp_size == 1
+        bias, rows = (self.bias if self.tp_rank == 0 else None), isinstance(x, fp8_rows.Fp8Rows)
+        if (act is None and self.split_ok and self.tp_size == 1 and not rows
                 and (self.quant_method is not None or skinny_gemm_enabled())):
             parts = split_k.matmul(self, x)  # (K split, the norm adds: layers/split_k.py)
             if parts is not None:
                 return parts
-        y = self.matmul(x, bias) if act is None else self.prologue_matmul(x, bias, act=act)
+        y = (fp8_rows.matmul(self, x, bias=bias is not None) if rows
+             else self.matmul(x, bias) if act is None else self.prologue_matmul(x, bias, act=act))
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

@@ -74,7 +74,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor | fp8_rows.Fp8Rows) -> torch.Tensor:
         if isinstance(x, fp8_rows.Fp8Rows):  # (the norm quantized it: layers/fp8_rows.py)
-            return self.down_proj(fp8_rows.matmul(self.gate_up_proj, x, gated=True))
+            return fp8_rows.mlp(self.gate_up_proj, self.down_proj, x)
         act = self.gate_up_proj.silu_mul_matmul(x)  # (one launch where the GEMV takes it)
         if act is None:
             act = self.act_fn(self.gate_up_proj(x))
