@@ -16,7 +16,11 @@ GATED_TILES = {(4864, 896): {64: (64, 64, 128, 4), 128: (64, 32, 64, 4), 256: (6
 # Split K, whose partials the next RMSNorm adds. H200, the fifty-sixth session's probe (GEMM +
 # the norm, us; cuBLAS + the norm in brackets), Qwen3-0.6B o / down at 64 rows 5.86 (7.01) /
 # 6.44 (8.04), at 256 7.26 (7.88) / 8.58 (9.29); Qwen2.5-0.5B down at 192 rows 10.68 (10.01).
-# Ungated unsplit 16-bit calls only tie cuBLAS: PLAIN 0 leaves them there.
+# Ungated unsplit 16-bit calls only tie cuBLAS: PLAIN (the widest such layer taken, by
+# outputs) 0 leaves them there. Under PDL they still lose, H200 bench.py --model-shape
+# qwen2.5-0.5b alternating (fifty-ninth session): all (the LM heads too) 68,555 / 67,862 /
+# 67,817 against 73,978 / 71,842 / 76,636 tok/s; up to 8,192 outputs (qkv) 68,867 / 66,503 /
+# 73,757 against 71,588 / 76,032 / 71,770 (bench.py 27,946 against 28,143).
 SPLIT_ROWS, MIN_SPLIT_K, MAX_SPLIT_K = 512, 128, 1536
 PLAIN = 0
 # Switches for A/B runs: split calls (0: cuBLAS or dequantize + cuBLAS), fp8 weights.
@@ -77,7 +81,7 @@ def choose_config(m: int, n: int, k: int, gated: bool = False, fp8: bool = False
             return None
         bm, bn, bk, stages = GATED_TILES[(n, k)][rows[0]]
         return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=1, STAGES=stages, num_warps=4)
-    return default_config(m, n, k) if PLAIN else None
+    return default_config(m, n, k) if n <= PLAIN else None
 
 
 def split_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:

@@ -95,13 +95,14 @@ def test_gated_is_matmul_then_silu_mul(dtype, tol, m, half, k, bias):
 def test_takes_only_batched_16_bit_calls_on_hopper(monkeypatch):
     """17-256 rows of bf16 / fp16 on a GPU of capability 9+, rows 16-byte aligned, a weight
     of x's dtype (or e4m3 with scales), shapes with a config (ungated: PLAIN; gated:
-    GATED_TILES; split; fp8: FP8_TILES, wide layers); ON 0: never."""
+    GATED_TILES; split; fp8: FP8_TILES, wide layers); ON 0: never. PLAIN: the widest plain
+    layer taken."""
     w = torch.zeros(32, 64, dtype=torch.bfloat16)
     x = torch.zeros(17, 64, dtype=torch.bfloat16)
     assert not tma_gemm.takes(x, w)  # no GPU here
     for module in (tma_gemm, tma_config):
         monkeypatch.setattr(module, "INTERPRET", False)
-    monkeypatch.setattr(tma_config, "PLAIN", 1)
+    monkeypatch.setattr(tma_config, "PLAIN", 32)
     monkeypatch.setattr(tma_config, "GATED_TILES", {(16, 64): {256: (64, 32, 64, 4)}})
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
@@ -117,6 +118,7 @@ def test_takes_only_batched_16_bit_calls_on_hopper(monkeypatch):
     assert not tma_gemm.takes(x, w)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     assert not tma_gemm.takes(x, torch.zeros(48, 64, dtype=torch.bfloat16), gated=True)
+    assert not tma_gemm.takes(x, torch.zeros(48, 64, dtype=torch.bfloat16))  # wider than PLAIN
     monkeypatch.setattr(tma_config, "PLAIN", 0)
     assert not tma_gemm.takes(x, w) and tma_gemm.takes(x, w, gated=True)
     # Split K: where K gives two splits of MIN_SPLIT_K columns; SPLIT 0: never.
