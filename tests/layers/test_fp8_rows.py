@@ -170,6 +170,33 @@ def test_decoder_hands_rows_to_qkv_and_gate_up_only(monkeypatch):
     assert calls == [(attn.qkv_proj, False)]
 
 
+def test_mlp_past_256_rows_hands_down_proj_rows(monkeypatch):
+    """Past 256 rows (LARGE 2) gate_up's product is SiLU-and-mul'ed into e4m3 rows that
+    down_proj multiplies through fp8_rows.matmul (rank 0 adding the bias); where down_proj
+    does not take them (LARGE 1), the gated product goes to it as a tensor."""
+    from nanovllm.models.decoder import GatedMLP
+
+    cfg = SimpleNamespace(quantization=None)
+    mlp = GatedMLP(64, 128, bias=True, cfg=cfg)
+    calls = []
+
+    def fake(layer_, rows, gated=False, bias=True):
+        calls.append((layer_, gated, bias))
+        return torch.randn(rows.values.shape[0], layer_.out_features // (2 if gated else 1))
+
+    monkeypatch.setattr(fp8_rows, "matmul", fake)
+    monkeypatch.setattr(fp8_rows, "takes_large",
+                        lambda layer, dtype, down=False: fp8_rows.LARGE >= (2 if down else 1))
+    rows = Fp8Rows(torch.zeros(300, 64, dtype=FP8), torch.ones(300), torch.float32)
+    assert mlp(rows).shape == (300, 64)
+    assert calls == [(mlp.gate_up_proj, False, True), (mlp.down_proj, False, True)]
+    calls.clear()
+    monkeypatch.setattr(fp8_rows, "LARGE", 1)
+    monkeypatch.setattr(mlp.down_proj, "matmul", lambda x, bias: torch.zeros(x.shape[0], 64))
+    assert mlp(rows).shape == (300, 64)
+    assert calls == [(mlp.gate_up_proj, True, True)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,rows", [(1024, 17), (896, 256), (576, 64), (4096, 100)])
