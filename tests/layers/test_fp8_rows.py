@@ -172,7 +172,7 @@ def test_decoder_hands_rows_to_qkv_and_gate_up_only(monkeypatch):
 
 def test_mlp_past_256_rows_hands_down_proj_rows(monkeypatch):
     """Past 256 rows (LARGE 2) gate_up's product is SiLU-and-mul'ed into e4m3 rows that
-    down_proj multiplies through fp8_rows.matmul (rank 0 adding the bias); where down_proj
+    down_proj multiplies through fp8_rows.matmul (rank 0 alone adding the bias); where down_proj
     does not take them (LARGE 1), the gated product goes to it as a tensor."""
     from nanovllm.models.decoder import GatedMLP
 
@@ -190,6 +190,11 @@ def test_mlp_past_256_rows_hands_down_proj_rows(monkeypatch):
     rows = Fp8Rows(torch.zeros(300, 64, dtype=FP8), torch.ones(300), torch.float32)
     assert mlp(rows).shape == (300, 64)
     assert calls == [(mlp.gate_up_proj, False, True), (mlp.down_proj, False, True)]
+    calls.clear()
+    monkeypatch.setattr(mlp.down_proj, "tp_rank", 1)  # (a rank past the first: no bias)
+    mlp(rows)
+    assert calls[1] == (mlp.down_proj, False, False)
+    monkeypatch.setattr(mlp.down_proj, "tp_rank", 0)
     calls.clear()
     monkeypatch.setattr(fp8_rows, "LARGE", 1)
     monkeypatch.setattr(mlp.down_proj, "matmul", lambda x, bias: torch.zeros(x.shape[0], 64))
