@@ -202,6 +202,65 @@ def test_mlp_past_256_rows_hands_down_proj_rows(monkeypatch):
     assert calls == [(mlp.gate_up_proj, True, True)]
 
 
+def _fake_blockwise_mm(a, b, scale_a, scale_b, out_dtype):
+    """torch._scaled_mm's 1 x 128 by 128 x 128 case as cuBLAS took it on the H200: the
+    layouts torch checks, rows in fours (else cuBLAS's NOT_SUPPORTED), the product in fp64."""
+    from nanovllm.layers.quant.fp8 import dequantize
+
+    m, k = a.shape
+    n = b.shape[1]
+    assert scale_a.shape == (m, k // 128) and scale_a.stride() == (1, m)
+    assert scale_b.shape == (k // 128, n // 128) and scale_b.stride() == (1, k // 128)
+    if m % 4:
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+    x = a.double() * scale_a.double().repeat_interleave(128, 1)
+    return (x @ dequantize(b.t().contiguous(), scale_b.t(), (128, 128)).double().T).to(out_dtype)
+
+
+def test_which_layers_take_scaled_mm_past_256_rows(monkeypatch):
+    """takes_large: row scales on sm_89 on; 128 x 128 blocks only under LARGE_BLOCKS, on
+    Hopper, with K in 512s (cuBLAS summed odd counts of 128-column groups wrong); bf16
+    activations only; LARGE 0 or W8A8 off: none."""
+    from nanovllm.kernels import tma_config
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+
+    def layer(k, block):
+        scale = torch.ones(2, k // 128) if block else torch.ones(256)
+        return SimpleNamespace(gemm_operands=lambda: (torch.zeros(256, k, dtype=FP8), scale,
+                                                      (128, 128) if block else None))
+
+    assert fp8_rows.takes_large(layer(896, False), torch.bfloat16)
+    assert not fp8_rows.takes_large(layer(896, False), torch.float16)
+    assert not fp8_rows.takes_large(layer(512, True), torch.bfloat16)  # LARGE_BLOCKS 0
+    monkeypatch.setattr(fp8_rows, "LARGE_BLOCKS", 1)
+    assert fp8_rows.takes_large(layer(512, True), torch.bfloat16)
+    assert not fp8_rows.takes_large(layer(896, True), torch.bfloat16)
+    assert fp8_rows.takes_large(layer(512, True), torch.bfloat16, down=True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
+    assert not fp8_rows.takes_large(layer(512, True), torch.bfloat16)
+    assert fp8_rows.takes_large(layer(896, False), torch.bfloat16)
+    monkeypatch.setattr(fp8_rows, "LARGE", 1)
+    assert not fp8_rows.takes_large(layer(896, False), torch.bfloat16, down=True)
+    monkeypatch.setattr(tma_config, "W8A8", 0)
+    assert not fp8_rows.takes_large(layer(896, False), torch.bfloat16)
+
+
+@pytest.mark.parametrize("m", [257, 258, 259, 260])
+def test_blockwise_rows_pad_to_fours(m, monkeypatch):
+    """fp8_rows' block-scaled _scaled_mm call (LARGE_BLOCKS) lays its scales out as torch
+    asks and pads the rows to a multiple of 4, dropping the extra outputs (CPU: the GEMM
+    emulated)."""
+    monkeypatch.setattr(torch, "_scaled_mm", _fake_blockwise_mm)
+    from nanovllm.layers.quant.fp8 import dequantize
+
+    xq, xs, w, _, _ = _operands(m, 256, 512, "cpu")
+    s = torch.rand(2, 4, generator=torch.Generator().manual_seed(m)) * 0.01 + 0.005
+    y = fp8_rows._blockwise(Fp8Rows(xq, xs, torch.float32), w, s)
+    want = (xq.double() * xs.double()[:, None]) @ dequantize(w, s, (128, 128)).double().T
+    assert y.shape == (m, 256) and torch.allclose(y.double(), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,rows", [(1024, 17), (896, 256), (576, 64), (4096, 100)])
@@ -246,18 +305,31 @@ def test_gpu_silu_and_mul_quantizes_its_output(d, rows):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k,gated,bias", [(4096, 1024, False, False), (1152, 896, False, True),
                                             (6144, 1024, True, False), (1024, 3072, False, False)])
-@pytest.mark.parametrize("m", [257, 1000])
-def test_gpu_rows_past_256_take_scaled_mm(n, k, gated, bias, m):
+@pytest.mark.parametrize("m", [257, 258, 260, 1000, 1001])
+@pytest.mark.parametrize("block", [None, (128, 128)])
+def test_gpu_rows_past_256_take_scaled_mm(n, k, gated, bias, m, block, monkeypatch):
     """Past the TMA GEMM's rows the layer's rows go through torch._scaled_mm (fp8_rows.LARGE):
-    takes_large says so for row scales and bf16, and the product (silu(gate) * up gated) is
-    the dequantized operands' within the TMA path's tolerances."""
+    takes_large says so for bf16 with row scales, or (LARGE_BLOCKS) 128 x 128 blocks where K
+    is in 512s (Qwen2.5's 896 is not), and the product (silu(gate) * up gated) is the
+    dequantized operands' within the TMA path's tolerances, whatever the rows' count mod 4."""
     _gpu()
+    monkeypatch.setattr(fp8_rows, "LARGE_BLOCKS", 1)
+    from nanovllm.kernels.triton_norm import silu_and_mul
+    from nanovllm.layers.quant.fp8 import dequantize
+
     xq, xs, w, s, b = _operands(m, n, k, "cuda")
-    layer = SimpleNamespace(gemm_operands=lambda: (w, s, None), bias=b if bias else None)
+    if block is not None:
+        s = torch.rand(n // 128, k // 128, device="cuda") * 0.01 + 0.005
+    layer = SimpleNamespace(gemm_operands=lambda: (w, s, block), bias=b if bias else None)
+    if block is not None and k % 512:
+        assert not fp8_rows.takes_large(layer, torch.bfloat16)
+        return
     assert fp8_rows.takes_large(layer, torch.bfloat16)
     assert not fp8_rows.takes_large(layer, torch.float16)
     y = fp8_rows.matmul(layer, Fp8Rows(xq, xs, torch.bfloat16), gated=gated)
-    want = _ref(xq, xs, w, s, layer.bias, gated, torch.bfloat16)
+    want = (xq.double() * xs.double()[:, None]) @ dequantize(w, s, block).double().T
+    want = want + layer.bias.double() if bias else want
+    want = silu_and_mul(want.to(torch.bfloat16)).double() if gated else want
     assert y.dtype == torch.bfloat16 and y.shape == want.shape
     assert ((y.double() - want).abs().max() / want.abs().max()).item() < (
         1e-2 if gated else 4e-3)
@@ -282,14 +354,15 @@ def test_gpu_w8a8_graph_replay_equals_eager():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,length", [("rows", 60), ("block", 60), ("rows", 100)])
+@pytest.mark.parametrize("fmt,length", [("rows", 60), ("block", 60), ("rows", 100),
+                                        ("block", 100)])
 def test_gpu_engine_with_and_without_w8a8(wide_toy, fmt, length, tmp_path, monkeypatch):
     """The fp8 wide toy (Qwen3-0.6B's layer shapes; rows: quantized at load, block: a
     128 x 128 block-scaled checkpoint), teacher-forced prompt logprobs of four prompts (one
-    prefill of 240 rows: the TMA GEMM's range; of 400: torch._scaled_mm's, down_proj's rows
-    too), the e4m3 rows off and on: the run takes them, and the logprobs move by the
-    activations' rounding only (2x what the H200 measured; random weights magnify it:
-    SmolLM2's real ones move 0.069, test_linear_dispatch's fp8 test)."""
+    prefill of 240 rows: the TMA GEMM's range; of 400: torch._scaled_mm's, row-wise
+    or block-wise, down_proj's rows too), the e4m3 rows off and on: the run takes them, and
+    the logprobs move by the activations' rounding only (2x what the H200 measured; random
+    weights magnify it: SmolLM2's real ones move 0.069, test_linear_dispatch's fp8 test)."""
     _gpu()
     from nanovllm import LLM, SamplingParams
     from nanovllm.kernels import tma_config
@@ -298,6 +371,7 @@ def test_gpu_engine_with_and_without_w8a8(wide_toy, fmt, length, tmp_path, monke
     path, quantization = wide_toy, "fp8"
     if fmt == "block":
         path, quantization = write_fp8(wide_toy, str(tmp_path / "block"), "block"), None
+        monkeypatch.setattr(fp8_rows, "LARGE_BLOCKS", 1)
 
     calls = []
     real = fp8_rows.matmul
