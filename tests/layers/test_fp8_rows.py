@@ -232,7 +232,8 @@ def test_which_layers_take_scaled_mm_past_256_rows(monkeypatch):
 
     assert fp8_rows.takes_large(layer(896, False), torch.bfloat16)
     assert not fp8_rows.takes_large(layer(896, False), torch.float16)
-    assert not fp8_rows.takes_large(layer(512, True), torch.bfloat16)  # LARGE_BLOCKS 0
+    monkeypatch.setattr(fp8_rows, "LARGE_BLOCKS", 0)
+    assert not fp8_rows.takes_large(layer(512, True), torch.bfloat16)
     monkeypatch.setattr(fp8_rows, "LARGE_BLOCKS", 1)
     assert fp8_rows.takes_large(layer(512, True), torch.bfloat16)
     assert not fp8_rows.takes_large(layer(896, True), torch.bfloat16)
