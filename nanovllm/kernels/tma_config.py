@@ -23,6 +23,34 @@ GATED_TILES = {(4864, 896): {64: (64, 64, 128, 4), 128: (64, 32, 64, 4), 256: (6
 # 73,757 against 71,588 / 76,032 / 71,770 (bench.py 27,946 against 28,143).
 SPLIT_ROWS, MIN_SPLIT_K, MAX_SPLIT_K = 512, 128, 1536
 PLAIN = 0
+# Split-K tiles by layer, measured: {(fp8 weights?, N, K): {most rows: (BLOCK_M, BLOCK_N, SPLIT)
+# or None (cuBLAS, or dequantize + cuBLAS)}}, each call timed with the norm that adds its
+# partials at the decode graphs' sizes (H200, tools/split_sweep.py, PERF_NOTES sixty-first
+# session: Qwen3-0.6B, Qwen2.5-0.5B, SmolLM2-135M, Llama-3.2-1B). Other layers take the rule
+# (split_config); SPLIT_TABLE 0 sends every layer there.
+SPLIT_TILES = {
+    (False, 1024, 2048): {64: (64, 32, 4), 128: (64, 64, 4), 256: (64, 64, 2)},
+    (False, 1024, 3072): {32: (64, 64, 8), 64: (64, 32, 8), 96: (128, 64, 8), 128: (64, 64, 4),
+        256: (64, 64, 2)},
+    (True, 1024, 2048): {64: (64, 32, 4), 128: (128, 32, 4), 256: (128, 64, 4)},
+    (True, 1024, 3072): {64: (64, 32, 4), 128: (128, 32, 4), 256: (128, 64, 4)},
+    (False, 896, 896): {64: (64, 32, 4), 128: (64, 32, 2), 256: (64, 64, 2)},
+    (False, 896, 4864): {48: (64, 64, 8), 64: (64, 32, 8), 128: (128, 64, 8), 160: (64, 64, 2),
+        192: None, 256: (128, 64, 4)},
+    (True, 896, 896): {64: (64, 32, 4), 128: (64, 32, 2), 192: (64, 64, 2), 256: (128, 32, 2)},
+    (True, 896, 4864): {64: (64, 64, 8), 128: (128, 64, 8), 256: (128, 64, 4)},
+    (False, 576, 576): {24: (64, 32, 4), 32: (64, 64, 4), 48: (64, 32, 2), 64: (64, 64, 4),
+        128: (64, 32, 4), 192: (64, 32, 2), 256: (64, 64, 2)},
+    (False, 576, 1536): {64: (64, 32, 8), 128: (64, 64, 8), 192: (64, 64, 4), 256: (64, 64, 2)},
+    (True, 576, 576): {128: (64, 32, 4), 192: (64, 32, 2), 256: (128, 32, 4)},
+    (True, 576, 1536): {64: (64, 32, 8), 128: (128, 32, 8), 160: (64, 64, 4), 192: (64, 32, 2),
+        256: (128, 64, 8)},
+    (False, 2048, 2048): {64: (64, 64, 4), 128: (64, 64, 2), 256: None},
+    (False, 2048, 8192): {24: None, 64: (64, 64, 4), 96: None, 128: (128, 64, 4), 256: None},
+    (True, 2048, 2048): {48: (64, 64, 4), 64: (64, 32, 4), 128: (128, 64, 4), 256: (128, 64, 2)},
+    (True, 2048, 8192): {64: (64, 64, 8), 128: (128, 64, 4), 160: None, 256: (128, 64, 2)},
+}
+SPLIT_TABLE = 1
 # Switches for A/B runs: split calls (0: cuBLAS or dequantize + cuBLAS), fp8 weights.
 SPLIT, FP8 = 1, 1
 # qkv and gate_up of fp8 weights with their input quantized by the norm before them (W8A8,
@@ -85,13 +113,18 @@ def choose_config(m: int, n: int, k: int, gated: bool = False, fp8: bool = False
 
 
 def split_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
-    """Split-K tiles for a narrow layer (n <= 2048): 64 rows, 32 columns (64 past 128 rows),
-    K split in up to 8 while the partials stay small (splits x rows <= SPLIT_ROWS: the norm
-    reads them all back) and each split keeps MIN_SPLIT_K columns; None where no split fits,
-    or (16-bit weights) where a split's K loop stays longer than MAX_SPLIT_K (cuBLAS's own
-    split-K is faster there)."""
+    """Split-K tiles for a narrow layer (n <= 2048): SPLIT_TILES' where it has the layer, else
+    a rule: 64 rows, 32 columns (64 past 128 rows), K split in up to 8 while the partials stay
+    small (splits x rows <= SPLIT_ROWS: the norm reads them all back) and each split keeps
+    MIN_SPLIT_K columns; None where no split fits, or (16-bit weights) where a split's K loop
+    stays longer than MAX_SPLIT_K (cuBLAS's own split-K is faster there)."""
     if n > 2048:  # (wide layers fill the GPU unsplit; not measured split)
         return None
+    table = SPLIT_TILES.get((fp8, n, k)) if SPLIT_TABLE else None
+    if table:
+        tiles = table[min((r for r in table if r >= m), default=max(table))]
+        return tiles and dict(BLOCK_M=tiles[0], BLOCK_N=tiles[1], BLOCK_K=128, SPLIT=tiles[2],
+                              STAGES=4, num_warps=4)
     split = 1
     while split < 8 and (split * 2) * m <= SPLIT_ROWS and k >= split * 2 * MIN_SPLIT_K:
         split *= 2

@@ -125,7 +125,8 @@ def test_takes_only_batched_16_bit_calls_on_hopper(monkeypatch):
     narrow = torch.zeros(1024, 2048, dtype=torch.bfloat16)
     x2k = torch.zeros(64, 2048, dtype=torch.bfloat16)
     assert tma_gemm.takes(x2k, narrow, split=True) and not tma_gemm.takes(x, w, split=True)
-    assert tma_config.choose_config(64, 1024, 2048, split=True)["SPLIT"] == 8
+    assert tma_config.choose_config(64, 1024, 2048, split=True)["SPLIT"] == 4  # SPLIT_TILES'
+    assert tma_config.choose_config(64, 1000, 2048, split=True)["SPLIT"] == 8  # the rule's
     monkeypatch.setattr(tma_config, "SPLIT", 0)
     assert not tma_gemm.takes(x2k, narrow, split=True)
     # fp8: wide ungated layers and gated ones up to 128 rows; scales by rows or 128-wide blocks
