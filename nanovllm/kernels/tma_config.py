@@ -23,30 +23,36 @@ GATED_TILES = {(4864, 896): {64: (64, 64, 128, 4), 128: (64, 32, 64, 4), 256: (6
 # 73,757 against 71,588 / 76,032 / 71,770 (bench.py 27,946 against 28,143).
 SPLIT_ROWS, MIN_SPLIT_K, MAX_SPLIT_K = 512, 128, 1536
 PLAIN = 0
-# Split-K tiles by layer, measured: {(fp8 weights?, N, K): {most rows: (BLOCK_M, BLOCK_N, SPLIT)
-# or None (cuBLAS, or dequantize + cuBLAS)}}, each call timed with the norm that adds its
-# partials at the decode graphs' sizes (H200, tools/split_sweep.py, PERF_NOTES sixty-first
-# session: Qwen3-0.6B, Qwen2.5-0.5B, SmolLM2-135M, Llama-3.2-1B). Other layers take the rule
-# (split_config); SPLIT_TABLE 0 sends every layer there.
+# Split-K tiles by layer, measured: {(fp8 weights?, N, K): {most rows: (BLOCK_M, BLOCK_N,
+# SPLIT[, BLOCK_K, STAGES], 128 and 4 if not given) or None (cuBLAS, or dequantize + cuBLAS)}},
+# each call timed with the norm that adds its partials at the decode graphs' sizes (H200,
+# tools/split_sweep.py, then --refine; PERF_NOTES sixty-first session: Qwen3-0.6B,
+# Qwen2.5-0.5B, SmolLM2-135M, Llama-3.2-1B; SmolLM2's bf16 o_proj is left to the rule, which
+# was within 0.3 us of every winner). Other layers take the rule (split_config); SPLIT_TABLE 0
+# sends every layer there.
 SPLIT_TILES = {
-    (False, 1024, 2048): {64: (64, 32, 4), 128: (64, 64, 4), 256: (64, 64, 2)},
-    (False, 1024, 3072): {32: (64, 64, 8), 64: (64, 32, 8), 96: (128, 64, 8), 128: (64, 64, 4),
-        256: (64, 64, 2)},
-    (True, 1024, 2048): {64: (64, 32, 4), 128: (128, 32, 4), 256: (128, 64, 4)},
-    (True, 1024, 3072): {64: (64, 32, 4), 128: (128, 32, 4), 256: (128, 64, 4)},
-    (False, 896, 896): {64: (64, 32, 4), 128: (64, 32, 2), 256: (64, 64, 2)},
-    (False, 896, 4864): {48: (64, 64, 8), 64: (64, 32, 8), 128: (128, 64, 8), 160: (64, 64, 2),
-        192: None, 256: (128, 64, 4)},
-    (True, 896, 896): {64: (64, 32, 4), 128: (64, 32, 2), 192: (64, 64, 2), 256: (128, 32, 2)},
-    (True, 896, 4864): {64: (64, 64, 8), 128: (128, 64, 8), 256: (128, 64, 4)},
-    (False, 576, 576): {24: (64, 32, 4), 32: (64, 64, 4), 48: (64, 32, 2), 64: (64, 64, 4),
-        128: (64, 32, 4), 192: (64, 32, 2), 256: (64, 64, 2)},
-    (False, 576, 1536): {64: (64, 32, 8), 128: (64, 64, 8), 192: (64, 64, 4), 256: (64, 64, 2)},
+    (False, 1024, 2048): {64: (64, 32, 4), 128: (64, 64, 4), 256: (64, 64, 2, 128, 6)},
+    (False, 1024, 3072): {24: (64, 64, 8, 256, 3), 32: (64, 64, 8), 64: (64, 32, 8),
+        96: (128, 64, 8), 128: (64, 64, 4, 128, 6), 256: (64, 64, 2, 128, 6)},
+    (True, 1024, 2048): {32: (64, 32, 4, 256, 4), 64: (64, 32, 4, 256, 3), 128: (128, 32, 4),
+        256: (128, 64, 4)},
+    (True, 1024, 3072): {32: (64, 32, 4, 256, 4), 64: (64, 32, 4, 256, 3), 128: (128, 32, 4),
+        256: (128, 64, 4)},
+    (False, 896, 896): {64: (64, 32, 4), 128: (64, 32, 2, 256, 3), 256: (64, 64, 2, 128, 6)},
+    (False, 896, 4864): {48: (64, 64, 8), 64: (64, 32, 8), 128: (128, 64, 8),
+        160: (64, 64, 2, 128, 6), 192: None, 256: (128, 64, 4)},
+    (True, 896, 896): {64: (64, 32, 4), 96: (64, 32, 2, 256, 4), 128: (64, 32, 2, 256, 3),
+        192: (64, 64, 2, 256, 3), 256: (128, 32, 2)},
+    (True, 896, 4864): {64: (64, 64, 8, 256, 3), 128: (128, 64, 8), 256: (128, 64, 4)},
+    (False, 576, 1536): {64: (64, 32, 8), 128: (64, 64, 8), 192: (64, 64, 4, 256, 3),
+        256: (64, 64, 2, 128, 6)},
     (True, 576, 576): {128: (64, 32, 4), 192: (64, 32, 2), 256: (128, 32, 4)},
-    (True, 576, 1536): {64: (64, 32, 8), 128: (128, 32, 8), 160: (64, 64, 4), 192: (64, 32, 2),
-        256: (128, 64, 8)},
-    (False, 2048, 2048): {64: (64, 64, 4), 128: (64, 64, 2), 256: None},
-    (False, 2048, 8192): {24: None, 64: (64, 64, 4), 96: None, 128: (128, 64, 4), 256: None},
+    (True, 576, 1536): {64: (64, 32, 8), 128: (128, 32, 8), 160: (64, 64, 4, 256, 3),
+        192: (64, 32, 2, 256, 4), 256: (128, 64, 8)},
+    (False, 2048, 2048): {64: (64, 64, 4), 96: (64, 64, 2, 256, 3), 128: (64, 64, 2, 128, 6),
+        256: None},
+    (False, 2048, 8192): {24: None, 32: (64, 64, 4, 128, 6), 64: (64, 64, 4),
+        96: None, 128: (128, 64, 4), 256: None},
     (True, 2048, 2048): {48: (64, 64, 4), 64: (64, 32, 4), 128: (128, 64, 4), 256: (128, 64, 2)},
     (True, 2048, 8192): {64: (64, 64, 8), 128: (128, 64, 4), 160: None, 256: (128, 64, 2)},
 }
@@ -86,7 +92,7 @@ def w8a8_config(m: int, n: int, k: int, gated: bool = False) -> dict | None:
 
 
 def choose_config(m: int, n: int, k: int, gated: bool = False, fp8: bool = False,
-                  split: bool = False) -> dict | None:
+                  split: bool = False, scale_bk: int = 0) -> dict | None:
     """Tiles and K splits for an [m, k] @ [n, k]^T call (n: outputs; gated: a tile's n
     columns are read twice, gate and up; fp8: e4m3 weights; split: the caller adds the
     partials, a SplitSum), or None where this path is not the faster one."""
@@ -94,7 +100,7 @@ def choose_config(m: int, n: int, k: int, gated: bool = False, fp8: bool = False
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, SPLIT=2 if split and k >= 32 else 1,
                     STAGES=1, num_warps=4)
     if split:
-        return split_config(m, n, k, fp8) if SPLIT else None
+        return split_config(m, n, k, fp8, scale_bk) if SPLIT else None
     if fp8:
         if not FP8:
             return None
@@ -112,19 +118,25 @@ def choose_config(m: int, n: int, k: int, gated: bool = False, fp8: bool = False
     return default_config(m, n, k) if n <= PLAIN else None
 
 
-def split_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
+def split_config(m: int, n: int, k: int, fp8: bool = False, scale_bk: int = 0) -> dict | None:
     """Split-K tiles for a narrow layer (n <= 2048): SPLIT_TILES' where it has the layer, else
     a rule: 64 rows, 32 columns (64 past 128 rows), K split in up to 8 while the partials stay
     small (splits x rows <= SPLIT_ROWS: the norm reads them all back) and each split keeps
     MIN_SPLIT_K columns; None where no split fits, or (16-bit weights) where a split's K loop
-    stays longer than MAX_SPLIT_K (cuBLAS's own split-K is faster there)."""
+    stays longer than MAX_SPLIT_K (cuBLAS's own split-K is faster there). scale_bk: block
+    scales' K (0: none), which a K step must divide."""
     if n > 2048:  # (wide layers fill the GPU unsplit; not measured split)
         return None
     table = SPLIT_TILES.get((fp8, n, k)) if SPLIT_TABLE else None
     if table:
         tiles = table[min((r for r in table if r >= m), default=max(table))]
-        return tiles and dict(BLOCK_M=tiles[0], BLOCK_N=tiles[1], BLOCK_K=128, SPLIT=tiles[2],
-                              STAGES=4, num_warps=4)
+        if tiles is None:
+            return None
+        bk, stages = tiles[3:] or (128, 4)
+        if scale_bk % bk:  # a K step inside one block of scales (their K, scale_bk)
+            bk = 128
+        return dict(BLOCK_M=tiles[0], BLOCK_N=tiles[1], BLOCK_K=bk, SPLIT=tiles[2],
+                    STAGES=stages, num_warps=4)
     split = 1
     while split < 8 and (split * 2) * m <= SPLIT_ROWS and k >= split * 2 * MIN_SPLIT_K:
         split *= 2

@@ -219,7 +219,8 @@ def tma_partials(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | No
     their sum in split order is the product (layers/split_k.py)."""
     k = x.shape[-1]
     m, n = x.numel() // k, weight.shape[0]
-    cfg = config or tma_config.choose_config(m, n, k, False, scale is not None, split=True)
+    cfg = config or tma_config.choose_config(m, n, k, False, scale is not None, split=True,
+                                             scale_bk=block[1] if block else 0)
     parts = torch.empty(_splits(k, cfg), m, n, dtype=torch.float32, device=x.device)
     _launch(x, weight, parts, None, scale, block, cfg, False, parts=True)
     return parts
