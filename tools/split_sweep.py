@@ -78,12 +78,26 @@ def sweep_layer(n: int, k: int, kind: str, ms, refine: bool = False) -> dict:
         times["cublas"] = time_graph(cublas, len(ws)) * 1e3
         ship_key = (ship["BLOCK_M"], ship["BLOCK_N"], ship["SPLIT"], ship["BLOCK_K"],
                     ship["STAGES"]) if ship else "cublas"
-        top = sorted(times.items(), key=lambda kv: kv[1])[:5]
-        best[m] = top[0][0]
-        print(f"  M={m:4d} shipped {ship_key} {times.get(ship_key, float('nan')):6.2f} | "
-              + "  ".join(f"{c} {t:.2f}" for c, t in top)
-              + f" | cublas {times['cublas']:.2f}", flush=True)
+        best[m] = report(m, ship_key, times)
     return best
+
+
+def report(m: int, ship_key, times: dict):
+    """Prints one M's line (the shipped choice's µs, the five fastest, cuBLAS's) and returns
+    the fastest candidate (or "cublas")."""
+    top = sorted(times.items(), key=lambda kv: kv[1])[:5]
+    print(f"  M={m:4d} shipped {ship_key} {times.get(ship_key, float('nan')):6.2f} | "
+          + "  ".join(f"{c} {t:.2f}" for c, t in top)
+          + f" | cublas {times['cublas']:.2f}", flush=True)
+    return top[0][0]
+
+
+def print_table(name: str, table: dict) -> None:
+    """The winners as a Python dict literal named name."""
+    print(f"{name} = {{")
+    for key, rows in table.items():
+        print(f"    {key}: {rows},")
+    print("}")
 
 
 def main():
@@ -105,10 +119,7 @@ def main():
                 continue  # (wide layers are not split: tma_config.split_config)
             print(f"{model} {name} N={n} K={k} {kind}", flush=True)
             table[(kind != "bf16", n, k)] = sweep_layer(n, k, kind, ms, args.refine)
-    print("SPLIT_TILES = {")
-    for key, rows in table.items():
-        print(f"    {key}: {rows},")
-    print("}")
+    print_table("SPLIT_TILES", table)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from nanovllm.kernels.fp8_w8a8 import quantize_tokens  # noqa: E402
 from nanovllm.kernels.triton_norm import silu_and_mul  # noqa: E402
 from nanovllm.utils.model_shapes import linear_shapes  # noqa: E402
 from tools.bench_gemm import candidate_us, make_weights, time_graph  # noqa: E402
-from tools.split_sweep import GRAPH_ROWS  # noqa: E402
+from tools.split_sweep import GRAPH_ROWS, print_table, report  # noqa: E402
 
 
 def candidates():
@@ -78,12 +78,7 @@ def sweep_layer(path: str, n: int, k: int, gated: bool, ms) -> dict:
                 if t is not None:
                     times[c] = t
         times["cublas"] = time_graph(cublas, len(wb)) * 1e3
-        ship = shipped(path, m, n, k, gated) or "cublas"
-        top = sorted(times.items(), key=lambda kv: kv[1])[:5]
-        best[m] = top[0][0]
-        print(f"  M={m:4d} shipped {ship} {times.get(ship, float('nan')):6.2f} | "
-              + "  ".join(f"{c} {t:.2f}" for c, t in top)
-              + f" | cublas {times['cublas']:.2f}", flush=True)
+        best[m] = report(m, shipped(path, m, n, k, gated) or "cublas", times)
     return best
 
 
@@ -106,10 +101,7 @@ def main():
             n = n // 2 if gated else n
             print(f"{model} {name} N={n} K={k} {path}", flush=True)
             table[(path, n, k, gated)] = sweep_layer(path, n, k, gated, ms)
-    print("TILES = {")
-    for key, rows in table.items():
-        print(f"    {key}: {rows},")
-    print("}")
+    print_table("TILES", table)
 
 
 if __name__ == "__main__":
