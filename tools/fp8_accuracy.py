@@ -55,21 +55,27 @@ TOY_SHAPES = {
 
 
 @torch.inference_mode()
-def context_logits(llm: LLM, tokens: list[int], prefill_len: int) -> torch.Tensor:
+def context_logits(llm: LLM, tokens: list[int], prefill_len: int,
+                   copies: int = 1) -> torch.Tensor:
     """fp32 logits [len(tokens), vocab]: prefill tokens[:prefill_len], then one decode step
-    per remaining token (eager, straight through the ModelRunner; blocks 0.. are ours)."""
+    per remaining token (eager, straight through the ModelRunner; blocks 0.. are ours).
+    copies > 1 runs that many copies of the sequence side by side, so each decode step is a
+    batch of that many rows (the batched GEMM paths); the last copy's logits are returned."""
     runner = llm.clients[0].core.executor.runner
     bs, width = runner.block_size, runner.max_blocks_per_seq
-    seq = Sequence(tokens[:prefill_len], SamplingParams(), bs)
-    seq.block_table = list(range(-(-len(tokens) // bs)))
-    seq.num_scheduled_tokens = prefill_len
-    hidden = runner.forward(prefill_inputs([seq], bs, width))
-    out = [runner.model.compute_all_logits(hidden).float()]
+    blocks = -(-len(tokens) // bs)
+    seqs = [Sequence(tokens[:prefill_len], SamplingParams(), bs) for _ in range(copies)]
+    for i, seq in enumerate(seqs):
+        seq.block_table = list(range(i * blocks, (i + 1) * blocks))
+        seq.num_scheduled_tokens = prefill_len
+    hidden = runner.forward(prefill_inputs(seqs, bs, width))
+    out = [runner.model.compute_all_logits(hidden[-prefill_len:]).float()]
     reset_context()
     for t in tokens[prefill_len:-1]:
-        seq.append_token(t)
-        hidden = runner.forward(decode_inputs([seq], bs, width, rows=4))
-        out.append(runner.model.compute_logits(hidden)[:1].float())
+        for seq in seqs:
+            seq.append_token(t)
+        hidden = runner.forward(decode_inputs(seqs, bs, width, rows=max(4, copies)))
+        out.append(runner.model.compute_logits(hidden)[copies - 1:copies].float())
         reset_context()
     return torch.cat(out)
 

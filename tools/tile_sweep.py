@@ -1,12 +1,12 @@
 """GPU sweep of the unsplit TMA GEMM's tiles for qkv and the gated gate_up at 17-256 rows:
-fp8 weights with e4m3 rows (W8A8, kernels/tma_config.w8a8_config's rule) and bf16 weights'
+fp8 weights with e4m3 rows (W8A8, kernels/tma_config.W8A8_TILES or its rule) and bf16 weights'
 gated gate_up (tma_config.GATED_TILES), against what the engine runs there today.
 
     python tools/tile_sweep.py                                # Qwen3-0.6B, both paths
     python tools/tile_sweep.py --models qwen2.5-0.5b,qwen3-8b --paths w8a8 --m 64,128
 
 Per layer, path and M (the decode graphs' sizes by default) it prints the shipped choice and
-the five fastest candidates (BLOCK_M 64 / 128, BLOCK_N 32 / 64 / 128, BLOCK_K 128 / 256,
+the five fastest candidates (BLOCK_M 64 / 128, BLOCK_N 32 / 64 / 128, BLOCK_K (64 /) 128 / 256,
 STAGES 3-5, 4 warps; 8 with 128-row tiles), µs a call (CUDA graph over rotated weight copies,
 so weights come from HBM), and beside them bf16 cuBLAS (+ the SiLU-and-mul launch where
 gated). Last, the winners as {(path, N, K, gated): {rows: (BLOCK_M, BLOCK_N, BLOCK_K,
@@ -30,9 +30,11 @@ from tools.bench_gemm import candidate_us, make_weights, time_graph  # noqa: E40
 from tools.split_sweep import GRAPH_ROWS, print_table, report  # noqa: E402
 
 
-def candidates():
-    """(BLOCK_M, BLOCK_N, BLOCK_K, STAGES, warps) tried."""
-    for bm, bn, bk, stages in itertools.product((64, 128), (32, 64, 128), (128, 256), (3, 4, 5)):
+def candidates(path: str):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, STAGES, warps) tried (bf16: 64-column K steps too, which
+    GATED_TILES holds)."""
+    bks = (64, 128, 256) if path == "bf16" else (128, 256)
+    for bm, bn, bk, stages in itertools.product((64, 128), (32, 64, 128), bks, (3, 4, 5)):
         yield bm, bn, bk, stages, 8 if bm == 128 else 4
 
 
@@ -72,7 +74,7 @@ def sweep_layer(path: str, n: int, k: int, gated: bool, ms) -> dict:
                     silu_and_mul(y)
 
         times = {}
-        for c in candidates():
+        for c in candidates(path):
             if c[2] <= k:
                 t = candidate_us(call(c), len(ws), c)
                 if t is not None:

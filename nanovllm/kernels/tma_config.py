@@ -6,12 +6,16 @@ import os
 
 from nanovllm.kernels._common import INTERPRET
 
-# (outputs, K) of a gated gate_up -> {most rows: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES)}, from a
-# sweep against cuBLAS + the SiLU-and-mul launch (H200, PERF_NOTES fifty-fifth session): only
-# where it won; other shapes and rows stay on cuBLAS. Qwen2.5-0.5B, us at 32 / 64 / 128 / 256
-# rows: 7.95 / 8.05 / 9.47 / 12.43 against 8.72 / 8.96 / 9.62 / 13.15; Qwen3-0.6B 7.11 /
-# 6.97 / 7.59 against 7.21 / 7.41 / 7.63 (9.47 against 9.36 at 256: cuBLAS).
-GATED_TILES = {(4864, 896): {64: (64, 64, 128, 4), 128: (64, 32, 64, 4), 256: (64, 64, 64, 3)},
+# (outputs, K) of a gated gate_up -> {most rows: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES)}, from
+# sweeps against cuBLAS + the SiLU-and-mul launch (H200, PERF_NOTES fifty-fifth session; the
+# sixty-second's tools/tile_sweep.py refined Qwen2.5-0.5B's past 64 rows): only where it won;
+# other shapes and rows stay on cuBLAS. Qwen2.5-0.5B, us at 32 / 64 / 128 / 192 rows: 8.62 /
+# 8.00 / 9.15 / 9.94 against 8.41 / 9.02 / 9.58 / 10.57; Qwen3-0.6B at 32 / 64 / 128 7.23 /
+# 6.32 / 7.09 against 7.06 / 7.25 / 7.34 (9.14 against cuBLAS's 9.14 at 256). Handing the
+# rows where cuBLAS won by 0.2-2 us back to it did not pay in the engine (cuBLAS has no PDL).
+GATED_TILES = {(4864, 896): {32: (64, 64, 128, 4), 64: (64, 32, 128, 3), 96: (64, 128, 64, 4),
+                             128: (64, 32, 64, 4), 160: (64, 128, 64, 5), 192: (64, 64, 64, 4),
+                             256: (64, 64, 64, 3)},
                (3072, 1024): {64: (64, 32, 128, 4), 128: (64, 64, 128, 4)}}
 # Split K, whose partials the next RMSNorm adds. H200, the fifty-sixth session's probe (GEMM +
 # the norm, us; cuBLAS + the norm in brackets), Qwen3-0.6B o / down at 64 rows 5.86 (7.01) /
@@ -78,14 +82,45 @@ FP8_TILES = {False: {32: (32, 16, 4), 64: (64, 32, 4), 256: (64, 64, 4)},
              True: {64: (64, 32, 3), 128: (64, 16, 3)}}
 
 
-def w8a8_config(m: int, n: int, k: int, gated: bool = False) -> dict | None:
+# W8A8 tiles by layer, measured: {(N, K, gated): {most rows: (BLOCK_M, BLOCK_N, BLOCK_K,
+# STAGES)}} (8 warps with 128-row tiles, else 4), the fastest of tools/tile_sweep.py's 36
+# candidates at the decode graphs' sizes (H200, PERF_NOTES sixty-second session). 256-column
+# K steps pay nearly everywhere: us at 64 / 128 / 256 rows against the rule's, Qwen3-0.6B qkv
+# 3.63 / 3.96 / 4.87 (4.71 / 4.75 / 5.59), gate_up 4.94 / 5.60 / 6.85 (6.48 / 6.56 / 8.47);
+# Llama-3.2-1B gate_up 11.37 / 13.58 / 21.09 (12.52 / 19.88 / 25.73). Other layers take the
+# rule; W8A8_TABLE 0 sends every layer there.
+W8A8_TILES = {
+    (4096, 1024, False): {64: (64, 32, 256, 5), 128: (64, 64, 256, 5), 160: (64, 64, 128, 5),
+        192: (64, 32, 128, 5), 256: (64, 128, 256, 4)},
+    (3072, 1024, True): {64: (64, 32, 256, 4), 128: (64, 64, 256, 4), 192: (64, 32, 128, 4),
+        224: (64, 64, 128, 4), 256: (64, 32, 128, 4)},
+    (1152, 896, False): {192: (64, 32, 256, 5), 256: (64, 64, 256, 5)},
+    (4864, 896, True): {32: (64, 64, 128, 5), 64: (64, 32, 256, 3), 96: (64, 64, 128, 4),
+        128: (64, 32, 128, 4), 192: (64, 64, 128, 4), 256: (64, 64, 128, 3)},
+    (960, 576, False): {256: (64, 32, 256, 5)},
+    (1536, 576, True): {128: (64, 32, 256, 4), 256: (64, 64, 256, 3)},
+    (3072, 2048, False): {32: (64, 64, 256, 5), 64: (64, 32, 256, 5), 128: (64, 64, 256, 5),
+        256: (64, 128, 256, 4)},
+    (8192, 2048, True): {32: (64, 64, 256, 4), 64: (64, 32, 256, 3), 128: (128, 64, 256, 3),
+        192: (64, 64, 128, 3), 256: (128, 128, 128, 4)},
+}
+W8A8_TABLE = 1
+
+
+def w8a8_config(m: int, n: int, k: int, gated: bool = False, scale_bk: int = 0) -> dict | None:
     """Tiles for e4m3 activations against e4m3 weights (W8A8; layers/fp8_rows.py), or None
-    with W8A8 off. H200, the fifty-seventh session's probe: 64-row tiles, 4 stages; 32 columns
-    up to 128 rows, 64 past (the 8B's gate_up best at 3 stages there)."""
+    with W8A8 off: W8A8_TILES' where it has the layer (K steps of 128 where block scales' K,
+    scale_bk, is not a multiple of its step), else a rule from the fifty-seventh session's
+    probe: 64-row tiles, 4 stages; 32 columns up to 128 rows, 64 past (3 stages gated)."""
     if INTERPRET:
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, SPLIT=1, STAGES=1, num_warps=4)
     if not W8A8:
         return None
+    table = W8A8_TILES.get((n, k, gated)) if W8A8_TABLE else None
+    if table:
+        bm, bn, bk, stages = table[min((r for r in table if r >= m), default=max(table))]
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128 if scale_bk % bk else bk, SPLIT=1,
+                    STAGES=stages, num_warps=8 if bm == 128 else 4)
     wide = m > 128
     return dict(BLOCK_M=64, BLOCK_N=64 if wide else 32, BLOCK_K=128, SPLIT=1,
                 STAGES=3 if gated and wide else 4, num_warps=4)

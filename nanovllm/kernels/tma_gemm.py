@@ -183,8 +183,8 @@ def w8a8_gemm(values: torch.Tensor, scales: torch.Tensor, weight: torch.Tensor,
     output is the fp32 sum of exact products, times both scales, rounded once."""
     m, k = values.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
-    cfg = config or tma_config.w8a8_config(m, n, k, gated) or tma_config.default_config(
-        m, n, k, gated)
+    cfg = (config or tma_config.w8a8_config(m, n, k, gated, (block or (0, 0))[1])
+           or tma_config.default_config(m, n, k, gated))
     y = torch.empty(m, n, dtype=dtype, device=values.device)
     bias = bias.to(dtype) if bias is not None else None  # (rounded as fp8_gemm rounds it)
     _launch(values, weight, y, bias, scale, block, cfg, gated, parts=False, xs=scales)
