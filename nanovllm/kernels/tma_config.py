@@ -6,13 +6,14 @@ import os
 
 from nanovllm.kernels._common import INTERPRET
 
-# (outputs, K) of a gated gate_up -> {most rows: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES)}, from
-# sweeps against cuBLAS + the SiLU-and-mul launch (H200, PERF_NOTES fifty-fifth session; the
-# sixty-second's tools/tile_sweep.py refined Qwen2.5-0.5B's past 64 rows): only where it won;
-# other shapes and rows stay on cuBLAS. Qwen2.5-0.5B, us at 32 / 64 / 128 / 192 rows: 8.62 /
-# 8.00 / 9.15 / 9.94 against 8.41 / 9.02 / 9.58 / 10.57; Qwen3-0.6B at 32 / 64 / 128 7.23 /
-# 6.32 / 7.09 against 7.06 / 7.25 / 7.34 (9.14 against cuBLAS's 9.14 at 256). Handing the
-# rows where cuBLAS won by 0.2-2 us back to it did not pay in the engine (cuBLAS has no PDL).
+# (outputs, K) of a gated gate_up -> {most rows: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES)}, the
+# best TMA tiles of sweeps against cuBLAS + the SiLU-and-mul launch (H200, PERF_NOTES
+# fifty-fifth session; tools/tile_sweep.py refined Qwen2.5-0.5B's in the sixty-second); past
+# the last bound, and other shapes, cuBLAS. Qwen2.5-0.5B, us at 64 / 128 / 192 rows: 8.00 /
+# 9.15 / 9.94 against 9.02 / 9.58 / 10.57; Qwen3-0.6B at 64 / 128 6.32 / 7.09 against 7.25 /
+# 7.34. At some rows cuBLAS wins alone (Qwen2.5 at 96: 9.41 against 10.16); handing it those
+# rows did not pay in the engine (Qwen2.5 shape 70,459 / 71,751 tok/s against 72,237 /
+# 71,217), where the TMA GEMM overlaps the kernel before it (PDL) and cuBLAS does not.
 GATED_TILES = {(4864, 896): {32: (64, 64, 128, 4), 64: (64, 32, 128, 3), 96: (64, 128, 64, 4),
                              128: (64, 32, 64, 4), 160: (64, 128, 64, 5), 192: (64, 64, 64, 4),
                              256: (64, 64, 64, 3)},
