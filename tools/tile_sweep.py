@@ -4,6 +4,7 @@ gated gate_up (tma_config.GATED_TILES), against what the engine runs there today
 
     python tools/tile_sweep.py                                # Qwen3-0.6B, both paths
     python tools/tile_sweep.py --models qwen2.5-0.5b,qwen3-8b --paths w8a8 --m 64,128
+    python tools/tile_sweep.py --models qwen3-8b --tp 2 --paths w8a8   # one rank's layers
 
 Per layer, path and M (the decode graphs' sizes by default) it prints the shipped choice and
 the five fastest candidates (BLOCK_M 64 / 128, BLOCK_N 32 / 64 / 128, BLOCK_K (64 /) 128 / 256,
@@ -91,13 +92,16 @@ def main():
     ap.add_argument("--models", default="qwen3-0.6b")
     ap.add_argument("--paths", default="w8a8,bf16", help="w8a8 (qkv, gate_up), bf16 (gate_up)")
     ap.add_argument("--m", default=GRAPH_ROWS)
+    ap.add_argument("--tp", type=int, default=1, help="one rank's layers at this TP size")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
     assert all(tma_gemm.MIN_M <= m <= tma_gemm.MAX_M for m in ms), ms
     table = {}
     for model, path in itertools.product(args.models.split(","), args.paths.split(",")):
-        shapes = linear_shapes(model)
+        shapes = linear_shapes(model, args.tp)
         for name in ("qkv", "gate_up") if path == "w8a8" else ("gate_up",):
+            if name not in shapes:  # MoE: experts, not a gate_up layer
+                continue
             gated = name == "gate_up"
             n, k = shapes[name]
             n = n // 2 if gated else n

@@ -88,8 +88,9 @@ FP8_TILES = {False: {32: (32, 16, 4), 64: (64, 32, 4), 256: (64, 64, 4)},
 # candidates at the decode graphs' sizes (H200, PERF_NOTES sixty-second session). 256-column
 # K steps pay nearly everywhere: us at 64 / 128 / 256 rows against the rule's, Qwen3-0.6B qkv
 # 3.63 / 3.96 / 4.87 (4.71 / 4.75 / 5.59), gate_up 4.94 / 5.60 / 6.85 (6.48 / 6.56 / 8.47);
-# Llama-3.2-1B gate_up 11.37 / 13.58 / 21.09 (12.52 / 19.88 / 25.73). Other layers take the
-# rule; W8A8_TABLE 0 sends every layer there.
+# Llama-3.2-1B gate_up 11.37 / 13.58 / 21.09 (12.52 / 19.88 / 25.73); Qwen3-8B (sixty-third,
+# 24 / 64 / 128 / 256 rows only) qkv 9.36 at 64 (13.40). Other layers take the rule;
+# W8A8_TABLE 0 sends every layer there.
 W8A8_TILES = {
     (4096, 1024, False): {64: (64, 32, 256, 5), 128: (64, 64, 256, 5), 160: (64, 64, 128, 5),
         192: (64, 32, 128, 5), 256: (64, 128, 256, 4)},
@@ -104,6 +105,10 @@ W8A8_TILES = {
         256: (64, 128, 256, 4)},
     (8192, 2048, True): {32: (64, 64, 256, 4), 64: (64, 32, 256, 3), 128: (128, 64, 256, 3),
         192: (64, 64, 128, 3), 256: (128, 128, 128, 4)},
+    (6144, 4096, False): {24: (64, 128, 256, 4), 64: (64, 64, 256, 5), 128: (64, 128, 256, 4),
+        256: (64, 64, 128, 4)},
+    (12288, 4096, True): {24: (64, 128, 128, 4), 64: (64, 32, 128, 4), 128: (64, 64, 128, 3),
+        256: (64, 64, 128, 3)},
 }
 W8A8_TABLE = 1
 
@@ -111,8 +116,10 @@ W8A8_TABLE = 1
 def w8a8_config(m: int, n: int, k: int, gated: bool = False, scale_bk: int = 0) -> dict | None:
     """Tiles for e4m3 activations against e4m3 weights (W8A8; layers/fp8_rows.py), or None
     with W8A8 off: W8A8_TILES' where it has the layer (K steps of 128 where block scales' K,
-    scale_bk, is not a multiple of its step), else a rule from the fifty-seventh session's
-    probe: 64-row tiles, 4 stages; 32 columns up to 128 rows, 64 past (3 stages gated)."""
+    scale_bk, is not a multiple of its step), else a rule: 64-row tiles; ungated up to 128
+    rows 64 columns, 256-column K steps (K >= 256), 5 stages (within ~0.3 us of the best on
+    every listed layer there); else the fifty-seventh session's probe: 4 stages, 32 columns
+    up to 128 rows, 64 past (3 stages gated)."""
     if INTERPRET:
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, SPLIT=1, STAGES=1, num_warps=4)
     if not W8A8:
@@ -123,6 +130,9 @@ def w8a8_config(m: int, n: int, k: int, gated: bool = False, scale_bk: int = 0) 
         return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128 if scale_bk % bk else bk, SPLIT=1,
                     STAGES=stages, num_warps=8 if bm == 128 else 4)
     wide = m > 128
+    if not gated and not wide:
+        bk = 128 if scale_bk % 256 or k < 256 else 256
+        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=bk, SPLIT=1, STAGES=5, num_warps=4)
     return dict(BLOCK_M=64, BLOCK_N=64 if wide else 32, BLOCK_K=128, SPLIT=1,
                 STAGES=3 if gated and wide else 4, num_warps=4)
 

@@ -40,9 +40,12 @@ def test_lookup_by_row_bound(monkeypatch):
     assert tma_config.w8a8_config(64, 512, 1024, True, scale_bk=128)["BLOCK_K"] == 128
     assert tma_config.w8a8_config(64, 512, 1024, True, scale_bk=256)["BLOCK_K"] == 256
     rule = tma_config.w8a8_config(64, 512, 1024)  # ungated: not listed
-    assert (rule["BLOCK_N"], rule["BLOCK_K"], rule["STAGES"]) == (32, 128, 4)
+    assert (rule["BLOCK_N"], rule["BLOCK_K"], rule["STAGES"]) == (64, 256, 5)
+    assert tma_config.w8a8_config(64, 512, 1024, scale_bk=128)["BLOCK_K"] == 128
+    assert tma_config.w8a8_config(129, 512, 1024)["BLOCK_K"] == 128
     monkeypatch.setattr(tma_config, "W8A8_TABLE", 0)
-    assert tma_config.w8a8_config(17, 512, 1024, gated=True) == rule
+    rule = tma_config.w8a8_config(17, 512, 1024, gated=True)
+    assert (rule["BLOCK_N"], rule["BLOCK_K"], rule["STAGES"]) == (32, 128, 4)
     monkeypatch.setattr(tma_config, "W8A8", 0)
     assert tma_config.w8a8_config(17, 512, 1024, gated=True) is None
 
