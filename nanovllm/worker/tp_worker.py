@@ -1,4 +1,5 @@
 """A tensor-parallel worker process: its own ModelRunner, fed by rank 0 through the channel."""
+import gc
 import logging
 import multiprocessing
 import os
@@ -50,6 +51,7 @@ def worker_main(config: Config, spec: WorkerSpec, request, done) -> None:
         group = ProcessGroup(spec.backend, spec.port, config.tensor_parallel_size, spec.rank,
                              device)
         runner = ModelRunner(config, rank=spec.rank, device=device)
+        gc.freeze()  # as the engine core does (engine/core.py): full passes skip the model
         done.release()  # "ready"
         while True:
             while not request.acquire(timeout=PARENT_POLL_S):

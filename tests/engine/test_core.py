@@ -192,3 +192,19 @@ def test_abort_reports_the_request_once_and_unknown_ids_are_ignored(toy_models):
     assert [(e.request_id, e.finish_reason) for e in out.ended] == [(1, "abort")]
     assert core.is_finished() and not core.step()
     assert core.stats()["num_aborted"] == 1
+
+
+def test_engine_heap_frozen_while_serving_then_released(toy_models):
+    """The objects alive when a core starts (model, torch, tokenizer) are frozen out of the
+    collector's full passes while it serves, and collectable again after shutdown."""
+    import gc
+
+    gc.unfreeze()
+    llm = LLM(toy_models["tied_mha_d16"], device="cpu", dtype="float32", kvcache_block_size=16,
+              max_model_len=64, num_kvcache_blocks=8)
+    try:
+        assert gc.get_freeze_count() > 1000
+        assert llm.generate(["a b"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    finally:
+        llm.shutdown()
+    assert gc.get_freeze_count() == 0
