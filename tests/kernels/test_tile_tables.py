@@ -45,7 +45,10 @@ def test_lookup_by_row_bound(monkeypatch):
     assert tma_config.w8a8_config(129, 512, 1024)["BLOCK_K"] == 128
     monkeypatch.setattr(tma_config, "W8A8_TABLE", 0)
     rule = tma_config.w8a8_config(17, 512, 1024, gated=True)
-    assert (rule["BLOCK_N"], rule["BLOCK_K"], rule["STAGES"]) == (32, 128, 4)
+    assert (rule["BLOCK_N"], rule["BLOCK_K"], rule["STAGES"]) == (64, 256, 4)
+    for m, n in ((65, 512), (17, 12288)):  # past 64 rows, or past 8,192 outputs
+        rule = tma_config.w8a8_config(m, n, 1024, gated=True)
+        assert (rule["BLOCK_N"], rule["BLOCK_K"], rule["STAGES"]) == (32, 128, 4)
     monkeypatch.setattr(tma_config, "W8A8", 0)
     assert tma_config.w8a8_config(17, 512, 1024, gated=True) is None
 
