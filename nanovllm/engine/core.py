@@ -64,7 +64,7 @@ class EngineCore:
         self.num_aborted = 0  # aborts that stopped a live request (stats)
         # What exists now (weights' modules, torch, graphs, tokenizer: ~290k objects) lives as
         # long as the engine: frozen, the collector's full passes stop walking it. Unfrozen,
-        # one pass took 127-161 ms of a 1.8 s bench.py run (H200, Qwen2.5-0.5B shape), with
+        # one pass took 127-166 ms of a 1.8 s bench.py run (H200, Qwen2.5-0.5B shape), with
         # the device idle. No gc.collect() first: it left the runs that followed slower.
         gc.freeze()
 
