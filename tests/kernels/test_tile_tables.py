@@ -43,6 +43,7 @@ def test_lookup_by_row_bound(monkeypatch):
     assert (rule["BLOCK_N"], rule["BLOCK_K"], rule["STAGES"]) == (64, 256, 5)
     assert tma_config.w8a8_config(64, 512, 1024, scale_bk=128)["BLOCK_K"] == 128
     assert tma_config.w8a8_config(129, 512, 1024)["BLOCK_K"] == 128
+    assert tma_config.w8a8_config(64, 512, 192)["BLOCK_K"] == 128  # K under one 256 step
     monkeypatch.setattr(tma_config, "W8A8_TABLE", 0)
     rule = tma_config.w8a8_config(17, 512, 1024, gated=True)
     assert (rule["BLOCK_N"], rule["BLOCK_K"], rule["STAGES"]) == (64, 256, 4)
