@@ -2,6 +2,7 @@
 H200 sweeps in PERF_NOTES, fifty-fifth and fifty-sixth sessions), rules elsewhere, and None
 where another path (cuBLAS, dequantize + cuBLAS) was faster. Module level so tools/bench_with.py
 and tests can override them."""
+import functools
 import os
 
 from nanovllm.kernels._common import INTERPRET
@@ -200,3 +201,29 @@ def default_config(m: int, n: int, k: int, gated: bool = False) -> dict:
     columns on narrow layers (and gated ones)."""
     block_n = 32 if n <= 2048 or gated else 128
     return dict(BLOCK_M=64, BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, STAGES=4, num_warps=4)
+
+
+# The tables' tiles (up to ~190 KB of stages) assume the 227 KB (232,448 bytes) of shared memory
+# a block may opt into on H100 / H200 / B200; a Hopper-or-later GPU with less (compute
+# capability 12: ~100 KB) would stop with OutOfResources at the warm-up.
+MIN_SHARED_MEM = 200 * 1024
+
+
+def gpu_fits(index: int) -> bool:
+    """Whether GPU `index` runs the TMA GEMM: compute capability >= 9 (TMA) and room for the
+    tables' tiles (Triton's own limit, the opt-in shared memory a block; if Triton cannot say,
+    capability alone decides)."""
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0] >= 9 and _shared_room(index)
+
+
+@functools.cache
+def _shared_room(index: int) -> bool:
+    try:
+        from triton.runtime import driver
+
+        shared = driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    except Exception:  # noqa: BLE001 - an older or different Triton: keep the capability test
+        return True
+    return shared >= MIN_SHARED_MEM

@@ -140,9 +140,9 @@ def _store(acc, acc_up, y_ptr, b_ptr, offs_m, offs_n, mask, N, stride_ym,
 def takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
           scale: torch.Tensor | None = None, block: tuple[int, int] | None = None,
           split: bool = False) -> bool:
-    """Whether tma_gemm runs this call: ON, MIN_M..MAX_M rows of a 16-bit x on a Hopper-or-
-    later GPU, a contiguous weight of x's dtype (or e4m3 with scales: row, or blocks of
-    128-column multiples), rows 16-byte aligned (TMA's rule), and a config (tma_config)."""
+    """Whether tma_gemm runs this call: ON, MIN_M..MAX_M rows of a 16-bit x on a GPU that fits
+    it (tma_config.gpu_fits), a contiguous weight of x's dtype (or e4m3 with scales: row, or
+    blocks of 128-column multiples), rows 16-byte aligned (TMA's rule), and a config."""
     k = x.shape[-1]
     m = x.numel() // max(k, 1)
     n = weight.shape[0] // 2 if gated else weight.shape[0]
@@ -154,14 +154,14 @@ def takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
             and (k * weight.element_size()) % 16 == 0 and weight.data_ptr() % 16 == 0
             and (not gated or weight.shape[0] % 2 == 0)
             and tma_config.choose_config(m, n, k, gated, fp8, split) is not None  # (first)
-            and torch.cuda.get_device_capability(x.device)[0] >= 9)
+            and tma_config.gpu_fits(x.device.index or 0))
 
 
 def takes_w8a8(m: int, k: int, weight: torch.Tensor, scale: torch.Tensor | None,
                block: tuple[int, int] | None, gated: bool = False) -> bool:
     """Whether w8a8_gemm runs m rows of K e4m3 activations (layers/fp8_rows.py) against this
     weight: ON, e4m3 with row scales (or, under tma_config.W8A8_BLOCKS, 128-multiple blocks)
-    on a Hopper-or-later GPU, K 16-byte aligned, and a config (tma_config.w8a8_config)."""
+    on a GPU that fits it (tma_config.gpu_fits), K 16-byte aligned, and a config."""
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     return (bool(ON) and TensorDescriptor is not None and weight.is_cuda and not INTERPRET
             and MIN_M <= m <= MAX_M and weight.dtype == torch.float8_e4m3fn
@@ -170,7 +170,7 @@ def takes_w8a8(m: int, k: int, weight: torch.Tensor, scale: torch.Tensor | None,
             and k % 16 == 0 and weight.data_ptr() % 16 == 0
             and (not gated or weight.shape[0] % 2 == 0)
             and tma_config.w8a8_config(m, n, k, gated) is not None
-            and torch.cuda.get_device_capability(weight.device)[0] >= 9)
+            and tma_config.gpu_fits(weight.device.index or 0))
 
 
 def w8a8_gemm(values: torch.Tensor, scales: torch.Tensor, weight: torch.Tensor,

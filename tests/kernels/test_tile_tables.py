@@ -109,3 +109,33 @@ def test_gpu_gated_entry_near_fp64(n, k, rows, tiles):
     err = (y.double() - ref).abs().max().item()
     err_cublas = (cublas.double() - ref).abs().max().item()
     assert err <= 2 * err_cublas + 1e-3 * ref.abs().max().item(), (err, err_cublas)
+
+
+@pytest.mark.parametrize("capability,shared,fits", [
+    ((9, 0), 232448, True),     # H100 / H200: the tables' tiles fit
+    ((10, 0), 232448, True),    # B200
+    ((12, 0), 101376, False),   # capability 12: ~100 KB, the 5-stage tiles would not fit
+    ((8, 9), 101376, False),    # no TMA
+    ((9, 0), None, True),       # Triton cannot say: capability decides
+])
+def test_gpu_fits_by_capability_and_shared_memory(monkeypatch, capability, shared, fits):
+    """The TMA GEMM is taken only where its tiles fit the GPU's opt-in shared memory."""
+    import triton.runtime
+
+    class Utils:
+        @staticmethod
+        def get_device_properties(index):
+            if shared is None:
+                raise RuntimeError("no such query")
+            return {"max_shared_mem": shared}
+
+    class Driver:
+        active = type("Active", (), {"utils": Utils})
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    monkeypatch.setattr(triton.runtime, "driver", Driver)
+    tma_config._shared_room.cache_clear()
+    try:
+        assert tma_config.gpu_fits(0) is fits
+    finally:
+        tma_config._shared_room.cache_clear()
