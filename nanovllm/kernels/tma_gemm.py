@@ -20,6 +20,7 @@ import triton.language as tl
 
 from nanovllm.kernels import pdl, tma_config
 from nanovllm.kernels._common import INTERPRET, dot_precision
+from nanovllm.kernels.tma_tiles import dequant, dot_e4m3, store
 
 try:  # (a Triton without host-side descriptors: the path stays off)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -67,9 +68,9 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
                              mask=n_mask, other=0.0)
         w = w_desc.load([pid_n * BLOCK_N, k])
         if XSCALE:  # e4m3 x e4m3 dots; row scales at the end, block scales a K tile
-            acc = _dot_e4m3(x, w, acc, s_gate, BLOCK_K, SCALE)
+            acc = dot_e4m3(x, w, acc, s_gate, BLOCK_K, SCALE)
         else:
-            w = _dequant(w, s_gate, x.dtype, SCALE)
+            w = dequant(w, s_gate, x.dtype, SCALE)
             acc = tl.dot(x, w.T, acc, input_precision=DOT_PREC)
         if GATED:  # the up rows of the same outputs, N rows further down
             if SCALE == 2:
@@ -77,9 +78,9 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
                                mask=n_mask, other=0.0)
             u = w_desc.load([N + pid_n * BLOCK_N, k])
             if XSCALE:
-                acc_up = _dot_e4m3(x, u, acc_up, s_up, BLOCK_K, SCALE)
+                acc_up = dot_e4m3(x, u, acc_up, s_up, BLOCK_K, SCALE)
             else:
-                u = _dequant(u, s_up, x.dtype, SCALE)
+                u = dequant(u, s_up, x.dtype, SCALE)
                 acc_up = tl.dot(x, u.T, acc_up, input_precision=DOT_PREC)
     pdl.release_next(GDC == 2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -95,46 +96,7 @@ def _tma_gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, s_ptr, xs_ptr, M, N, K, k_per
         part = y_ptr + tl.program_id(1).to(tl.int64) * M * N
         tl.store(part + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
     else:
-        _store(acc, acc_up, y_ptr, b_ptr, offs_m, offs_n, mask, N, stride_ym, HAS_BIAS, GATED)
-
-
-@triton.jit
-def _dot_e4m3(x, w, acc, scale, BLOCK_K: tl.constexpr, SCALE: tl.constexpr):
-    """acc + x @ w^T on e4m3 tiles (block scales: times this K tile's scale of each column),
-    each K tile's product added in full fp32: Hopper's fp8 MMAs accumulate narrower (cuBLAS
-    without fast accumulation does this too; K = 4096: PERF_NOTES, fifty-seventh session)."""
-    if SCALE == 2:
-        return acc + tl.dot(x, w.T) * scale[None, :]
-    return tl.dot(x, w.T, acc, max_num_imprecise_acc=BLOCK_K)
-
-
-@triton.jit
-def _dequant(w, scale, dtype: tl.constexpr, SCALE: tl.constexpr):
-    """A W tile in x's dtype: 16-bit as loaded; e4m3 times its rows' scales in fp32, rounded
-    once (what fp8_gemm.dequantize writes for cuBLAS)."""
-    if SCALE == 0:
-        return w
-    return (w.to(tl.float32) * scale[:, None]).to(dtype)
-
-
-@triton.jit
-def _store(acc, acc_up, y_ptr, b_ptr, offs_m, offs_n, mask, N, stride_ym,
-           HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
-    """Bias in fp32, one rounding to y's dtype; gated: gate and up each rounded as the
-    unfused gate_up stores them, then silu rounded and the product (triton_norm's
-    silu_and_mul)."""
-    dtype = y_ptr.dtype.element_ty
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    if GATED:
-        if HAS_BIAS:
-            acc_up += tl.load(b_ptr + N + offs_n, mask=offs_n < N,
-                              other=0.0).to(tl.float32)[None, :]
-        gate = acc.to(dtype).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        acc = act * acc_up.to(dtype).to(tl.float32)
-    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :],
-             acc.to(dtype), mask=mask)
+        store(acc, acc_up, y_ptr, b_ptr, offs_m, offs_n, mask, N, stride_ym, HAS_BIAS, GATED)
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
