@@ -1,5 +1,5 @@
 """The TMA GEMM's (tma_gemm.py) per-tile pieces: the e4m3 dots, a W tile widened as the
-reference dequantizes it, x's rows quantized a K tile at a time, and the epilogue's store."""
+reference dequantizes it, and the epilogue's store."""
 import triton
 import triton.language as tl
 
