@@ -1,7 +1,8 @@
 """The step-level measuring tools' host-side parts: tools/step_buckets.py cutting a profile
-into decode steps, and tools/ab_inproc.py reading its variants."""
+into decode steps, and tools/ab_inproc.py and tools/ab_engines.py reading their variants."""
 import pytest
 
+from tools.ab_engines import variant_args
 from tools.ab_inproc import parse_variant
 from tools.step_buckets import kind, steps_of
 
@@ -29,3 +30,14 @@ def test_variants_take_the_tunables_type_and_name_an_unknown_one():
         ("decode", "BLOCK_N", 32), ("decode", "LPT", False)]
     with pytest.raises(ValueError, match="decode.WAVES"):
         parse_variant("decode.WAVES=2", tables)
+
+
+def test_engine_variants_add_options_and_share_the_memory():
+    shared = ["--num-seqs", "4", "--gpu-memory-utilization", "0.8"]
+    first = variant_args(shared, "", 0, 2)
+    second = variant_args(shared, "--quantization fp8", 1, 2)
+    assert first.quantization is None and second.quantization == "fp8"
+    assert first.num_seqs == second.num_seqs == 4
+    assert (first.gpu_memory_utilization, second.gpu_memory_utilization) == (0.4, 0.8)
+    with pytest.raises(ValueError, match="--num-seqs=0"):
+        variant_args(shared, "--num-seqs 0", 0, 2)
