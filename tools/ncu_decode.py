@@ -24,11 +24,14 @@ def main():
     ap.add_argument("model", choices=list(bench_splits.MODELS))
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--config", nargs="*", default=[], metavar="KEY=INT")
+    ap.add_argument("--max-ctx", type=int, default=2048,
+                    help="contexts drawn from 100 to this (the engine's mid-run: ~1,100)")
     args = ap.parse_args()
     bench_splits.apply_config(args.config)
     h, hkv, d, dtype, _ = bench_splits.MODELS[args.model]
     bench_splits.MODELS[args.model] = (h, hkv, d, dtype, 2)
-    ctx, order, tables, layers = bench_splits.make_layers(args.model, args.batch)
+    ctx, order, tables, layers = bench_splits.make_layers(args.model, args.batch,
+                                                          contexts=(100, args.max_ctx))
     for _ in range(3):
         for q, kc, vc, sc in layers:
             triton_decode.decode_attention(q, kc, vc, ctx, tables, d ** -0.5, order=order, **sc)
