@@ -10,12 +10,19 @@ CUDA graph holds every layer's decode_attention call at a forced split count and
 layer and GB/s (K/V bytes of the contexts / time) per split count. Mixed lengths are the
 point: at uniform lengths (tools/bench_kernels.py --sweep) every program of a wave ends
 together, and splitting past one program per SM only costs. Needs a CUDA GPU.
+
+Programmatic dependent launch is off here unless NANOVLLM_PDL is set: a graph of decode calls
+back to back, each letting the next launch at its start, is not the engine's chain (o_proj
+follows each), and it slowed the kernel being timed (H200, Qwen2.5 at 256 rows, one split:
+34.4 us a layer with it, 27.9 without; PERF_NOTES, sixty-fifth session). Tools that import
+this module before the kernels get the same default.
 """
 import argparse
 import os
 import statistics
 import sys
 
+os.environ.setdefault("NANOVLLM_PDL", "0")  # (read when kernels/pdl.py is imported)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
