@@ -6,10 +6,9 @@ tools/ab_inproc.py does for tunables read at run time).
     python tools/ab_engines.py 3 "" "--quantization fp8" -- --model-shape qwen3-0.6b
 
 A variant is a string of bench.py options added to the shared ones after `--` ("": none,
-printed as base).
-Engine i of n takes gpu_memory_utilization x (i + 1) / n: the engines before it hold their
-share, so each gets about the same KV cache. Each run shifts the prompts' token ids, so no
-run reuses another's prefix cache.
+printed as base). Engine i of n takes gpu_memory_utilization x (i + 1) / n: the engines
+before it hold their share, so each gets about the same KV cache. Each run shifts the
+prompts' token ids, so no run reuses another's prefix cache.
 """
 import argparse
 import os
