@@ -1,7 +1,7 @@
 """A/B of engines built differently (bf16 against fp8 weights, one KV cache dtype against
 another) inside one process: each variant's engine is built once, then bench.py's workload
 runs on each in turn, again and again, so drift and the machine's state hit all alike (as
-tools/ab_inproc.py does for tunables read at run time).
+tools/ab_inproc.py, whose run and summary it shares, does for tunables read at run time).
 
     python tools/ab_engines.py 3 "" "--quantization fp8" -- --model-shape qwen3-0.6b
 
@@ -14,10 +14,11 @@ import argparse
 import os
 import shlex
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from tools.ab_inproc import summary, timed_run  # noqa: E402
 
 
 def variant_args(shared: list[str], variant: str, index: int, count: int):
@@ -51,22 +52,14 @@ def main():
         llm.generate(["Benchmark: "], SamplingParams(max_tokens=8), use_tqdm=False)
         engines.append(llm)
         work.append(workload(args, llm.config.hf_config.vocab_size))
-    results = {name: [] for name in names}
+    results = {name or "base": [] for name in names}
     for run in range(rounds * len(names)):
         i = run % len(names)
         (prompts, params), vocab = work[i], engines[i].config.hf_config.vocab_size
-        shifted = [[(t + 7 * run) % vocab for t in p] for p in prompts]
-        start = time.perf_counter()
-        outputs = engines[i].generate(shifted, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        rate = sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
-        results[names[i]].append(rate)
+        rate = timed_run(engines[i], prompts, params, vocab, run)
+        results[names[i] or "base"].append(rate)
         print(f"run {run}: {names[i] or 'base'}: {rate:,.0f} tok/s", flush=True)
-    base = sum(results[names[0]]) / rounds
-    for name, rates in results.items():
-        mean = sum(rates) / rounds
-        print(f"{name or 'base'}: mean {mean:,.0f} tok/s ({mean / base:.3f}x of the "
-              f"first); " + " / ".join(f"{r:,.0f}" for r in rates))
+    summary(results)
     for llm in engines:
         llm.shutdown()
 

@@ -88,19 +88,31 @@ def main():
             tables[table][key] = value
         if runners[0].graphs is not None:
             runners[0].graphs.capture()
-        shifted = [[(t + 7 * run) % vocab for t in p] for p in prompts]
-        start = time.perf_counter()
-        outputs = llm.generate(shifted, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        rate = sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+        rate = timed_run(llm, prompts, params, vocab, run)
         results[name].append(rate)
         print(f"run {run}: {name}: {rate:,.0f} tok/s", flush=True)
-    base = sum(results[names[0]]) / rounds
-    for name, rates in results.items():
-        mean = sum(rates) / rounds
-        print(f"{name}: mean {mean:,.0f} tok/s ({mean / base - 1:+.1%} of {names[0]}); "
-              + " / ".join(f"{r:,.0f}" for r in rates))
+    summary(results)
     llm.shutdown()
+
+
+def timed_run(llm, prompts: list, params: list, vocab: int, run: int) -> float:
+    """Output tok/s of one generate of the workload, its token ids shifted by 7 x run (so
+    no run reuses another's prefix cache)."""
+    shifted = [[(t + 7 * run) % vocab for t in p] for p in prompts]
+    start = time.perf_counter()
+    outputs = llm.generate(shifted, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+
+
+def summary(results: dict) -> None:
+    """Prints each variant's mean rate against the first's (a ratio and a change) and its runs."""
+    first = next(iter(results))
+    base = sum(results[first]) / len(results[first])
+    for name, rates in results.items():
+        mean = sum(rates) / len(rates)
+        print(f"{name}: mean {mean:,.0f} tok/s ({mean / base:.3f}x, {mean / base - 1:+.1%} of "
+              f"{first}); " + " / ".join(f"{r:,.0f}" for r in rates))
 
 
 if __name__ == "__main__":
