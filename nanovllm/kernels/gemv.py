@@ -20,6 +20,7 @@ import triton.language as tl
 
 from nanovllm.kernels import pdl
 from nanovllm.kernels._common import INTERPRET
+from nanovllm.kernels.decode_splits import _num_sms
 from nanovllm.kernels.gemv_gated import silu_mul_epilogue
 from nanovllm.kernels.gemv_tiles import load_w, tile_sums
 from nanovllm.kernels.layer_parts import epilogue
@@ -60,6 +61,15 @@ GROUPED_ONE_ROW = {False: (32, 256), True: (8, 1024)}
 # (4, 1024) -> (4, 2048): 8B batch 1 354.0 / 353.8 -> 358.1 / 358.3 tok/s.
 ONE_ROW = {(True, "narrow"): (4, 2048), (True, "mid"): (8, 1024), (True, "wide"): (16, 256),
            (False, "narrow"): (4, 1024), (False, "mid"): (8, 512), (False, "wide"): (32, 256)}
+# Every program of a one- or two-row GEMV walks all of K, so a grid that fits the GPU at once
+# takes one program's time, and one that does not, two. The 8B's fp8 gate_up (1,536 programs)
+# fits 12 an SM at Triton 3.6's 40 registers; with the norm-chain branch's epilogue (41-50)
+# it ran 24.6 -> 30.2 us (H200), and capped at 40 (maxnreg) 25.1. ONE_WAVE 1 caps each grid
+# at what keeps it in one wave (one_wave_regs). Off: under Triton 3.6 every grid fits
+# already, and the caps cost the 8B's fp8 batch 1 0.4% (405 -> 403 tok/s, three rounds in one
+# process). Triton 3.9's sm_90 build counts 47 (fp8) and 96 (bf16) for the gated tiles, past
+# one wave: turn it on there (untimed).
+ONE_WAVE = 0
 TWO_ROWS = {(True, "narrow"): (8, 1024), (True, "mid"): (8, 1024), (True, "wide"): (32, 256),
             (False, "narrow"): (8, 1024), (False, "mid"): (8, 512), (False, "wide"): (8, 512)}
 
@@ -150,6 +160,18 @@ def choose_config(n: int, k: int, itemsize: int = 1, rows: int = 1,
                 W_VEC=vec, num_warps=4, num_stages=3)
 
 
+def one_wave_regs(programs: int, num_warps: int, num_sms: int) -> int:
+    """The most registers a thread may take with all `programs` resident at once (65,536 an
+    SM, allocated in eights), or 0: no cap where one wave cannot be had (64 warps an SM),
+    where it would be under 40 (every tile here needs 40-96: spills would cost more than a
+    second wave) or where nothing limits it."""
+    per_sm = -(-programs // num_sms)
+    if per_sm * num_warps > 64:
+        return 0
+    regs = 65536 // (per_sm * num_warps * 32) // 8 * 8
+    return regs if 40 <= regs < 255 else 0
+
+
 def takes(m: int, block: tuple[int, int] | None) -> bool:
     """Whether the GEMV runs this fp8 call: up to MAX_M rows, row scales or row blocks that
     whole 8-row tiles divide (every known checkpoint's 128)."""
@@ -189,7 +211,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
             cfg["BLOCK_N"] //= 2
     s_bn, s_bk = block if block is not None else (1, 1)
     gdc = pdl.enabled(y) and (1 if PDL_EARLY_RELEASE else 2)
-    _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+    grid = triton.cdiv(n, cfg["BLOCK_N"])
+    cap = 0 if INTERPRET or not ONE_WAVE else one_wave_regs(grid, cfg["num_warps"],
+                                                           _num_sms(y.device))
+    _gemv_kernel[(grid,)](
         x2, weight, scale if scale is not None else x2, bias if bias is not None else x2, y,
         n_out, k, x2.stride(0), n_out, weight.stride(0),
         scale.stride(0) if block is not None else 0,
@@ -199,5 +224,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
         GROUP=cfg["GROUP"], W_EVICT=cfg["W_EVICT"], W_VEC=cfg.get("W_VEC", 0),
         PEEL=bool(cfg.get("PEEL") or gdc),
         GDC=int(gdc), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], GATED=gated, **pdl.launch_kwargs(bool(gdc)))
+        num_stages=cfg["num_stages"], GATED=gated, **pdl.launch_kwargs(bool(gdc)),
+        **({"maxnreg": cap} if cap else {}))
     return y

@@ -145,6 +145,18 @@ def test_tiles_by_width_rows_and_the_int8_heads_own(monkeypatch):
     assert tiles(1024, 2048, 2, 1) == gemv.ONE_ROW[(False, "narrow")]
     assert tiles(4096, 100, 2, 1)[1] == 128  # BLOCK_K no wider than K's power of two
 
+
+def test_one_wave_register_caps():
+    """one_wave_regs at the Qwen3-8B shape's one-row grids on 132 SMs (4 warps): gate_up's
+    1,536 programs fit at 40 registers, qkv's 768 at 80, o / down's 1,024 at 64; no cap for
+    the LM head (past one wave), a handful of programs, or a cap under 40."""
+    assert gemv.one_wave_regs(1536, 4, 132) == 40
+    assert gemv.one_wave_regs(768, 4, 132) == 80
+    assert gemv.one_wave_regs(1024, 4, 132) == 64
+    assert gemv.one_wave_regs(4748, 4, 132) == 0
+    assert gemv.one_wave_regs(8, 4, 132) == 0
+    assert gemv.one_wave_regs(2048, 4, 132) == 0  # 16 an SM: 32 registers, too few
+
 # ---- GPU: every supported model's shapes --------------------------------------------------
 
 GPU_CASES = sorted({(nk, kind) for name in SHAPES for layer, nk in linear_shapes(name).items()
