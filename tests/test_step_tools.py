@@ -41,3 +41,25 @@ def test_engine_variants_add_options_and_share_the_memory():
     assert (first.gpu_memory_utilization, second.gpu_memory_utilization) == (0.4, 0.8)
     with pytest.raises(ValueError, match="--num-seqs=0"):
         variant_args(shared, "--num-seqs 0", 0, 2)
+
+
+def test_gemv_waves_counts_programs_an_sm():
+    """tools/gemv_waves.py: programs an SM from registers (allocated in eights), warps, shared
+    memory and the 32-program limit; run as a script, it compiles a shape's GEMVs for sm_90
+    on any machine and prints a line a layer and kind."""
+    import os
+    import subprocess
+    import sys
+
+    from tools.gemv_waves import per_sm
+
+    assert per_sm(40, 4, 512) == 12 and per_sm(41, 4, 512) == 10 and per_sm(79, 4, 512) == 6
+    assert per_sm(16, 2, 0) == 32 and per_sm(32, 4, 0) == 16 and per_sm(64, 4, 60000) == 3
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        "gemv_waves.py")
+    out = subprocess.run([sys.executable, tool, "--model-shape", "smollm2-135m"],
+                         capture_output=True, text=True, env=env, check=True,
+                         timeout=600).stdout
+    lines = [line for line in out.splitlines() if " waves " in line]
+    assert len(lines) == 9 and all("registers" in line for line in lines), out
