@@ -15,6 +15,7 @@ from nanovllm.utils.toy import model_or_demo
 
 
 def main():
+    """Generate from a few prompts with the given model (or the demo model) and print them."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = model_or_demo(sys.argv[1] if len(sys.argv) > 1 else None)
     llm = LLM(path, enforce_eager=True, tensor_parallel_size=1, max_model_len=1024)

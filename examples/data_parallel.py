@@ -15,6 +15,7 @@ from nanovllm.utils.toy import model_or_demo
 
 
 def main():
+    """Parse the command line, then generate across the data-parallel replicas."""
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?",

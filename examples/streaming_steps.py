@@ -9,6 +9,7 @@ from nanovllm.utils.toy import model_or_demo
 
 
 def main(path: str | None):
+    """Add two requests and print each step's new text as the engine produces it."""
     llm = LLM(model_or_demo(path), enforce_eager=True)
     names = {
         llm.add_request("Write a haiku about caches.",

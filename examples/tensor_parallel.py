@@ -20,6 +20,7 @@ def ranks_for(path: str) -> int:
 
 
 def main(path: str | None):
+    """Generate greedily with the model split across the ranks it fits."""
     path = model_or_demo(path)
     with LLM(path, tensor_parallel_size=ranks_for(path)) as llm:
         outputs = llm.generate(["The capital of France is", "1, 2, 3,"],

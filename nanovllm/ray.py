@@ -26,6 +26,7 @@ class LLMProcessor:
         self.sampling_params, self.column = sampling_params, prompt_column
 
     def __call__(self, batch: dict) -> dict:
+        """Generate for one Ray Data batch; adds generated_text and generated_token_ids."""
         prompts = [p.tolist() if hasattr(p, "tolist") else p for p in batch[self.column]]
         outputs = self.llm.generate(prompts, self.sampling_params, use_tqdm=False)
         return {**batch, "generated_text": [o["text"] for o in outputs],

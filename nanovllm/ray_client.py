@@ -60,9 +60,11 @@ class CoreActor:
         return out
 
     def abort(self, request_ids: list[int]) -> None:
+        """Abort these requests in the core."""
         self.core.abort(request_ids)
 
     def stats(self) -> dict:
+        """The core's counters (see EngineCore.stats)."""
         return self.core.stats()
 
     def shutdown(self) -> None:
@@ -89,15 +91,18 @@ class RayClient:
         self._reader.start()
 
     def add(self, requests: list[Request]) -> None:
+        """Send requests to the actor (EngineDeadError once it is gone)."""
         if self.state is not ClientState.READY:
             raise self.dead_error()
         self._calls.put(self.actor.run.remote(requests))
 
     def abort(self, request_ids: list[int]) -> None:
+        """Abort these requests in the actor (nothing once it is gone)."""
         if self.state is ClientState.READY:
             self.actor.abort.remote(list(request_ids))
 
     def stats(self, timeout: float | None = 30.0) -> dict:
+        """The actor's core counters (EngineDeadError if it died)."""
         try:
             return ray_module().get(self.actor.stats.remote(), timeout=timeout)
         except ray_module().exceptions.RayActorError as e:

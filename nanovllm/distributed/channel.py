@@ -38,6 +38,7 @@ class ShmChannel:
 
     @property
     def name(self) -> str:
+        """The shared-memory segment's name (what attach() takes)."""
         return self.shm.name
 
     def send(self, obj) -> None:

@@ -52,10 +52,12 @@ class BlockManager:
 
     @property
     def num_blocks(self) -> int:
+        """Blocks in the pool, free or not."""
         return len(self.blocks)
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks on the free list (a freed block keeps its cached prefix until taken)."""
         return len(self.free_block_ids)
 
     # -- prefix cache -----------------------------------------------------------------------
@@ -119,6 +121,7 @@ class BlockManager:
         return seq.num_blocks - shared
 
     def can_allocate(self, seq: Sequence) -> bool:
+        """Whether the free list holds the blocks allocate(seq) would take now."""
         return self.blocks_needed(seq) <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:

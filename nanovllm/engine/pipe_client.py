@@ -25,12 +25,15 @@ class ThreadRunner:
         self.thread.start()
 
     def is_alive(self) -> bool:
+        """Whether the serving thread still runs."""
         return self.thread.is_alive()
 
     def exitcode(self, wait_s: float = 0.0) -> None:
+        """None: a thread has no exit code (Child's returns the process's)."""
         return None
 
     def stop(self, timeout_s: float | None = None) -> None:
+        """Wait up to timeout_s for the thread to end (not from the thread itself)."""
         if threading.current_thread() is not self.thread:
             self.thread.join(timeout_s)
 
@@ -81,6 +84,7 @@ class PipeClient:
 
     @property
     def runner_name(self) -> str:
+        """The runner's thread or process name: this client's name, dashed."""
         return "nanovllm-" + self.name.replace(" ", "-")
 
     def is_alive(self) -> bool:

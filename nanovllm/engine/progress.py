@@ -22,7 +22,9 @@ class Progress:
                              decode=f"{self.decode_tps:.0f}tok/s", refresh=False)
 
     def done(self, n: int) -> None:
+        """Count n requests as finished."""
         self.bar.update(n)
 
     def close(self) -> None:
+        """Close the bar."""
         self.bar.close()

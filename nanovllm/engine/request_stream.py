@@ -23,12 +23,15 @@ class RequestStream:
 
     @property
     def request_id(self) -> str:
+        """The request's id as the caller gave it."""
         return self.state.request_id
 
     def fail(self, error: BaseException) -> None:
+        """End the stream with error: the reader's next_output raises it."""
         self._error, self.done = error, True
 
     def wake(self) -> None:
+        """Wake the reader waiting in next_output (call on the loop's thread)."""
         self._event.set()
 
     async def next_output(self) -> RequestOutput:

@@ -60,6 +60,7 @@ class Scheduler:
         self.spec_stats = SpecStats()
 
     def is_finished(self) -> bool:
+        """Whether no request waits or runs."""
         return not self.waiting and not self.running
 
     def add(self, seq: Sequence) -> None:

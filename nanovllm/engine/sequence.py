@@ -82,6 +82,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
+        """Whether the request has ended."""
         return self.status == SequenceStatus.FINISHED
 
     @property
@@ -146,10 +147,12 @@ class Sequence:
 
     @property
     def num_completion_tokens(self) -> int:
+        """Tokens generated so far."""
         return self.num_tokens - self.num_prompt_tokens
 
     @property
     def prompt_token_ids(self) -> list[int]:
+        """The prompt's token ids."""
         return self.token_ids[: self.num_prompt_tokens]
 
     @property
@@ -164,6 +167,7 @@ class Sequence:
 
     @property
     def last_block_num_tokens(self) -> int:
+        """How many tokens the last block holds (1..block_size)."""
         return self.num_tokens - (self.num_blocks - 1) * self.block_size
 
     def block(self, i: int) -> list[int]:
@@ -171,6 +175,7 @@ class Sequence:
         return self.token_ids[i * self.block_size: (i + 1) * self.block_size]
 
     def append_token(self, token_id: int) -> None:
+        """Append a generated token."""
         self.token_ids.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1

@@ -1,5 +1,5 @@
 """Hadamard mixing of q and k rows inside the Triton kernels (the torch path:
-attention_backend.hadamard_mix): the fused RoPE store's and the layer kernel's."""
+kv_mix.hadamard_mix): the fused RoPE store's and the layer kernel's."""
 import os
 
 import triton

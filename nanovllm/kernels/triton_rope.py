@@ -8,7 +8,7 @@ rounding to the activation dtype where it does (normed value, times weight, rota
 both paths give the same numbers to within float rounding. An fp8 cache gets the rounded k and
 v divided by their per-kv-head scales (see torch_ref.quantize), an int8 cache each row's codes
 and scale (torch_ref.quantize_rows), and with mix=True q and k are first multiplied by the
-orthonormal Hadamard matrix (attention_backend.hadamard_mix).
+orthonormal Hadamard matrix (kv_mix.hadamard_mix).
 """
 import torch
 import triton
@@ -167,7 +167,7 @@ def norm_rope_store(q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_wei
     weights are [D] or both None (no q/k norm). An fp8 cache needs k_scale / v_scale (fp32
     [Hkv]): it stores k / k_scale and v / v_scale; an int8 cache writes each row's scale into
     k_scale / v_scale (fp32 [blocks, block_size, Hkv]). mix: q and k times the Hadamard matrix
-    after RoPE (attention_backend.hadamard_mix). k_feedback (fp32 [Hkv, D, G], an fp8 cache
+    after RoPE (kv_mix.hadamard_mix). k_feedback (fp32 [Hkv, D, G], an fp8 cache
     only, G a power of two dividing D / 2): K rounded with error feedback through it
     (kernels/kv_feedback.py). v_cache may be tiled (triton_kv.v_tile_of)."""
     num_tokens, num_heads, head_dim = q.shape

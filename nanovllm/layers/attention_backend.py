@@ -7,14 +7,13 @@ model's dtype), an int8 cache with a scale per row (fp32, indexed [num_blocks, b
 num_kv_heads]); torch and triton take them and flash refuses both (see choose_backend). A prefill
 without cached context attends to its own K/V unquantized (see exact_chunk), as vLLM does.
 """
-import functools
 import importlib.util
 import logging
-import os
 
 import torch
 
 from nanovllm.kernels import torch_ref
+from nanovllm.layers.kv_mix import hadamard_mix
 from nanovllm.utils.context import Context
 
 logger = logging.getLogger(__name__)
@@ -38,11 +37,13 @@ class TorchBackend:
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,
                  v_scale=None, k_feedback=None) -> None:
+        """Write this step's K/V rows to their cache slots (quantizing for an 8-bit cache)."""
         torch_ref.store_kvcache_torch(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale,
                                       v_scale, k_feedback)
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
+        """Causal attention of the step's prefill rows over their cached and new keys."""
         tables = ctx.block_tables
         if exact_chunk(ctx, k_scale):
             k_cache, v_cache, tables = chunk_as_cache(k, v, ctx)
@@ -53,6 +54,7 @@ class TorchBackend:
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                v_scale=None) -> torch.Tensor:
+        """One query row a sequence over its cached keys."""
         return torch_ref.decode_attention_torch(q, k_cache, v_cache, ctx.context_lens,
                                                 ctx.block_tables, scale, k_scale, v_scale)
 
@@ -96,10 +98,12 @@ class TritonBackend:
 
     def store_kv(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None,
                  v_scale=None) -> None:
+        """Write this step's K/V rows to their cache slots (quantizing for an 8-bit cache)."""
         self._store(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
+        """Causal attention of the step's prefill rows over their cached and new keys."""
         if self.exact_prefill and exact_chunk(ctx, k_scale):
             # Rows of the step's own K/V, read like pages (as one-token pages: 3x slower).
             return self._prefill_own(q, k, v, ctx.cu_seqlens_q, scale, ctx.max_seqlen_q)
@@ -109,6 +113,7 @@ class TritonBackend:
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                v_scale=None) -> torch.Tensor:
+        """One query row a sequence over its cached keys (split-K Triton kernel)."""
         return self._decode(q, k_cache, v_cache, ctx.context_lens, ctx.block_tables, scale,
                             k_scale=k_scale, v_scale=v_scale, order=ctx.decode_order)
 
@@ -137,6 +142,7 @@ class FlashBackend(TritonBackend):
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                 v_scale=None) -> torch.Tensor:
+        """Causal attention of the step's prefill rows through flash-attn (varlen)."""
         assert k_scale is None, "choose_backend never gives flash an fp8 cache"
         if ctx.has_cached_context:  # earlier tokens live in the cache: read through the table
             k, v, block_table = k_cache, v_cache, ctx.block_tables
@@ -149,6 +155,7 @@ class FlashBackend(TritonBackend):
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None,
                v_scale=None) -> torch.Tensor:
+        """One query row a sequence over its cached keys through flash-attn."""
         assert k_scale is None, "choose_backend never gives flash an fp8 cache"
         o = self.fa.flash_attn_with_kvcache(
             q.unsqueeze(1), k_cache, v_cache, cache_seqlens=ctx.context_lens,
@@ -163,34 +170,6 @@ def norm_and_rotate(q, k, positions, rope, q_norm=None, k_norm=None, mix=False):
         q, k = q_norm(q), k_norm(k)
     q, k = rope(positions, q, k)
     return (hadamard_mix(q), hadamard_mix(k)) if mix else (q, k)
-
-
-def hadamard_mix(x: torch.Tensor) -> torch.Tensor:
-    """x [..., D] times the orthonormal D x D Hadamard matrix (D a power of two).
-
-    Applied to q and k after RoPE it leaves every q.k unchanged, but spreads each key's few
-    large channels over all D, so an fp8 cache's per-element rounding errors average out in
-    the dot products instead of riding on the channels that dominate them (SmolLM2, CPU:
-    decode 0.060 -> 0.050 nats mean; docs/PERF_NOTES.md)."""
-    d = x.shape[-1]
-    return (x.float() @ _hadamard(d, x.device)).to(x.dtype)
-
-
-def mix_kv_wanted(head_dim: int) -> bool:
-    """Whether an fp8 cache with calibrated scales (or an int8 cache) gets Hadamard-mixed q/k:
-    a power-of-two head_dim of at least 32 (the fused kernel's dots need halves of >= 16),
-    unless NANOVLLM_KV_MIX=0 (for measuring what the mixing buys)."""
-    return (head_dim >= 32 and head_dim & (head_dim - 1) == 0
-            and os.environ.get("NANOVLLM_KV_MIX", "1") != "0")
-
-
-@functools.lru_cache(maxsize=None)
-def _hadamard(d: int, device: torch.device) -> torch.Tensor:
-    assert d & (d - 1) == 0, f"Hadamard mixing needs a power-of-two head_dim, got {d}"
-    h = torch.ones(1, 1)
-    while h.shape[0] < d:  # Sylvester: [[H, H], [H, -H]]
-        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-    return (h / d ** 0.5).to(device)
 
 
 def exact_chunk(ctx: Context, k_scale) -> bool:

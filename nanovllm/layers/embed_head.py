@@ -25,12 +25,14 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """Copy this rank's rows of the vocabulary (zeros past the vocabulary's end)."""
         check_weight_shape(loaded, (self.num_embeddings, param.size(1)))
         shard = loaded[self.vocab_start: self.vocab_start + self.per_rank]
         param.data.zero_()
         param.data[: shard.size(0)].copy_(shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids -> embeddings (under TP each rank looks up its rows; all-reduced)."""
         if self.tp_size == 1:
             return F.embedding(x, self.weight)
         local = x - self.vocab_start
@@ -52,6 +54,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.int8 = int8_head.quantize(self.weight.data)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Logits of the sampling positions (a prefill's last row a sequence; None off rank 0)."""
         ctx = get_context()
         if ctx.is_prefill:
             x = x[ctx.cu_seqlens_q[1:] - 1]  # only the last position of each sequence samples

@@ -60,6 +60,7 @@ class FusedMoE(nn.Module):
         self.w2_weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple) -> None:
+        """Copy one expert's gate, up or down weight (its TP slice) into the stacked experts."""
         if self.quant_method is not None:
             return self.quant_method.load(self, param, loaded, shard)
         expert, half = shard
@@ -72,6 +73,7 @@ class FusedMoE(nn.Module):
             param.data[expert].narrow(0, half * n, n).copy_(loaded.narrow(0, mine, n))
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """Each token through its top_k experts, weighted by the router."""
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         fp8 = (self.quant_method.kernel_operands(self)
                if self.quant_method is not None and x.is_cuda else None)

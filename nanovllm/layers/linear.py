@@ -5,7 +5,6 @@ a quantized layer's scales all load through that one description, so they split 
 """
 import functools
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -13,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.layers import fp8_rows, split_k
-from nanovllm.layers.weights import check_weight_shape
+from nanovllm.layers.weights import Placement, copy_placed
 from nanovllm.utils.dist import tp_rank, tp_size
 
 
@@ -21,33 +20,6 @@ def _divide(a: int, b: int) -> int:
     # Config validated divisibility by tensor_parallel_size already: this is an invariant.
     assert a % b == 0, f"{a} is not divisible by {b}"
     return a // b
-
-
-@dataclass(frozen=True)
-class Placement:
-    """A checkpoint weight's slice [src, src + size) along `dim` (0: output rows, 1: input
-    columns; the full tensor has `full` there) goes to [dst, dst + size) of the parameter."""
-
-    dim: int
-    full: int
-    src: int
-    dst: int
-    size: int
-
-
-def copy_placed(param: torch.Tensor, loaded: torch.Tensor, p: Placement) -> None:
-    """Check `loaded` is the full tensor the placement expects, then copy this rank's slice.
-
-    A 1-D tensor (a bias, per-row scales) of a layer split along its input (p.dim == 1) is
-    not split: it is copied whole."""
-    if param.dim() == 1 and p.dim == 1:
-        check_weight_shape(loaded, param.shape)
-        param.data.copy_(loaded)
-        return
-    expected = list(param.shape)
-    expected[p.dim] = p.full
-    check_weight_shape(loaded, expected)
-    param.data.narrow(p.dim, p.dst, p.size).copy_(loaded.narrow(p.dim, p.src, p.size))
 
 
 @functools.cache
@@ -116,6 +88,7 @@ class LinearBase(nn.Module):
         return Placement(0, self.out_features, 0, 0, self.out_features)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        """Copy (or quantize) the checkpoint tensor of shard_id into this rank's part of param."""
         p = self.placement(shard_id)
         if self.quant_method is not None and param is not self.bias:
             self.quant_method.load(self, param, loaded, p)
@@ -129,6 +102,7 @@ class LinearBase(nn.Module):
         return self.quant_method.apply(self, x, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ weight.T + bias."""
         return self.matmul(x, self.bias)
 
     def gemm_operands(self):
@@ -186,6 +160,7 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(_divide(out_features, tp_size()), in_features, bias, quant_method)
 
     def placement(self, shard_id=None) -> Placement:
+        """This rank's block of output rows."""
         n = self.out_features
         return Placement(0, n * self.tp_size, self.tp_rank * n, 0, n)
 
@@ -199,9 +174,11 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(in_features, sum(output_sizes), bias, quant_method)
 
     def shard_ids(self) -> list:
+        """One shard id a packed projection (0, 1, ...)."""
         return list(range(len(self.output_sizes)))
 
     def placement(self, shard_id=None) -> Placement:
+        """This rank's rows of projection shard_id, at its offset in the packed weight."""
         size = self.output_sizes[shard_id] // self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         return Placement(0, self.output_sizes[shard_id], self.tp_rank * size, offset, size)
@@ -220,9 +197,11 @@ class QKVParallelLinear(ColumnParallelLinear):
                          quant_method)
 
     def shard_ids(self) -> list:
+        """q, k and v come as three checkpoint tensors."""
         return ["q", "k", "v"]
 
     def placement(self, shard_id=None) -> Placement:
+        """This rank's heads of q, k or v, at their offset in the packed weight."""
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
@@ -240,6 +219,7 @@ class RowParallelLinear(LinearBase):
         super().__init__(out_features, _divide(in_features, tp_size()), bias, quant_method)
 
     def placement(self, shard_id=None) -> Placement:
+        """This rank's block of input columns."""
         n = self.in_features
         return Placement(1, n * self.tp_size, self.tp_rank * n, 0, n)
 

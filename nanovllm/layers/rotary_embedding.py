@@ -31,6 +31,7 @@ class RotaryEmbedding(nn.Module):
                              persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q and k rotated by their positions' angles."""
         cos, sin = self.cos_sin_cache[positions].chunk(2, -1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 

@@ -44,6 +44,7 @@ class DecoderAttention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor | fp8_rows.Fp8Rows):
+        """qkv projection, then attention and the output projection."""
         if isinstance(x, fp8_rows.Fp8Rows):  # (the norm quantized it: layers/fp8_rows.py)
             return self.attend(positions, fp8_rows.matmul(self.qkv_proj, x))
         return self.attend(positions, self.qkv_proj(x))
@@ -73,6 +74,7 @@ class GatedMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor | fp8_rows.Fp8Rows) -> torch.Tensor:
+        """down(SiLU(gate(x)) * up(x))."""
         if isinstance(x, fp8_rows.Fp8Rows):  # (the norm quantized it: layers/fp8_rows.py)
             return fp8_rows.mlp(self.gate_up_proj, self.down_proj, x)
         act = self.gate_up_proj.silu_mul_matmul(x)  # (one launch where the GEMV takes it)
@@ -113,6 +115,7 @@ class DecoderLayer(nn.Module):
                            and one_launch.eligible(self, cfg.hidden_size))
 
     def forward(self, positions, x, residual):
+        """Pre-norm attention and MLP; returns (output, residual), the add left to the next norm."""
         if self.fusable and fused_rows(x):
             return self.forward_fused(positions, x, residual)
         quantize = self.fp8_in and fp8_rows.takes(self.self_attn.qkv_proj, x)
@@ -177,6 +180,7 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token ids and positions -> final hidden states."""
         x, residual = self.embed_tokens(input_ids), None
         out = None
         if self.one_launch and x.shape[0] == 1:
@@ -216,6 +220,7 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token ids and positions -> final hidden states."""
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

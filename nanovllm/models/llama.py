@@ -8,6 +8,7 @@ class LlamaForCausalLM(CausalLM):
     """Hugging Face LlamaForCausalLM."""
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
+        """A Llama decoder layer (biases as the config says)."""
         bias, prefix = cfg.attention_bias, f"model.layers.{layer}"
         return DecoderLayer(cfg, DecoderAttention(cfg, qkv_bias=bias, o_bias=bias,
                                                   prefix=f"{prefix}.self_attn"),

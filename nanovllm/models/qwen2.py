@@ -7,6 +7,7 @@ class Qwen2ForCausalLM(CausalLM):
     """Hugging Face Qwen2ForCausalLM (Qwen2, Qwen2.5)."""
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
+        """A Qwen2 decoder layer (qkv with bias)."""
         prefix = f"model.layers.{layer}"
         return DecoderLayer(cfg, DecoderAttention(cfg, qkv_bias=True, prefix=f"{prefix}.self_attn"),
                             GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg=cfg,

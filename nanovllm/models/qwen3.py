@@ -13,6 +13,7 @@ class Qwen3ForCausalLM(CausalLM):
     """Hugging Face Qwen3ForCausalLM (dense Qwen3)."""
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
+        """A Qwen3 decoder layer (q/k norms, no bias)."""
         return DecoderLayer(cfg, qwen3_attention(cfg, layer),
                             GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg=cfg,
                                      prefix=f"model.layers.{layer}.mlp"))

@@ -23,6 +23,7 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
                                 quant_method=moe_method(cfg, prefix))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Route each token, then run it through its experts."""
         return self.experts(x, self.gate(x))
 
 
@@ -37,6 +38,7 @@ class Qwen3MoeForCausalLM(CausalLM):
     }
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> DecoderLayer:
+        """A Qwen3-MoE decoder layer: sparse experts where the config says, else a dense MLP."""
         prefix = f"model.layers.{layer}.mlp"
         mlp = (Qwen3MoeSparseMoeBlock(cfg, prefix) if cfg.is_moe_layer(layer)
                else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg=cfg, prefix=prefix))

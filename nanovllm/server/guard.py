@@ -43,6 +43,7 @@ class RequestGuard:
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
 
     async def __call__(self, scope, receive, send):
+        """Check an HTTP request's key, size and type, then run the app (errors as JSON)."""
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = False
@@ -146,6 +147,7 @@ class GuardedRequest(Request):
     """A Request whose json() is parse_body's."""
 
     async def json(self):
+        """The body parsed by parse_body (once, then cached)."""
         if not hasattr(self, "_json"):
             self._json = parse_body(await self.body())
         return self._json
@@ -156,6 +158,7 @@ class GuardedRoute(APIRoute):
     change how a route reads its body)."""
 
     def get_route_handler(self):
+        """The route's handler, handed a GuardedRequest."""
         handler = super().get_route_handler()
 
         async def guarded(request: Request):

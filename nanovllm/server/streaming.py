@@ -64,6 +64,7 @@ class EventStream(StreamingResponse):
                          headers={"Cache-Control": "no-cache"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stream the body until it ends or the client disconnects, whichever comes first."""
         # Watch for the disconnect ourselves: under ASGI spec 2.4 Starlette would not, and a
         # request waiting for its next token would only notice at its next write.
         stream = asyncio.create_task(self.stream_response(send))

@@ -114,6 +114,7 @@ class Child:
 
     @property
     def pid(self) -> int:
+        """The child's process id."""
         return self.proc.pid
 
     @property
@@ -122,6 +123,7 @@ class Child:
         return self.proc.sentinel
 
     def is_alive(self) -> bool:
+        """Whether the process still runs."""
         return not self._ended(0)
 
     def _ended(self, timeout_s: float | None) -> bool:
@@ -142,6 +144,7 @@ class Child:
             return reaped_exitcode(self.proc)
 
     def join(self, timeout_s: float | None = None) -> None:
+        """Wait up to timeout_s (None: for ever) for the process to end."""
         self.exitcode(timeout_s)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:

@@ -8,7 +8,7 @@ import torch
 from nanovllm.config import Config
 from nanovllm.kernels.decode_config import CONFIG_FP8
 from nanovllm.kernels.kv_feedback import feedback_wanted, identity_feedback
-from nanovllm.layers.attention_backend import mix_kv_wanted
+from nanovllm.layers.kv_mix import mix_kv_wanted
 from nanovllm.models.safetensors_io import read_kv_scales
 
 logger = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ def set_up_8bit_cache(config: Config, rank: int, attn_layers: list, kv_cache: to
                         config.kvcache_block_size, tile)
     loaded = checkpoint_kv_scales(config, rank, attn_layers[0].num_kv_heads)
     scales = allocate_kv_scales(attn_layers, kv_cache.device, loaded)
-    # Hadamard-mixed q/k (attention_backend.hadamard_mix) only under scales calibrated on
+    # Hadamard-mixed q/k (kv_mix.hadamard_mix) only under scales calibrated on
     # mixed keys: a checkpoint's scales were measured on plain ones.
     backend.mix_kv = loaded is None and mix_kv_wanted(head_dim)
     if loaded is None and kv_cache.dtype == torch.float8_e4m3fn and feedback_wanted():

@@ -1,4 +1,4 @@
-"""kernels/hadamard.mix_halves (butterflies) against attention_backend.hadamard_mix.
+"""kernels/hadamard.mix_halves (butterflies) against kv_mix.hadamard_mix.
 
 Runs under the Triton interpreter on CPU and, marked gpu, on the device.
 """
@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.hadamard import mix_halves
-from nanovllm.layers.attention_backend import hadamard_mix
+from nanovllm.layers.kv_mix import hadamard_mix
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -61,7 +61,7 @@ def test_chunk_as_cache_maps_each_sequence_to_its_tokens():
 
 
 def test_hadamard_mix_keeps_dot_products_and_spreads_spiky_keys():
-    from nanovllm.layers.attention_backend import hadamard_mix
+    from nanovllm.layers.kv_mix import hadamard_mix
 
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g)

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.layers.linear import LinearBase, Placement, copy_placed
-from nanovllm.layers.weights import CheckpointTensorError, check_weight_shape
+from nanovllm.layers.linear import LinearBase
+from nanovllm.layers.weights import (CheckpointTensorError, Placement, check_weight_shape,
+                                     copy_placed)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448

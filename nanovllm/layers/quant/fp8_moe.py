@@ -7,9 +7,9 @@ import math
 import torch
 from torch import nn
 
-from nanovllm.layers.linear import Placement
 from nanovllm.layers.quant.fp8 import (FP8, Fp8LinearMethod, check_block_placement, dequantize,
                                        load_input_scale)
+from nanovllm.layers.weights import Placement
 
 
 class Fp8MoEMethod(Fp8LinearMethod):
